@@ -1,0 +1,1 @@
+"""The storyjobs HTTP api: ``python -m api``."""

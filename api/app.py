@@ -1,0 +1,108 @@
+"""The Litestar application: ``create_app(settings, pool)``.
+
+The app holds no state of its own beyond a short cache of drain statistics:
+any number of replicas can serve behind a load balancer.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from litestar import Litestar, MediaType, Request, Response, get
+from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.spec import Components, SecurityScheme
+from litestar.types import ASGIApp, LifespanHook, Message, Receive, Scope, Send
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from psycopg_pool import AsyncConnectionPool
+
+from api import metrics, pacing, page
+from api.jobs import ROUTES, ApiState
+from api.problems import EXCEPTION_HANDLERS, ProblemError
+from api.schemas import Health
+from shared.config import ApiSettings
+
+# a story request is a prompt of at most 2000 characters and a few options
+MAX_BODY_BYTES = 32 * 1024
+
+
+def _record_http_metrics(app: ASGIApp) -> ASGIApp:
+    async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        started = time.perf_counter()
+        status = 500
+
+        async def send_recording_status(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_recording_status)
+        finally:
+            route = scope.get("path_template") or "unmatched"
+            method = scope["method"]
+            metrics.HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
+            metrics.HTTP_DURATION.labels(method=method, route=route).observe(time.perf_counter() - started)
+
+    return middleware
+
+
+@get("/healthz", summary="Liveness: the process serves requests", include_in_schema=True)
+async def healthz() -> Health:
+    return Health(status="ok")
+
+
+@get(
+    "/readyz",
+    summary="Readiness: the database answers",
+    responses={},
+)
+async def readyz(request: Request[Any, Any, Any]) -> Response[Health]:
+    state: ApiState = request.app.state.storyjobs
+    try:
+        async with state.pool.connection(timeout=2.0) as conn:
+            await conn.execute("SELECT 1")
+    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+        raise ProblemError(503, "Service Unavailable", f"the database does not answer ({type(exc).__name__})",
+                           headers={"Retry-After": "5"}) from None
+    return Response(Health(status="ok"))
+
+
+@get("/metrics", media_type=MediaType.TEXT, include_in_schema=False)
+async def prometheus_metrics() -> Response[bytes]:
+    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+
+
+def create_app(
+    settings: ApiSettings,
+    pool: AsyncConnectionPool,
+    *,
+    on_startup: Sequence[LifespanHook] = (),
+    on_shutdown: Sequence[LifespanHook] = (),
+) -> Litestar:
+    app = Litestar(
+        route_handlers=[*ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        exception_handlers=EXCEPTION_HANDLERS,
+        middleware=[_record_http_metrics],
+        on_startup=list(on_startup),
+        on_shutdown=list(on_shutdown),
+        request_max_body_size=MAX_BODY_BYTES,
+        openapi_config=OpenAPIConfig(
+            title="storyjobs",
+            version="1",
+            description="Bedtime stories written by an LLM, as background jobs: start one, then poll it.",
+            path="/schema",
+            components=Components(
+                security_schemes={"BearerAuth": SecurityScheme(type="http", scheme="bearer",
+                                                               description="An API key from `storyjobs keys create`.")}
+            ),
+        ),
+        debug=False,
+    )
+    app.state.storyjobs = ApiState(settings=settings, pool=pool, drain_stats=pacing.DrainStatsCache(pool))
+    return app

@@ -1,0 +1,52 @@
+"""Bearer API keys. The shape of the header is checked by a guard, before the
+body is read; the key itself is checked against the database inside each
+handler's first query, so that authentication costs no extra round trip."""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from litestar.connection import ASGIConnection
+from litestar.handlers.base import BaseRouteHandler
+
+from api.problems import unauthorized
+from shared import keys
+
+
+class KeyRecord(Protocol):
+    key_hash: bytes
+    revoked: bool
+
+
+class ApiKey:
+    __slots__ = ("key", "prefix")
+
+    def __init__(self, key: str, prefix: str) -> None:
+        self.key = key
+        self.prefix = prefix
+
+
+def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard: a well-formed ``Authorization: Bearer sj_...`` header, else 401."""
+    header = connection.headers.get("authorization")
+    if not header:
+        raise unauthorized("send your API key as `Authorization: Bearer <key>`")
+    scheme, _, key = header.partition(" ")
+    key = key.strip()
+    if scheme.lower() != "bearer" or not key:
+        raise unauthorized("send your API key as `Authorization: Bearer <key>`")
+    prefix = keys.prefix_of(key)
+    if prefix is None:
+        raise unauthorized("the API key is not valid")
+    connection.state.api_key = ApiKey(key, prefix)
+
+
+def api_key_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ApiKey:
+    key: ApiKey = connection.state.api_key
+    return key
+
+
+def verify(record: KeyRecord | None, api_key: ApiKey) -> None:
+    """401 unless the key exists, matches in constant time and is not revoked."""
+    if record is None or not keys.matches(api_key.key, record.key_hash) or record.revoked:
+        raise unauthorized("the API key is not valid")

@@ -1,0 +1,85 @@
+"""How long a job has left, and so how soon a client should poll again.
+
+Estimates come from the pace of the last finished jobs (job_drain_stats),
+read at most every few seconds per api process: a cache, not state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+from collections.abc import Callable
+from datetime import datetime
+
+import structlog
+from psycopg_pool import AsyncConnectionPool
+
+from shared import store
+from shared.rows import DrainStats
+
+log = structlog.get_logger()
+
+DEFAULT_RETRY_AFTER_S = 2
+
+
+class DrainStatsCache:
+    def __init__(
+        self, pool: AsyncConnectionPool, *, max_age_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self._pool = pool
+        self._max_age_s = max_age_s
+        self._clock = clock
+        self._stats: DrainStats | None = None
+        self._read_at = -math.inf
+        self._lock = asyncio.Lock()
+
+    async def get(self) -> DrainStats | None:
+        if self._clock() - self._read_at < self._max_age_s:
+            return self._stats
+        async with self._lock:
+            if self._clock() - self._read_at >= self._max_age_s:
+                async with self._pool.connection() as conn:
+                    self._stats = await store.job_drain_stats(conn)
+                self._read_at = self._clock()
+        return self._stats
+
+
+def seconds_remaining(
+    stats: DrainStats | None,
+    *,
+    status: str,
+    queue_position: int | None,
+    started_at: datetime | None,
+    progress: int | None,
+    now: datetime,
+) -> float | None:
+    if stats is None or not stats.avg_run_seconds:
+        return None
+    run = stats.avg_run_seconds
+    if status == "pending" and queue_position is not None:
+        # the jobs ahead drain through the slots now running, then ours runs
+        slots = max(stats.running, 1)
+        return run * (1 + (queue_position - 1) / slots) + run / 2 * min(1, stats.running)
+    if status == "running" and started_at is not None:
+        elapsed = max((now - started_at).total_seconds(), 0.0)
+        if progress and stats.avg_output_tokens and elapsed > 0:
+            done = min(progress / stats.avg_output_tokens, 0.95)
+            return elapsed * (1 - done) / done
+        return max(run - elapsed, run * 0.1)
+    return None
+
+
+def retry_after(status: str, remaining_s: float | None) -> int:
+    """Seconds until the next poll is worth it: a fraction of what is left."""
+    if remaining_s is None:
+        return DEFAULT_RETRY_AFTER_S
+    ceiling = 15 if status == "pending" else 10
+    return int(min(max(remaining_s / 5, 1), ceiling))
+
+
+def queue_full_retry_after(stats: DrainStats | None) -> int:
+    """After a 429: about how long until one pending job has started."""
+    if stats is None or not stats.avg_run_seconds or stats.running == 0:
+        return 30
+    return int(min(max(stats.avg_run_seconds / stats.running, 1), 300))

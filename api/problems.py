@@ -1,0 +1,143 @@
+"""RFC 9457 problem details for every error the api answers.
+
+Handlers raise ``ProblemError``; exception handlers turn it, Litestar's own
+HTTP exceptions, database outages (503) and anything unexpected (500, logged
+once, no traceback in the answer) into ``application/problem+json``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import msgspec
+import psycopg
+import structlog
+from litestar import Request, Response
+from litestar.exceptions import HTTPException, ValidationException
+from psycopg_pool import PoolTimeout
+
+from api import metrics
+
+log = structlog.get_logger()
+
+PROBLEM_JSON = "application/problem+json"
+# how long a client should wait after a 503 before trying again
+OUTAGE_RETRY_AFTER_S = 5
+
+
+class FieldError(msgspec.Struct, frozen=True):
+    field: str
+    message: str
+
+
+class Problem(msgspec.Struct, frozen=True, omit_defaults=True):
+    """An error answer (RFC 9457)."""
+
+    title: str
+    status: int
+    type: str = "about:blank"
+    detail: str | None = None
+    errors: list[FieldError] | None = None
+
+
+class ProblemError(Exception):
+    def __init__(
+        self,
+        status: int,
+        title: str,
+        detail: str | None = None,
+        *,
+        headers: dict[str, str] | None = None,
+        errors: list[FieldError] | None = None,
+        reason: str | None = None,
+    ) -> None:
+        super().__init__(detail or title)
+        self.problem = Problem(title=title, status=status, detail=detail, errors=errors)
+        self.headers = headers or {}
+        # the storyjobs_jobs_rejected_total label, for POST rejections
+        self.reason = reason
+
+
+def problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
+    return Response(
+        content=msgspec.json.encode(problem),
+        status_code=problem.status,
+        media_type=PROBLEM_JSON,
+        headers={"Cache-Control": "no-store", **(headers or {})},
+    )
+
+
+def unauthorized(detail: str) -> ProblemError:
+    return ProblemError(
+        401, "Unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="storyjobs"'}, reason="unauthorized"
+    )
+
+
+def _on_problem(request: Request[Any, Any, Any], exc: ProblemError) -> Response[bytes]:
+    if exc.reason is not None and request.scope.get("path_template") == "/stories/generate":
+        metrics.JOBS_REJECTED.labels(reason=exc.reason).inc()
+    return problem_response(exc.problem, exc.headers)
+
+
+def _validation_errors(exc: ValidationException) -> list[FieldError]:
+    errors = []
+    for item in exc.extra if isinstance(exc.extra, list) else []:
+        if isinstance(item, dict):
+            field = str(item.get("key") or item.get("source") or "body")
+            errors.append(FieldError(field=field, message=str(item.get("message", ""))))
+    return errors
+
+
+def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> Response[bytes]:
+    status = exc.status_code
+    if isinstance(exc, ValidationException):
+        errors = _validation_errors(exc)
+        detail = "; ".join(f"{e.field}: {e.message}" if e.field != "body" else e.message for e in errors)
+        problem = Problem(title="Invalid request", status=400, detail=detail or exc.detail, errors=errors or None)
+        reason = "invalid_request"
+    else:
+        problem = Problem(title=_TITLES.get(status, exc.detail or "Error"), status=status, detail=exc.detail or None)
+        reason = "body_too_large" if status == 413 else "invalid_request"
+    if request.scope.get("path_template") == "/stories/generate" and 400 <= status < 500:
+        metrics.JOBS_REJECTED.labels(reason=reason).inc()
+    headers = {k: v for k, v in (exc.headers or {}).items()}
+    return problem_response(problem, headers)
+
+
+def _on_database_unavailable(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.warning("api.database_unavailable", path=request.url.path, error=type(exc).__name__)
+    if request.scope.get("path_template") == "/stories/generate":
+        metrics.JOBS_REJECTED.labels(reason="database_unavailable").inc()
+    return problem_response(
+        Problem(title="Service Unavailable", status=503, detail="the job store is unreachable; try again shortly"),
+        {"Retry-After": str(OUTAGE_RETRY_AFTER_S)},
+    )
+
+
+def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    log.exception("api.unhandled_error", path=request.url.path, method=request.method)
+    return problem_response(Problem(title="Internal Server Error", status=500))
+
+
+_TITLES = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    404: "Not Found",
+    405: "Method Not Allowed",
+    409: "Conflict",
+    413: "Content Too Large",
+    415: "Unsupported Media Type",
+    422: "Unprocessable Content",
+    429: "Too Many Requests",
+    431: "Request Header Fields Too Large",
+    500: "Internal Server Error",
+    503: "Service Unavailable",
+}
+
+EXCEPTION_HANDLERS: dict[Any, Any] = {
+    ProblemError: _on_problem,
+    HTTPException: _on_http_exception,
+    psycopg.OperationalError: _on_database_unavailable,
+    PoolTimeout: _on_database_unavailable,
+    Exception: _on_unexpected,
+}

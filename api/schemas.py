@@ -1,0 +1,66 @@
+"""Response bodies of the api (request bodies: shared/story_request.py)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Literal
+
+import msgspec
+
+Status = Literal["pending", "running", "completed", "failed"]
+
+
+class JobAccepted(msgspec.Struct, frozen=True):
+    job_id: uuid.UUID
+    status: Status
+
+
+class JobError(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class Story(msgspec.Struct, frozen=True):
+    story_id: uuid.UUID
+    title: str
+    text: str
+    model: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+
+
+class StoryDocument(msgspec.Struct, frozen=True):
+    story_id: uuid.UUID
+    job_id: uuid.UUID
+    title: str
+    text: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+    created_at: datetime
+
+
+class JobState(msgspec.Struct, frozen=True):
+    """Where a job stands. Fields that do not apply to its status are null."""
+
+    job_id: uuid.UUID
+    status: Status
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    queue_position: Annotated[int, msgspec.Meta(ge=1, description="1 = next to start (pending only).")] | None
+    progress: Annotated[int, msgspec.Meta(ge=0, description="Output tokens written so far (running).")] | None
+    estimated_seconds_remaining: Annotated[
+        float, msgspec.Meta(ge=0, description="From the pace of recent jobs; null when unknown.")
+    ] | None
+    story: Story | None
+    story_url: str | None
+    error: JobError | None
+
+
+class Health(msgspec.Struct, frozen=True):
+    status: Literal["ok", "unavailable"]

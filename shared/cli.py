@@ -1,0 +1,196 @@
+"""The ``storyjobs`` command: migrations, API keys and operators' views.
+
+    storyjobs migrate
+    storyjobs keys create NAME | keys list | keys revoke PREFIX
+    storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
+    storyjobs stats
+    storyjobs generate PROMPT [--wait] [--json]      (see shared/client.py)
+
+The database commands read DATABASE_URL (unset: the embedded Postgres).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import sys
+import uuid
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import psycopg
+
+from shared import db, keys, migrate, store
+from shared.config import BaseSettings, ConfigError, load
+from shared.status import JobStatus
+
+
+def _out(line: str = "") -> None:
+    sys.stdout.write(line + "\n")
+
+
+async def _connect() -> psycopg.AsyncConnection[Any]:
+    settings = load(BaseSettings)
+    return await db.connect(db.database_url(settings), application_name="storyjobs-cli",
+                            connect_timeout_s=settings.db_connect_timeout_s)
+
+
+async def cmd_migrate(_: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        applied = await migrate.migrate(conn)
+        version = await store.schema_version_get(conn)
+    for migration in applied:
+        _out(f"applied {migration.version:03d}_{migration.name}")
+    _out(f"schema at version {version}" + ("" if applied else " (nothing to apply)"))
+    return 0
+
+
+async def cmd_keys_create(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        await db.require_schema(conn)
+        client_id = await store.api_client_upsert(conn, name=args.name)
+        new = keys.generate()
+        await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+    sys.stderr.write(f"API key {new.prefix} for client {args.name!r}; it is shown once, store it now:\n")
+    _out(new.key)
+    return 0
+
+
+async def cmd_keys_list(_: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        rows = await store.api_key_list(conn)
+    _out(f"{'PREFIX':<14} {'CLIENT':<24} {'CREATED':<26} REVOKED")
+    for row in rows:
+        revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else "-"
+        _out(f"{row.key_prefix:<14} {row.client_name:<24} {row.created_at.isoformat(timespec='seconds'):<26} {revoked}")
+    return 0
+
+
+async def cmd_keys_revoke(args: argparse.Namespace) -> int:
+    prefix = keys.prefix_of(args.prefix) or args.prefix
+    async with await _connect() as conn:
+        revoked = await store.api_key_revoke(conn, key_prefix=prefix)
+    if not revoked:
+        sys.stderr.write(f"storyjobs: no active key with prefix {prefix!r}\n")
+        return 1
+    _out(f"revoked {prefix}")
+    return 0
+
+
+def _when(value: Any) -> str:
+    return value.isoformat(timespec="seconds") if value is not None else "-"
+
+
+async def cmd_jobs_list(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        rows = await store.job_list(conn, status=args.status, limit=args.limit)
+    _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
+    for row in rows:
+        _out(f"{row.public_id!s:<36}  {row.status:<9} {row.error_code or '-':<14} {row.client_name[:16]:<16} "
+             f"{_when(row.created_at):<25} {_when(row.completed_at)}")
+    return 0
+
+
+async def cmd_jobs_show(args: argparse.Namespace) -> int:
+    try:
+        job_id = uuid.UUID(args.job_id)
+    except ValueError:
+        sys.stderr.write(f"storyjobs: {args.job_id!r} is not a job id\n")
+        return 2
+    async with await _connect() as conn:
+        job = await store.job_get_admin(conn, job_id=job_id)
+        if job is None:
+            sys.stderr.write(f"storyjobs: no job {job_id}\n")
+            return 1
+        calls = await store.llm_call_list_for_job(conn, job_id=job.id)
+    _out(f"job        {job.public_id}")
+    _out(f"client     {job.client_name}")
+    _out(f"status     {job.status}" + (f" ({job.error_code}: {job.error_text})" if job.error_code else ""))
+    _out(f"created    {_when(job.created_at)}")
+    _out(f"started    {_when(job.started_at)}")
+    _out(f"heartbeat  {_when(job.heartbeat_at)}")
+    _out(f"finished   {_when(job.completed_at)}")
+    if job.started_at and job.created_at:
+        _out(f"waited     {(job.started_at - job.created_at).total_seconds():.3f} s")
+    if job.completed_at and job.started_at:
+        _out(f"ran        {(job.completed_at - job.started_at).total_seconds():.3f} s")
+    _out(f"worker     {job.worker_id or '-'}")
+    _out(f"progress   {job.progress} output tokens")
+    _out(f"story      {job.story_id or '-'}")
+    _out(f"request    {msgspec.json.encode(job.request).decode()}")
+    _out()
+    _out(f"LLM calls ({len(calls)}; billed: {sum(1 for c in calls if c.billed)}):")
+    _out(f"  {'#':<3}{'OUTCOME':<15}{'BILLED':<8}{'IN':>7}{'OUT':>7}{'COST_USD':>12}  {'STARTED':<26}{'PROVIDER/MODEL'}")
+    for call in calls:
+        _out(f"  {call.attempt:<3}{call.outcome:<15}{'yes' if call.billed else 'no':<8}{call.input_tokens:>7}"
+             f"{call.output_tokens:>7}{call.cost_usd!s:>12}  {_when(call.started_at):<26}{call.provider}/{call.model}")
+        if call.error_text:
+            _out(f"     {call.error_text}")
+    return 0
+
+
+async def cmd_stats(_: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        stats = await store.stats_last_hour(conn)
+    _out(f"queue      {stats.pending} pending, {stats.running} running")
+    _out("last hour")
+    _out(f"  stories  {stats.succeeded_calls} written ({stats.succeeded_calls / 60:.1f}/min), "
+         f"{stats.failed_calls} LLM calls failed")
+    _out(f"  billed   {stats.billed_calls} requests, {stats.input_tokens} input + {stats.output_tokens} output tokens")
+    _out(f"  spend    ${stats.cost_usd}")
+    return 0
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="storyjobs", description="storyjobs: LLM stories as background jobs.")
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    commands.add_parser("migrate", help="apply the schema migrations the database lacks").set_defaults(
+        run=cmd_migrate)
+
+    key_commands = commands.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
+    create = key_commands.add_parser("create", help="create a key for client NAME; prints it once, last line")
+    create.add_argument("name")
+    create.set_defaults(run=cmd_keys_create)
+    key_commands.add_parser("list", help="list keys by prefix").set_defaults(run=cmd_keys_list)
+    revoke = key_commands.add_parser("revoke", help="revoke a key (by prefix or whole key); effective at once")
+    revoke.add_argument("prefix")
+    revoke.set_defaults(run=cmd_keys_revoke)
+
+    job_commands = commands.add_parser("jobs", help="inspect jobs").add_subparsers(dest="jobs_command", required=True)
+    listing = job_commands.add_parser("list", help="newest jobs first")
+    listing.add_argument("--status", choices=[s.value for s in JobStatus])
+    listing.add_argument("--limit", type=int, default=50)
+    listing.set_defaults(run=cmd_jobs_list)
+    show = job_commands.add_parser("show", help="one job: status, timings, LLM ledger")
+    show.add_argument("job_id")
+    show.set_defaults(run=cmd_jobs_show)
+
+    commands.add_parser("stats", help="queue depth, throughput and spend over the last hour").set_defaults(
+        run=cmd_stats)
+
+    from shared import client
+
+    client.add_generate_command(commands)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    args = _parser().parse_args(argv)
+    try:
+        code = asyncio.run(args.run(args))
+    except ConfigError as exc:
+        sys.stderr.write(f"storyjobs: configuration error: {exc}\n")
+        code = 2
+    except db.SchemaBehind as exc:
+        sys.stderr.write(f"storyjobs: {exc}\n")
+        code = 1
+    except psycopg.OperationalError as exc:
+        sys.stderr.write(f"storyjobs: cannot reach the database: {str(exc).strip().splitlines()[0]}\n")
+        code = 1
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

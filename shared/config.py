@@ -1,0 +1,181 @@
+"""Configuration: environment variables only, parsed once in ``main()`` into a
+frozen msgspec Struct per process and passed down explicitly.
+
+A bad value stops the process at start with one line naming the variable
+(``load_or_exit``). All durations are seconds, so tests can use small ones.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+from decimal import Decimal
+from typing import Annotated, Literal, TypeVar
+
+import msgspec
+
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
+Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
+PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+
+DEFAULT_MODEL = "claude-sonnet-5-5"
+
+# USD per million tokens, (input, output), as Anthropic publishes them.
+# Prices change: LLM_PRICES (JSON of the same shape) adds to or overrides this.
+DEFAULT_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
+    "claude-sonnet-5-5": (2.0, 10.0),
+    "claude-sonnet-5": (2.0, 10.0),
+    "claude-opus-5": (5.0, 25.0),
+    "claude-haiku-4-5": (1.0, 5.0),
+}
+
+
+class ConfigError(ValueError):
+    """A setting is missing, malformed or contradicts another."""
+
+
+class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
+    """What every process reads: the database, logs, and the timeouts that the
+    worker and the sweeper must agree on."""
+
+    database_url: str | None = None
+    log_format: Literal["console", "json"] | None = None
+    log_level: Literal["debug", "info", "warning", "error"] = "info"
+    db_connect_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    heartbeat_interval_s: Seconds = 10.0
+    heartbeat_timeout_s: Seconds = 60.0
+    job_timeout_s: Seconds = 480.0
+    pending_timeout_s: Seconds = 1800.0
+
+    def _check_heartbeats(self) -> None:
+        # two missed beats must not be enough to declare a live worker dead
+        if self.heartbeat_interval_s * 3 > self.heartbeat_timeout_s:
+            raise ConfigError(
+                "HEARTBEAT_INTERVAL_S must be at most a third of HEARTBEAT_TIMEOUT_S "
+                f"({self.heartbeat_interval_s:g} vs {self.heartbeat_timeout_s:g})"
+            )
+
+    def __post_init__(self) -> None:
+        self._check_heartbeats()
+
+
+class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
+    api_host: str = "127.0.0.1"
+    api_port: Annotated[int, msgspec.Meta(ge=1, le=65535)] = 8000
+    queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 8
+    client_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    # an answer waits at most this long for a database connection, then 503
+    api_db_wait_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 3.0
+    api_statement_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    api_pool_size: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
+
+    @property
+    def effective_client_queue_max(self) -> int:
+        return self.queue_max if self.client_queue_max is None else self.client_queue_max
+
+    def __post_init__(self) -> None:
+        self._check_heartbeats()
+        if self.client_queue_max is not None and self.client_queue_max > self.queue_max:
+            raise ConfigError(
+                f"CLIENT_QUEUE_MAX ({self.client_queue_max}) must not exceed QUEUE_MAX ({self.queue_max})"
+            )
+
+
+class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
+    anthropic_api_key: str | None = None
+    anthropic_base_url: str | None = None
+    llm_model: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] = DEFAULT_MODEL
+    llm_max_tokens: Annotated[int, msgspec.Meta(ge=64, le=64_000)] = 4000
+    llm_timeout_s: Seconds = 300.0
+    # longest silence within a stream before the call is abandoned (not retried)
+    llm_read_timeout_s: Seconds = 60.0
+    # JSON: {"model": [input_usd_per_mtok, output_usd_per_mtok], ...}
+    llm_prices: dict[str, tuple[Annotated[float, msgspec.Meta(ge=0)], Annotated[float, msgspec.Meta(ge=0)]]] = {}
+    # retries of certainly-unbilled errors (429, 529, refused connection)
+    llm_retry_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 6
+    llm_retry_deadline_s: Seconds = 120.0
+    offline_delay_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 3.0
+    worker_concurrency: Annotated[int, msgspec.Meta(ge=1, le=1000)] = 1
+    worker_shutdown_grace_s: Annotated[float, msgspec.Meta(ge=0, le=3600)] = 150.0
+    worker_poll_interval_s: Seconds = 5.0
+    worker_listen: bool = True
+    metrics_port: Port = 9100
+
+    @property
+    def offline(self) -> bool:
+        return not self.anthropic_api_key
+
+    def price_usd_per_mtok(self) -> tuple[Decimal, Decimal]:
+        """(input, output) price of LLM_MODEL in USD per million tokens."""
+        table = {**DEFAULT_PRICES_USD_PER_MTOK, **self.llm_prices}
+        input_price, output_price = table[self.llm_model]
+        return Decimal(str(input_price)), Decimal(str(output_price))
+
+    def __post_init__(self) -> None:
+        self._check_heartbeats()
+        if self.llm_timeout_s >= self.job_timeout_s:
+            raise ConfigError(
+                f"LLM_TIMEOUT_S ({self.llm_timeout_s:g}) must be shorter than JOB_TIMEOUT_S "
+                f"({self.job_timeout_s:g}): the sweeper would fail a job whose call is still allowed"
+            )
+        if not self.offline and self.llm_model not in {**DEFAULT_PRICES_USD_PER_MTOK, **self.llm_prices}:
+            raise ConfigError(
+                f"LLM_MODEL {self.llm_model!r} has no price: add it to LLM_PRICES as "
+                '{"model": [input_usd_per_mtok, output_usd_per_mtok]}'
+            )
+
+
+class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
+    sweeper_interval_s: Seconds = 30.0
+    sweeper_batch_size: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
+    # finished jobs (and their stories) are deleted this long after finishing;
+    # the llm_calls ledger is kept
+    job_retention_s: Seconds = 30 * 24 * 3600.0
+    metrics_port: Port = 9101
+
+
+S = TypeVar("S", bound=BaseSettings)
+
+_JSON_FIELDS = {"LLM_PRICES"}
+
+
+def load(settings_type: type[S], environ: Mapping[str, str] | None = None) -> S:
+    """Builds settings from the environment; raises ConfigError naming the variable."""
+    environ = os.environ if environ is None else environ
+    names = {field.encode_name for field in msgspec.structs.fields(settings_type)}
+    raw: dict[str, object] = {}
+    for name in names:
+        value = environ.get(name)
+        if value is None or value == "":
+            continue
+        if name in _JSON_FIELDS:
+            try:
+                raw[name] = msgspec.json.decode(value)
+            except msgspec.DecodeError as exc:
+                raise ConfigError(f"{name} is not valid JSON: {exc}") from None
+        else:
+            raw[name] = value
+    try:
+        return msgspec.convert(raw, settings_type, strict=False)
+    except msgspec.ValidationError as exc:
+        raise ConfigError(_explain(str(exc))) from None
+    except ConfigError:
+        raise
+
+
+def _explain(message: str) -> str:
+    # msgspec says "Expected `int` >= 1 - at `$.QUEUE_MAX`"; lead with the name
+    head, sep, where = message.rpartition(" - at `$.")
+    if sep:
+        return f"{where.rstrip('`')}: {head}"
+    return message
+
+
+def load_or_exit(settings_type: type[S]) -> S:
+    """``load`` for a process's ``main()``: a bad setting exits with one line."""
+    try:
+        return load(settings_type)
+    except ConfigError as exc:
+        sys.stderr.write(f"storyjobs: configuration error: {exc}\n")
+        raise SystemExit(2) from None

@@ -1,0 +1,44 @@
+"""API keys: ``sj_<prefix>_<secret>``.
+
+The prefix (12 hex digits) is not secret: it finds the key's row and names the
+key in logs and listings. Only SHA-256 of the whole key is stored; keys are
+long random secrets, so a slow password hash would add nothing. Hashes are
+compared in constant time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import re
+import secrets
+
+import msgspec
+
+_KEY = re.compile(r"^sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+
+
+class NewKey(msgspec.Struct, frozen=True):
+    key: str
+    prefix: str
+    hash: bytes
+
+
+def generate() -> NewKey:
+    prefix = secrets.token_hex(6)
+    key = f"sj_{prefix}_{secrets.token_urlsafe(32)}"
+    return NewKey(key=key, prefix=prefix, hash=hash_key(key))
+
+
+def hash_key(key: str) -> bytes:
+    return hashlib.sha256(key.encode("ascii")).digest()
+
+
+def prefix_of(key: str) -> str | None:
+    """The key's prefix, or None when the string is not shaped like a key."""
+    match = _KEY.match(key)
+    return match.group(1) if match else None
+
+
+def matches(key: str, stored_hash: bytes) -> bool:
+    return hmac.compare_digest(hash_key(key), stored_hash)

@@ -1,0 +1,62 @@
+"""Schema migrations: the numbered files in sql/ (``NNN_name.sql``), applied
+in order, each in its own transaction, recorded in schema_migrations.
+
+A session advisory lock is held for the whole run, so replicas that start at
+once migrate one after the other; the second finds nothing left to do.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import cache
+from importlib.resources import files
+from typing import Any
+
+import msgspec
+from psycopg import AsyncConnection
+
+from shared import store
+
+_FILE = re.compile(r"^(\d{3})_(\w+)\.sql$")
+
+
+class Migration(msgspec.Struct, frozen=True):
+    version: int
+    name: str
+    ddl: str
+
+
+@cache
+def migrations() -> tuple[Migration, ...]:
+    found = []
+    for entry in files("sql").iterdir():
+        match = _FILE.match(entry.name)
+        if match:
+            found.append(Migration(int(match.group(1)), match.group(2), entry.read_text("utf-8")))
+    found.sort(key=lambda m: m.version)
+    versions = [m.version for m in found]
+    if versions != list(range(1, len(found) + 1)):
+        raise RuntimeError(f"sql/ migrations must be numbered 001, 002, ... without gaps: {versions}")
+    return tuple(found)
+
+
+def latest_version() -> int:
+    return migrations()[-1].version
+
+
+async def migrate(conn: AsyncConnection[Any]) -> list[Migration]:
+    """Applies the migrations the database lacks; returns them."""
+    applied: list[Migration] = []
+    await store.schema_migrations_lock(conn)
+    try:
+        await store.schema_migrations_create(conn)
+        done = set(await store.schema_migrations_applied(conn))
+        for migration in migrations():
+            if migration.version not in done:
+                await store.schema_migration_apply(
+                    conn, version=migration.version, name=migration.name, ddl=migration.ddl
+                )
+                applied.append(migration)
+    finally:
+        await store.schema_migrations_unlock(conn)
+    return applied

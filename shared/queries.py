@@ -1,0 +1,42 @@
+"""The named queries of sql/queries.sql, parsed once at import.
+
+A block starts with ``-- name: <name>``; the comment lines after it describe
+the query and are dropped; the rest, up to the next block, is one statement.
+"""
+
+from __future__ import annotations
+
+import re
+from importlib.resources import files
+
+_NAME = re.compile(r"^-- name: (\w+)\s*$")
+
+
+def parse(text: str) -> dict[str, str]:
+    queries: dict[str, str] = {}
+    name: str | None = None
+    lines: list[str] = []
+
+    def flush() -> None:
+        if name is None:
+            return
+        statement = "\n".join(lines).strip().rstrip(";").strip()
+        if not statement:
+            raise ValueError(f"query {name!r} has no statement")
+        queries[name] = statement
+
+    for line in text.splitlines():
+        match = _NAME.match(line)
+        if match:
+            flush()
+            name = match.group(1)
+            if name in queries:
+                raise ValueError(f"query {name!r} is defined twice")
+            lines = []
+        elif name is not None and not (not lines and line.startswith("--")):
+            lines.append(line)
+    flush()
+    return queries
+
+
+QUERIES: dict[str, str] = parse(files("sql").joinpath("queries.sql").read_text("utf-8"))

@@ -1,0 +1,388 @@
+"""The only module that runs SQL: one small typed function per named query.
+
+Functions take an open connection (autocommit, from shared.db) so the caller
+decides which pool, and tests can hold locks on a second connection to force a
+race. Every status change returns what it changed; an empty answer is a lost
+race, which the caller logs and counts, never raises.
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from datetime import datetime
+from typing import Any, TypeVar
+
+import msgspec
+from psycopg import AsyncConnection
+from psycopg.rows import class_row, scalar_row
+
+from shared.queries import QUERIES as Q
+from shared.rows import (
+    CancelResult,
+    ClaimedJob,
+    Completion,
+    DrainStats,
+    EnqueueResult,
+    Failure,
+    HeartbeatRow,
+    HourStats,
+    IdempotentLookup,
+    JobAdminRow,
+    JobListRow,
+    JobView,
+    KeyAuth,
+    KeyListRow,
+    LlmCallRow,
+    QueueGauges,
+    SettleResult,
+    StaleJob,
+    StoryView,
+)
+
+Conn = AsyncConnection[Any]
+R = TypeVar("R")
+
+# pg_advisory_xact_lock key for admissions: any constant unique to storyjobs
+ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
+MIGRATION_LOCK_KEY = 0x5354_4F52_594D_4947  # "STORYMIG"
+
+
+async def _one(conn: Conn, row_type: type[R], query: str, params: dict[str, Any]) -> R | None:
+    async with conn.cursor(row_factory=class_row(row_type)) as cur:
+        await cur.execute(Q[query], params)
+        return await cur.fetchone()
+
+
+async def _all(conn: Conn, row_type: type[R], query: str, params: dict[str, Any]) -> list[R]:
+    async with conn.cursor(row_factory=class_row(row_type)) as cur:
+        await cur.execute(Q[query], params)
+        return await cur.fetchall()
+
+
+async def _scalars(conn: Conn, query: str, params: dict[str, Any] | None = None) -> list[Any]:
+    async with conn.cursor(row_factory=scalar_row) as cur:
+        await cur.execute(Q[query], params or {})
+        return await cur.fetchall()
+
+
+# -- schema ------------------------------------------------------------------
+
+
+async def schema_version_get(conn: Conn) -> int | None:
+    (version,) = await _scalars(conn, "schema_version_get")
+    return version
+
+
+async def schema_migrations_create(conn: Conn) -> None:
+    await conn.execute(Q["schema_migrations_create"])
+
+
+async def schema_migrations_lock(conn: Conn) -> None:
+    await conn.execute(Q["schema_migrations_lock"], {"lock_key": MIGRATION_LOCK_KEY})
+
+
+async def schema_migrations_unlock(conn: Conn) -> None:
+    await conn.execute(Q["schema_migrations_unlock"], {"lock_key": MIGRATION_LOCK_KEY})
+
+
+async def schema_migrations_applied(conn: Conn) -> list[int]:
+    return await _scalars(conn, "schema_migrations_applied")
+
+
+async def schema_migration_apply(conn: Conn, *, version: int, name: str, ddl: str) -> None:
+    """Runs one migration file and records it, in one transaction."""
+    async with conn.transaction():
+        # A migration file is trusted DDL from sql/, never built from input.
+        await conn.execute(ddl.encode())
+        await conn.execute(Q["schema_migrations_record"], {"version": version, "name": name})
+
+
+async def job_status_enum_values(conn: Conn) -> list[str]:
+    return await _scalars(conn, "job_status_enum_values")
+
+
+# -- api keys ------------------------------------------------------------------
+
+
+async def api_client_upsert(conn: Conn, *, name: str) -> int:
+    (client_id,) = await _scalars(conn, "api_client_upsert", {"name": name})
+    return client_id
+
+
+async def api_key_insert(conn: Conn, *, client_id: int, key_prefix: str, key_hash: bytes) -> None:
+    await conn.execute(
+        Q["api_key_insert"], {"client_id": client_id, "key_prefix": key_prefix, "key_hash": key_hash}
+    )
+
+
+async def api_key_list(conn: Conn) -> list[KeyListRow]:
+    return await _all(conn, KeyListRow, "api_key_list", {})
+
+
+async def api_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
+    return bool(await _scalars(conn, "api_key_revoke", {"key_prefix": key_prefix}))
+
+
+async def api_key_get(conn: Conn, *, key_prefix: str) -> KeyAuth | None:
+    return await _one(conn, KeyAuth, "api_key_get", {"key_prefix": key_prefix})
+
+
+# -- api: jobs and stories -------------------------------------------------------
+
+
+async def job_get_by_idempotency_key_for_key(
+    conn: Conn, *, key_prefix: str, idempotency_key: str
+) -> IdempotentLookup | None:
+    return await _one(
+        conn,
+        IdempotentLookup,
+        "job_get_by_idempotency_key_for_key",
+        {"key_prefix": key_prefix, "idempotency_key": idempotency_key},
+    )
+
+
+async def job_insert_if_admitted(
+    conn: Conn,
+    *,
+    client_id: int,
+    idempotency_key: str,
+    request_fingerprint: bytes,
+    request_json: str,
+    queue_max: int,
+    client_queue_max: int,
+) -> EnqueueResult:
+    """Takes the admission lock, then inserts unless a queue is full, in one
+    transaction sent as a single pipelined round trip."""
+    params = {
+        "client_id": client_id,
+        "idempotency_key": idempotency_key,
+        "request_fingerprint": request_fingerprint,
+        "request": request_json,
+        "queue_max": queue_max,
+        "client_queue_max": client_queue_max,
+    }
+    async with conn.pipeline():
+        async with conn.transaction():
+            await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
+            cur = conn.cursor(row_factory=class_row(EnqueueResult))
+            await cur.execute(Q["job_insert_if_admitted"], params)
+    row = await cur.fetchone()
+    assert row is not None  # the statement always answers one row
+    return row
+
+
+async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
+    return await _one(conn, JobView, "job_get_for_key", {"key_prefix": key_prefix, "job_id": job_id})
+
+
+async def job_cancel(conn: Conn, *, client_id: int, job_id: uuid.UUID) -> CancelResult | None:
+    """None: no such job for this client."""
+    return await _one(conn, CancelResult, "job_cancel", {"client_id": client_id, "job_id": job_id})
+
+
+async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:
+    return await _one(conn, StoryView, "story_get_for_key", {"key_prefix": key_prefix, "story_id": story_id})
+
+
+async def job_drain_stats(conn: Conn) -> DrainStats:
+    row = await _one(conn, DrainStats, "job_drain_stats", {})
+    assert row is not None
+    return row
+
+
+# -- worker ------------------------------------------------------------------------
+
+
+_claimed_decoder = msgspec.json.Decoder(list[ClaimedJob])
+
+
+async def job_settle_and_claim(
+    conn: Conn,
+    *,
+    worker_id: str,
+    completions: Sequence[Completion],
+    claim_limit: int,
+    provider: str,
+    model: str,
+) -> SettleResult:
+    """Completes written stories and claims up to claim_limit pending jobs, in
+    one statement (one commit per round, however many jobs it carries)."""
+    params = {
+        "worker_id": worker_id,
+        "claim_limit": claim_limit,
+        "provider": provider,
+        "model": model,
+        "job_ids": [c.job_id for c in completions],
+        "call_ids": [c.call_id for c in completions],
+        "titles": [c.title for c in completions],
+        "bodies": [c.body for c in completions],
+        "models": [c.model for c in completions],
+        "prompt_versions": [c.prompt_version for c in completions],
+        "input_tokens": [c.input_tokens for c in completions],
+        "output_tokens": [c.output_tokens for c in completions],
+        "costs_usd": [c.cost_usd for c in completions],
+        "request_ids": [c.request_id for c in completions],
+    }
+    cur = await conn.execute(Q["job_settle_and_claim"], params)
+    row = await cur.fetchone()
+    assert row is not None
+    completed_ids, already_completed_ids, _calls_finished, claimed_json = row
+    return SettleResult(
+        completed_ids=list(completed_ids),
+        already_completed_ids=list(already_completed_ids),
+        claimed=_claimed_decoder.decode(claimed_json),
+    )
+
+
+async def job_fail_running(conn: Conn, *, worker_id: str, failures: Sequence[Failure]) -> list[int]:
+    """running -> failed for jobs this worker owns; returns those that were."""
+    params = {
+        "worker_id": worker_id,
+        "job_ids": [f.job_id for f in failures],
+        "call_ids": [f.call_id for f in failures],
+        "error_codes": [f.error_code for f in failures],
+        "error_texts": [f.error_text for f in failures],
+        "call_outcomes": [f.call_outcome for f in failures],
+        "billed": [f.billed for f in failures],
+        "input_tokens": [f.input_tokens for f in failures],
+        "output_tokens": [f.output_tokens for f in failures],
+        "costs_usd": [f.cost_usd for f in failures],
+    }
+    cur = await conn.execute(Q["job_fail_running"], params)
+    row = await cur.fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+async def job_heartbeat(conn: Conn, *, worker_id: str, progress: dict[int, int]) -> list[HeartbeatRow]:
+    return await _all(
+        conn,
+        HeartbeatRow,
+        "job_heartbeat",
+        {"worker_id": worker_id, "job_ids": list(progress), "progress": list(progress.values())},
+    )
+
+
+async def job_listen_pending(conn: Conn) -> None:
+    await conn.execute(Q["job_listen_pending"])
+
+
+async def job_list_running_for_worker(conn: Conn, *, worker_id: str, known_ids: Sequence[int]) -> list[ClaimedJob]:
+    return await _all(
+        conn,
+        ClaimedJob,
+        "job_list_running_for_worker",
+        {"worker_id": worker_id, "known_ids": list(known_ids)},
+    )
+
+
+async def llm_call_start(
+    conn: Conn, *, previous_call_id: int, previous_outcome: str, previous_billed: bool, previous_error: str | None
+) -> int:
+    """Closes the previous attempt's ledger row and opens the next; returns its id."""
+    (call_id,) = await _scalars(
+        conn,
+        "llm_call_start",
+        {
+            "previous_call_id": previous_call_id,
+            "previous_outcome": previous_outcome,
+            "previous_billed": previous_billed,
+            "previous_error": previous_error,
+        },
+    )
+    return call_id
+
+
+async def llm_call_finish(
+    conn: Conn,
+    *,
+    call_id: int,
+    outcome: str,
+    billed: bool,
+    input_tokens: int,
+    output_tokens: int,
+    cost_usd: Any,
+    error_text: str | None,
+) -> None:
+    await conn.execute(
+        Q["llm_call_finish"],
+        {
+            "call_id": call_id,
+            "outcome": outcome,
+            "billed": billed,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cost_usd": cost_usd,
+            "error_text": error_text,
+        },
+    )
+
+
+# -- sweeper -----------------------------------------------------------------------
+
+
+async def job_fail_stale(
+    conn: Conn,
+    *,
+    heartbeat_timeout_s: float,
+    job_timeout_s: float,
+    pending_timeout_s: float,
+    check_heartbeats: bool,
+    batch_size: int,
+    now: datetime | None = None,
+) -> list[StaleJob]:
+    return await _all(
+        conn,
+        StaleJob,
+        "job_fail_stale",
+        {
+            "heartbeat_timeout_s": heartbeat_timeout_s,
+            "job_timeout_s": job_timeout_s,
+            "pending_timeout_s": pending_timeout_s,
+            "check_heartbeats": check_heartbeats,
+            "batch_size": batch_size,
+            "now": now,
+        },
+    )
+
+
+async def server_started_at(conn: Conn) -> datetime:
+    (started_at,) = await _scalars(conn, "server_started_at")
+    return started_at
+
+
+async def job_queue_gauges(conn: Conn, *, now: datetime | None = None) -> QueueGauges:
+    row = await _one(conn, QueueGauges, "job_queue_gauges", {"now": now})
+    assert row is not None
+    return row
+
+
+async def job_prune_finished(
+    conn: Conn, *, retention_s: float, batch_size: int, now: datetime | None = None
+) -> int:
+    ids = await _scalars(
+        conn, "job_prune_finished", {"retention_s": retention_s, "batch_size": batch_size, "now": now}
+    )
+    return len(ids)
+
+
+# -- operators' commands ----------------------------------------------------------
+
+
+async def job_list(conn: Conn, *, status: str | None, limit: int) -> list[JobListRow]:
+    return await _all(conn, JobListRow, "job_list", {"status": status, "limit": limit})
+
+
+async def job_get_admin(conn: Conn, *, job_id: uuid.UUID) -> JobAdminRow | None:
+    return await _one(conn, JobAdminRow, "job_get_admin", {"job_id": job_id})
+
+
+async def llm_call_list_for_job(conn: Conn, *, job_id: int) -> list[LlmCallRow]:
+    return await _all(conn, LlmCallRow, "llm_call_list_for_job", {"job_id": job_id})
+
+
+async def stats_last_hour(conn: Conn) -> HourStats:
+    row = await _one(conn, HourStats, "stats_last_hour", {})
+    assert row is not None
+    return row

@@ -1,0 +1,484 @@
+-- Every runtime query of storyjobs, by name. shared/queries.py parses this
+-- file once; shared/store.py is the only module that runs these.
+--
+-- A block starts with `-- name: <table>_<verb>_<condition>`, then comment
+-- lines saying what it does and why, then one statement with %(named)s
+-- parameters. Every status change names the status it expects in its WHERE
+-- clause: zero rows means the caller lost a race.
+--
+-- Time is the database's: `coalesce(%(now)s::timestamptz, now())` lets a
+-- test pass its own "now" instead of sleeping.
+
+
+-- name: schema_migrations_create
+-- The migration ledger. Created outside any numbered migration so that the
+-- version check works on an empty database.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: schema_migrations_lock
+-- Held for the whole migration run, so two replicas starting at once migrate
+-- one after the other (the second then finds nothing to do).
+SELECT pg_advisory_lock(%(lock_key)s);
+
+-- name: schema_migrations_unlock
+SELECT pg_advisory_unlock(%(lock_key)s);
+
+-- name: schema_migrations_applied
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: schema_migrations_record
+INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_version_get
+-- NULL when the database was never migrated.
+SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN NULL
+            ELSE (SELECT coalesce(max(version), 0) FROM schema_migrations) END AS version;
+
+-- name: job_status_enum_values
+-- The SQL side of the status enum, for the test that keeps it in sync with
+-- shared.status.JobStatus.
+SELECT unnest(enum_range(NULL::job_status))::text AS value;
+
+
+-- name: api_client_upsert
+-- `storyjobs keys create NAME`: a new client, or the existing one of that
+-- name (creating a second key for a client is how keys are rotated).
+WITH inserted AS (
+    INSERT INTO api_clients (name) VALUES (%(name)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING id
+)
+SELECT id FROM inserted
+UNION ALL
+SELECT id FROM api_clients WHERE name = %(name)s
+LIMIT 1;
+
+-- name: api_key_insert
+INSERT INTO api_keys (client_id, key_prefix, key_hash)
+VALUES (%(client_id)s, %(key_prefix)s, %(key_hash)s);
+
+-- name: api_key_list
+SELECT k.key_prefix, c.name AS client_name, k.created_at, k.revoked_at
+FROM api_keys k JOIN api_clients c ON c.id = k.client_id
+ORDER BY k.id;
+
+-- name: api_key_revoke
+UPDATE api_keys SET revoked_at = now()
+WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
+RETURNING key_prefix;
+
+-- name: api_key_get
+-- Authentication only: the api compares key_hash in constant time.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked
+FROM api_keys k
+WHERE k.key_prefix = %(key_prefix)s;
+
+
+-- name: job_get_by_idempotency_key_for_key
+-- First step of POST /stories/generate, one round trip: authenticate the key
+-- and find a job already made with this Idempotency-Key. A replay answers from
+-- here without taking the admission lock.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       j.public_id, j.status, j.request_fingerprint, j.created_at
+FROM api_keys k
+LEFT JOIN story_jobs j
+       ON j.client_id = k.client_id AND j.idempotency_key = %(idempotency_key)s
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_admission_lock
+-- Serialises admissions, so that the counts in job_insert_if_admitted are
+-- exact. It must be its own statement: under READ COMMITTED a statement's
+-- snapshot is taken before it waits for a lock, so a statement that both
+-- locked and counted could count stale rows and overshoot.
+SELECT pg_advisory_xact_lock(%(lock_key)s);
+
+-- name: job_insert_if_admitted
+-- Inserts a pending job unless the key was used meanwhile or a queue is full.
+-- Counting stops at the bound, so its cost never exceeds QUEUE_MAX index
+-- entries however long the queue. The NOTIFY is delivered at commit and wakes
+-- an idle worker at once.
+WITH existing AS (
+    SELECT public_id, status, request_fingerprint, created_at
+    FROM story_jobs
+    WHERE client_id = %(client_id)s AND idempotency_key = %(idempotency_key)s
+),
+queue AS (
+    SELECT count(*) AS depth FROM (
+        SELECT 1 FROM story_jobs WHERE status = 'pending' LIMIT %(queue_max)s
+    ) q
+),
+client_queue AS (
+    SELECT count(*) AS depth FROM (
+        SELECT 1 FROM story_jobs
+        WHERE status = 'pending' AND client_id = %(client_id)s
+        LIMIT %(client_queue_max)s
+    ) q
+),
+inserted AS (
+    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
+    SELECT %(client_id)s, %(idempotency_key)s, %(request_fingerprint)s, %(request)s::jsonb
+    FROM queue, client_queue
+    WHERE NOT EXISTS (SELECT 1 FROM existing)
+      AND queue.depth < %(queue_max)s
+      AND client_queue.depth < %(client_queue_max)s
+    ON CONFLICT ON CONSTRAINT story_jobs_idempotency_key_unique DO NOTHING
+    RETURNING public_id, status, request_fingerprint, created_at
+),
+notified AS (
+    SELECT pg_notify('storyjobs_pending', '') FROM inserted
+)
+SELECT CASE
+           WHEN EXISTS (SELECT 1 FROM inserted) THEN 'inserted'
+           WHEN EXISTS (SELECT 1 FROM existing) THEN 'existing'
+           WHEN (SELECT depth FROM queue) >= %(queue_max)s THEN 'queue_full'
+           ELSE 'client_queue_full'
+       END AS outcome,
+       coalesce(i.public_id, e.public_id) AS public_id,
+       coalesce(i.status, e.status) AS status,
+       coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
+       coalesce(i.created_at, e.created_at) AS created_at,
+       (SELECT count(*) FROM notified) AS notified
+FROM (SELECT 1) one
+LEFT JOIN inserted i ON true
+LEFT JOIN existing e ON true;
+
+-- name: job_get_for_key
+-- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
+-- the job (if it is this client's) with its queue position or story.
+-- queue_position counts pending jobs ahead of this one on the active index.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       j.public_id, j.status, j.error_code, j.error_text, j.progress,
+       j.created_at, j.started_at, j.completed_at,
+       CASE WHEN j.status = 'pending' THEN
+           (SELECT count(*) + 1 FROM story_jobs p WHERE p.status = 'pending' AND p.id < j.id)
+       END AS queue_position,
+       s.id AS story_id, s.title AS story_title, s.body AS story_body,
+       s.model AS story_model, s.input_tokens AS story_input_tokens,
+       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd
+FROM api_keys k
+LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
+LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_cancel
+-- DELETE /stories/jobs/{job_id}: pending or running -> failed (cancelled).
+-- A running job's worker sees the change at its next heartbeat and closes
+-- its stream. The snapshot row tells the caller why nothing changed.
+WITH job AS (
+    SELECT id, status FROM story_jobs
+    WHERE public_id = %(job_id)s AND client_id = %(client_id)s
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by the client', completed_at = now()
+    FROM job
+    WHERE j.id = job.id AND j.status IN ('pending', 'running')
+    RETURNING j.id
+)
+SELECT job.status AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job;
+
+-- name: story_get_for_key
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       s.id AS story_id, s.title, s.body, s.model, s.prompt_version,
+       s.input_tokens, s.output_tokens, s.cost_usd, s.created_at,
+       j.public_id AS job_id
+FROM api_keys k
+LEFT JOIN stories s ON s.client_id = k.client_id AND s.id = %(story_id)s
+LEFT JOIN story_jobs j ON j.id = s.job_id
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_drain_stats
+-- How fast the queue drains, from the last finished jobs (newest first on
+-- the primary key, so the cost does not grow with history): feeds Retry-After
+-- and the time-remaining estimate.
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       recent.avg_run_seconds, recent.avg_output_tokens
+FROM (
+    SELECT avg(extract(epoch FROM completed_at - started_at))::float8 AS avg_run_seconds,
+           avg(progress)::float8 AS avg_output_tokens
+    FROM (
+        SELECT completed_at, started_at, progress FROM story_jobs
+        WHERE status = 'completed'
+        ORDER BY id DESC
+        LIMIT 50
+    ) last
+) recent;
+
+
+-- name: job_settle_and_claim
+-- The worker's one statement per round: complete the jobs whose stories are
+-- written (story insert, ledger update and running -> completed, guarded by
+-- status and worker_id) and claim up to %(claim_limit)s pending jobs, writing
+-- each claimed job's first ledger row before its LLM call can start.
+--
+-- A story is inserted even when its job lost the race to the sweeper: it was
+-- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
+WITH done (job_id, call_id, title, body, model, prompt_version,
+           input_tokens, output_tokens, cost_usd, request_id) AS (
+    SELECT * FROM unnest(
+        %(job_ids)s::bigint[], %(call_ids)s::bigint[], %(titles)s::text[],
+        %(bodies)s::text[], %(models)s::text[], %(prompt_versions)s::text[],
+        %(input_tokens)s::int[], %(output_tokens)s::int[],
+        %(costs_usd)s::numeric[], %(request_ids)s::text[])
+),
+stories_inserted AS (
+    INSERT INTO stories (job_id, client_id, title, body, model, prompt_version,
+                         input_tokens, output_tokens, cost_usd)
+    SELECT done.job_id, j.client_id, done.title, done.body, done.model,
+           done.prompt_version, done.input_tokens, done.output_tokens, done.cost_usd
+    FROM done JOIN story_jobs j ON j.id = done.job_id
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING id, job_id
+),
+calls_finished AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = 'succeeded',
+        input_tokens = done.input_tokens, output_tokens = done.output_tokens,
+        cost_usd = done.cost_usd, request_id = done.request_id
+    FROM done
+    WHERE c.id = done.call_id
+    RETURNING c.id
+),
+completed AS (
+    UPDATE story_jobs j
+    SET status = 'completed', completed_at = now(), story_id = s.id,
+        progress = done.output_tokens
+    FROM stories_inserted s JOIN done ON done.job_id = s.job_id
+    WHERE j.id = s.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id
+),
+claimable AS MATERIALIZED (
+    SELECT id FROM story_jobs
+    WHERE status = 'pending'
+    ORDER BY id
+    LIMIT %(claim_limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+claimed AS (
+    UPDATE story_jobs j
+    SET status = 'running', started_at = now(), heartbeat_at = now(),
+        worker_id = %(worker_id)s
+    FROM claimable
+    WHERE j.id = claimable.id AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.request, j.created_at, j.started_at
+),
+first_calls AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
+    RETURNING id, job_id
+)
+SELECT
+    -- done jobs: completed now, or (after an ambiguous commit) already completed
+    -- by this worker; the caller treats every other done job as a lost race
+    coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
+    coalesce((
+        SELECT array_agg(j.id) FROM story_jobs j JOIN done ON done.job_id = j.id
+        WHERE j.status = 'completed' AND j.worker_id = %(worker_id)s
+    ), '{}') AS already_completed_ids,
+    (SELECT count(*) FROM calls_finished) AS calls_finished,
+    coalesce((
+        SELECT json_agg(json_build_object(
+            'id', c.id, 'public_id', c.public_id, 'request', c.request,
+            'created_at', c.created_at, 'started_at', c.started_at, 'call_id', f.id)
+            ORDER BY c.id)
+        FROM claimed c JOIN first_calls f ON f.job_id = c.id
+    )::text, '[]') AS claimed;
+
+-- name: job_fail_running
+-- The worker gives up on jobs it owns (LLM error, rejected request): running ->
+-- failed, guarded by status and worker_id, with the ledger row closed in the
+-- same statement. Returns the jobs that were still ours.
+WITH failing (job_id, call_id, error_code, error_text, call_outcome, billed,
+              input_tokens, output_tokens, cost_usd) AS (
+    SELECT * FROM unnest(
+        %(job_ids)s::bigint[], %(call_ids)s::bigint[], %(error_codes)s::text[],
+        %(error_texts)s::text[], %(call_outcomes)s::text[], %(billed)s::boolean[],
+        %(input_tokens)s::int[], %(output_tokens)s::int[], %(costs_usd)s::numeric[])
+),
+calls_finished AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = failing.call_outcome, billed = failing.billed,
+        input_tokens = failing.input_tokens, output_tokens = failing.output_tokens,
+        cost_usd = failing.cost_usd, error_text = failing.error_text
+    FROM failing
+    WHERE c.id = failing.call_id
+    RETURNING c.id
+),
+failed AS (
+    UPDATE story_jobs j
+    SET status = 'failed', completed_at = now(), error_code = failing.error_code,
+        error_text = failing.error_text, progress = failing.output_tokens
+    FROM failing
+    WHERE j.id = failing.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id
+)
+SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids,
+       (SELECT count(*) FROM calls_finished) AS calls_finished;
+
+-- name: job_heartbeat
+-- Every few seconds, one statement for all jobs a worker process holds:
+-- refresh heartbeat_at and progress where the job is still ours. It touches no
+-- indexed column, so it is a HOT update. A job missing from alive_ids was
+-- failed by the sweeper or cancelled: its worker stops paying for the stream.
+WITH beat (id, progress) AS (
+    SELECT * FROM unnest(%(job_ids)s::bigint[], %(progress)s::int[])
+),
+refreshed AS (
+    UPDATE story_jobs j
+    SET heartbeat_at = now(), progress = beat.progress
+    FROM beat
+    WHERE j.id = beat.id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id
+)
+SELECT beat.id, j.status, j.error_code,
+       EXISTS (SELECT 1 FROM refreshed r WHERE r.id = beat.id) AS alive
+FROM beat LEFT JOIN story_jobs j ON j.id = beat.id;
+
+-- name: job_listen_pending
+-- The api's insert sends NOTIFY storyjobs_pending at commit: an idle worker
+-- claims at once instead of at its next poll.
+LISTEN storyjobs_pending;
+
+-- name: job_list_running_for_worker
+-- After a claim statement failed without an answer (connection lost around
+-- its commit), the claims it may have made belong to this worker but never
+-- reached it: no LLM call was sent for them, so the worker runs them now.
+SELECT j.id, j.public_id, j.request, j.created_at, j.started_at, c.id AS call_id
+FROM story_jobs j
+JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
+WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
+  AND NOT (j.id = ANY (%(known_ids)s::bigint[]))
+  AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1);
+
+-- name: llm_call_start
+-- A retry's ledger row, written before the request is sent. The previous
+-- attempt's row is closed in the same statement.
+WITH previous AS (
+    UPDATE llm_calls
+    SET finished_at = now(), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
+        error_text = %(previous_error)s
+    WHERE id = %(previous_call_id)s
+    RETURNING job_id, attempt, worker_id, provider, model
+)
+INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+SELECT job_id, attempt + 1, worker_id, provider, model FROM previous
+RETURNING id;
+
+-- name: llm_call_finish
+-- Closes a ledger row outside a job transition: a stream stopped because the
+-- job was no longer ours.
+UPDATE llm_calls
+SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
+    input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
+    cost_usd = %(cost_usd)s, error_text = %(error_text)s
+WHERE id = %(call_id)s;
+
+
+-- name: job_fail_stale
+-- The sweeper's rules, in one guarded statement per batch: a running job
+-- whose heartbeat stopped (interrupted), one running too long (timed_out),
+-- one waiting too long (queue_timeout). SKIP LOCKED leaves a job whose
+-- worker is completing it right now alone: the next pass sees it finished.
+-- %(check_heartbeats)s is false until the sweeper has been connected for a
+-- whole heartbeat timeout, so that an outage is not taken for dead workers.
+WITH now_ AS (SELECT coalesce(%(now)s::timestamptz, now()) AS t),
+stale AS MATERIALIZED (
+    SELECT j.id,
+           CASE WHEN j.status = 'pending' THEN 'queue_timeout'
+                WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8) THEN 'timed_out'
+                ELSE 'interrupted'
+           END AS reason
+    FROM story_jobs j, now_
+    WHERE j.status IN ('pending', 'running')
+      AND ((j.status = 'pending'
+            AND j.created_at < now_.t - make_interval(secs => %(pending_timeout_s)s::float8))
+        OR (j.status = 'running'
+            AND j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8))
+        OR (j.status = 'running' AND %(check_heartbeats)s
+            AND j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8)))
+    ORDER BY j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+)
+UPDATE story_jobs j
+SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+    error_text = CASE stale.reason
+        WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
+        WHEN 'timed_out' THEN 'the story took longer than the job timeout'
+        ELSE 'the worker stopped sending heartbeats'
+    END
+FROM stale, now_
+WHERE j.id = stale.id AND j.status IN ('pending', 'running')
+RETURNING j.id, j.public_id, stale.reason, j.worker_id;
+
+-- name: server_started_at
+-- The sweeper's probe: a changed answer means the server restarted, and with
+-- it every worker lost its connection for a while.
+SELECT pg_postmaster_start_time();
+
+-- name: job_queue_gauges
+-- Queue depth by live status and the oldest pending job's age: read from the
+-- active index only.
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
+           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY id LIMIT 1
+       )), 0)::float8 AS oldest_pending_age_seconds;
+
+-- name: job_prune_finished
+-- Deletes finished jobs past retention, looking only at the oldest rows of
+-- the table: jobs finish within their timeouts, so the oldest ids are the
+-- first to expire, and no index on completed_at is needed.
+WITH oldest AS (
+    SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
+)
+DELETE FROM story_jobs j
+USING oldest
+WHERE j.id = oldest.id
+  AND oldest.status IN ('completed', 'failed')
+  AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+RETURNING j.id;
+
+
+-- name: job_list
+-- `storyjobs jobs list`, newest first.
+SELECT j.public_id, c.name AS client_name, j.status, j.error_code, j.progress,
+       j.created_at, j.started_at, j.completed_at, j.worker_id
+FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
+WHERE (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
+ORDER BY j.id DESC
+LIMIT %(limit)s;
+
+-- name: job_get_admin
+-- `storyjobs jobs show ID`.
+SELECT j.id, j.public_id, c.name AS client_name, j.status, j.error_code, j.error_text,
+       j.progress, j.worker_id, j.story_id, j.request, j.created_at, j.started_at,
+       j.heartbeat_at, j.completed_at
+FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
+WHERE j.public_id = %(job_id)s;
+
+-- name: llm_call_list_for_job
+SELECT attempt, worker_id, provider, model, started_at, finished_at, outcome, billed,
+       input_tokens, output_tokens, cost_usd, request_id, error_text
+FROM llm_calls WHERE job_id = %(job_id)s ORDER BY attempt;
+
+-- name: stats_last_hour
+-- `storyjobs stats`: queue depth, throughput and spend over the last hour.
+-- The ledger is read by time; llm_calls_started_at_idx keeps that cheap.
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE c.outcome = 'succeeded') AS succeeded_calls,
+       count(*) FILTER (WHERE c.outcome NOT IN ('succeeded', 'started')) AS failed_calls,
+       count(*) FILTER (WHERE c.billed) AS billed_calls,
+       coalesce(sum(c.input_tokens), 0)::bigint AS input_tokens,
+       coalesce(sum(c.output_tokens), 0)::bigint AS output_tokens,
+       coalesce(sum(c.cost_usd), 0)::numeric(14, 6) AS cost_usd
+FROM llm_calls c
+WHERE c.started_at > now() - interval '1 hour';

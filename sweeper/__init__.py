@@ -1,0 +1,1 @@
+"""The storyjobs sweeper: ``python -m sweeper``."""

@@ -1,0 +1,33 @@
+"""The sweeper's Prometheus metrics (served on METRICS_PORT). Alerts that use
+them are listed in README.md, Operations."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge
+
+from shared.status import ErrorCode
+
+RECLAIMED = Counter(
+    "storyjobs_sweeper_reclaimed_total", "Jobs the sweeper failed, by reason.", ["reason"]
+)
+REASONS = (ErrorCode.INTERRUPTED, ErrorCode.TIMED_OUT, ErrorCode.QUEUE_TIMEOUT)
+for _reason in REASONS:
+    RECLAIMED.labels(reason=_reason.value)
+
+PRUNED = Counter("storyjobs_sweeper_pruned_total", "Finished jobs deleted past JOB_RETENTION_S.")
+
+JOBS = Gauge("storyjobs_jobs", "Live jobs by status, read from the database at each pass.", ["status"])
+for _status in ("pending", "running"):
+    JOBS.labels(status=_status)
+
+OLDEST_PENDING_AGE = Gauge(
+    "storyjobs_oldest_pending_age_seconds", "Age of the oldest pending job at the last pass (0 when none)."
+)
+LAST_RUN = Gauge(
+    "storyjobs_sweeper_last_run_timestamp_seconds", "Unix time the last sweeper pass finished."
+)
+HEARTBEAT_CHECKS = Gauge(
+    "storyjobs_sweeper_heartbeat_checks_enabled",
+    "1 when the sweeper reclaims by heartbeat; 0 while it waits out a heartbeat timeout after "
+    "(re)connecting, so an outage is not taken for dead workers.",
+)

@@ -1,0 +1,299 @@
+"""A small Anthropic-compatible Messages API for tests, served by uvicorn in a
+background thread of the test process.
+
+It streams SSE as the real API does, and does what a test asks, request by
+request: answer 429/529/400/500, stall mid-stream, drop the connection, send
+an error event. It records every request, and whether it was billed (a
+stream was started) and whether the client closed the stream early. Those
+records are how tests prove "billed at most once".
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import random
+import socket
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import uvicorn
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How to answer one request."""
+
+    status: int = 200
+    # streamed answers: chunks of text, spread over duration_s
+    chunks: int = 8
+    duration_s: float = 0.0
+    words_per_chunk: int = 5
+    # after this many chunks: stall for stall_s, drop the connection, or
+    # send an SSE error event
+    stall_after: int | None = None
+    stall_s: float = 3600.0
+    drop_after: int | None = None
+    error_event_after: int | None = None
+    retry_after_ms: int | None = None
+    # text of the story, instead of generated filler
+    text: str | None = None
+    # the stream waits for this before its last event, so a test decides
+    # exactly when the story is finished
+    hold: threading.Event | None = None
+
+
+@dataclass
+class Call:
+    """One request the fake received."""
+
+    number: int
+    request_id: str
+    received_at: float
+    body: dict[str, Any]
+    headers: dict[str, str]
+    plan: Plan
+    status: int = 0
+    billed: bool = False  # a stream was started (message_start sent)
+    chunks_sent: int = 0
+    finished: bool = False  # message_stop sent
+    closed_early: bool = False  # the client went away before message_stop
+    dropped: bool = False  # we cut the connection on purpose (Plan.drop_after)
+    closed_at: float | None = None
+
+    @property
+    def prompt(self) -> str:
+        messages = self.body.get("messages") or [{}]
+        content = messages[-1].get("content", "")
+        return content if isinstance(content, str) else json.dumps(content)
+
+
+@dataclass
+class FakeAnthropic:
+    default: Plan = field(default_factory=Plan)
+    # probability of answering 529 instead of the default plan
+    overload_rate: float = 0.0
+    seed: int = 1234
+    calls: list[Call] = field(default_factory=list)
+    _queued: deque[Plan] = field(default_factory=deque)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def __post_init__(self) -> None:
+        self._random = random.Random(self.seed)
+
+    # -- what tests use --------------------------------------------------------------
+
+    def queue(self, *plans: Plan) -> None:
+        """The next requests get these plans, in order; then the default."""
+        with self._lock:
+            self._queued.extend(plans)
+
+    @property
+    def billed(self) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if c.billed]
+
+    def calls_for(self, prompt_fragment: str) -> list[Call]:
+        with self._lock:
+            return [c for c in self.calls if prompt_fragment in c.prompt]
+
+    def wait_for(self, predicate: Any, timeout: float = 10.0) -> None:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with self._lock:
+                if predicate(self):
+                    return
+            time.sleep(0.02)
+        raise TimeoutError("the fake provider never saw what the test waited for")
+
+    # -- ASGI ---------------------------------------------------------------------------
+
+    def _next_plan(self) -> Plan:
+        with self._lock:
+            if self._queued:
+                return self._queued.popleft()
+            if self.overload_rate and self._random.random() < self.overload_rate:
+                return Plan(status=529, retry_after_ms=50)
+            return self.default
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope["type"] == "lifespan":
+            while True:
+                message = await receive()
+                if message["type"] == "lifespan.startup":
+                    await send({"type": "lifespan.startup.complete"})
+                elif message["type"] == "lifespan.shutdown":
+                    await send({"type": "lifespan.shutdown.complete"})
+                    return
+        if scope["path"] != "/v1/messages" or scope["method"] != "POST":
+            await _json(send, 404, {"type": "error", "error": {"type": "not_found_error", "message": "no"}})
+            return
+        chunks = []
+        while True:
+            message = await receive()
+            chunks.append(message.get("body", b""))
+            if not message.get("more_body"):
+                break
+        body = json.loads(b"".join(chunks) or b"{}")
+        plan = self._next_plan()
+        with self._lock:
+            number = len(self.calls) + 1
+            call = Call(
+                number=number,
+                request_id=f"req_fake_{number:06d}",
+                received_at=time.monotonic(),
+                body=body,
+                headers={k.decode(): v.decode() for k, v in scope["headers"]},
+                plan=plan,
+            )
+            self.calls.append(call)
+        await self._answer(call, body, receive, send)
+
+    async def _answer(self, call: Call, body: dict[str, Any], receive: Any, send: Any) -> None:
+        plan = call.plan
+        call.status = plan.status
+        extra = [(b"request-id", call.request_id.encode())]
+        if plan.retry_after_ms is not None:
+            extra.append((b"retry-after-ms", str(plan.retry_after_ms).encode()))
+        if plan.status != 200:
+            kind = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error",
+                    401: "authentication_error"}.get(plan.status, "api_error")
+            await _json(send, plan.status, {"type": "error", "error": {"type": kind, "message": f"fake {kind}"}},
+                        extra)
+            return
+        disconnected = asyncio.Event()
+
+        async def watch_disconnect() -> None:
+            while True:
+                message = await receive()
+                if message["type"] == "http.disconnect":
+                    disconnected.set()
+                    return
+
+        watcher = asyncio.create_task(watch_disconnect())
+        try:
+            await self._stream(call, body, send, disconnected, extra)
+        except _Drop:
+            call.dropped = True
+            raise  # uvicorn then closes the connection mid-response
+        except (OSError, RuntimeError):
+            # the client is gone
+            disconnected.set()
+        finally:
+            watcher.cancel()
+            if not call.finished and not call.dropped:
+                call.closed_early = True
+                call.closed_at = time.monotonic()
+
+    async def _stream(self, call: Call, body: dict[str, Any], send: Any, disconnected: asyncio.Event,
+                      extra: list[tuple[bytes, bytes]]) -> None:
+        plan = call.plan
+        await send({"type": "http.response.start", "status": 200,
+                    "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *extra]})
+        input_tokens = max(1, len(call.prompt.split()))
+        model = body.get("model", "fake-model")
+
+        async def event(name: str, data: dict[str, Any]) -> None:
+            if disconnected.is_set():
+                raise RuntimeError("client disconnected")
+            payload = f"event: {name}\ndata: {json.dumps(data)}\n\n".encode()
+            await send({"type": "http.response.body", "body": payload, "more_body": True})
+
+        call.billed = True
+        await event("message_start", {"type": "message_start", "message": {
+            "id": f"msg_{call.number}", "type": "message", "role": "assistant", "content": [], "model": model,
+            "stop_reason": None, "stop_sequence": None, "usage": {"input_tokens": input_tokens, "output_tokens": 1}}})
+        await event("content_block_start", {"type": "content_block_start", "index": 0,
+                                            "content_block": {"type": "text", "text": ""}})
+        pieces = _pieces(plan, call.prompt)
+        interval = plan.duration_s / max(len(pieces), 1)
+        output_tokens = 0
+        for index, piece in enumerate(pieces):
+            if plan.stall_after is not None and index == plan.stall_after:
+                await _sleep_or_disconnect(plan.stall_s, disconnected)
+            if plan.drop_after is not None and index == plan.drop_after:
+                raise _Drop("fake provider drops the connection")
+            if plan.error_event_after is not None and index == plan.error_event_after:
+                await event("error", {"type": "error", "error": {"type": "overloaded_error", "message": "Overloaded"}})
+                await send({"type": "http.response.body", "body": b"", "more_body": False})
+                call.finished = True
+                return
+            if interval:
+                await _sleep_or_disconnect(interval, disconnected)
+            await event("content_block_delta", {"type": "content_block_delta", "index": 0,
+                                                "delta": {"type": "text_delta", "text": piece}})
+            call.chunks_sent += 1
+            output_tokens += len(piece.split())
+        if plan.hold is not None:
+            while not plan.hold.is_set():
+                await _sleep_or_disconnect(0.01, disconnected)
+        await event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        await event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
+                                                                        "stop_sequence": None},
+                                      "usage": {"output_tokens": output_tokens}})
+        await event("message_stop", {"type": "message_stop"})
+        await send({"type": "http.response.body", "body": b"", "more_body": False})
+        call.finished = True
+
+
+class _Drop(Exception):
+    pass
+
+
+def _pieces(plan: Plan, prompt: str) -> list[str]:
+    if plan.text is not None:
+        words = plan.text.split(" ")
+        size = max(1, len(words) // max(plan.chunks, 1))
+        return [" ".join(words[i:i + size]) + (" " if i + size < len(words) else "")
+                for i in range(0, len(words), size)]
+    first = "Title: A Fake Story\n"
+    filler = ("sleepy " * plan.words_per_chunk)
+    return [first] + [filler for _ in range(max(plan.chunks - 1, 0))]
+
+
+async def _sleep_or_disconnect(seconds: float, disconnected: asyncio.Event) -> None:
+    try:
+        await asyncio.wait_for(disconnected.wait(), timeout=seconds)
+    except TimeoutError:
+        return
+    raise RuntimeError("client disconnected")
+
+
+async def _json(send: Any, status: int, data: dict[str, Any], extra: list[tuple[bytes, bytes]] | None = None) -> None:
+    payload = json.dumps(data).encode()
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), *(extra or [])]})
+    await send({"type": "http.response.body", "body": payload})
+
+
+class FakeAnthropicServer:
+    """Serves a FakeAnthropic on 127.0.0.1 in a thread; ``base_url`` for the SDK."""
+
+    def __init__(self, fake: FakeAnthropic) -> None:
+        self.fake = fake
+        self._socket = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        self._socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self._socket.bind(("127.0.0.1", 0))
+        self.port = self._socket.getsockname()[1]
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        config = uvicorn.Config(fake, log_level="critical", lifespan="off", access_log=False,
+                                loop="asyncio", http="h11", timeout_graceful_shutdown=1)
+        self._server = uvicorn.Server(config)
+        self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    def __enter__(self) -> FakeAnthropicServer:
+        self._thread.start()
+        deadline = time.monotonic() + 10
+        while not self._server.started:
+            if time.monotonic() > deadline:
+                raise RuntimeError("the fake provider did not start")
+            time.sleep(0.01)
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=5)
+        self._socket.close()

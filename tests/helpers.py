@@ -1,0 +1,116 @@
+"""Small helpers shared by the integration and system tests."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+import uuid
+from collections.abc import AsyncIterator, Awaitable, Callable
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from shared import store
+from shared.config import ApiSettings, SweeperSettings, WorkerSettings
+from shared.story_request import StoryRequest, canonical_json, fingerprint
+from worker.runner import Worker
+from worker.writing import StoryWriter
+
+# fast timings for tests; each test states the ones it depends on
+FAST = {
+    "heartbeat_interval_s": 0.2,
+    "heartbeat_timeout_s": 1.0,
+    "job_timeout_s": 30.0,
+    "pending_timeout_s": 60.0,
+}
+
+
+def worker_settings(**overrides: Any) -> WorkerSettings:
+    values: dict[str, Any] = {**FAST, "llm_timeout_s": 20.0, "llm_read_timeout_s": 5.0,
+                              "worker_poll_interval_s": 0.5, "offline_delay_s": 0.0, "metrics_port": 0,
+                              "worker_shutdown_grace_s": 5.0, **overrides}
+    return WorkerSettings(**values)
+
+
+def sweeper_settings(**overrides: Any) -> SweeperSettings:
+    return SweeperSettings(**{**FAST, "sweeper_interval_s": 0.5, "metrics_port": 0, **overrides})
+
+
+def api_settings(**overrides: Any) -> ApiSettings:
+    return ApiSettings(**{"queue_max": 1000, **overrides})
+
+
+async def client_id_of(conn: psycopg.AsyncConnection[Any], name: str = "tester") -> int:
+    return await store.api_client_upsert(conn, name=name)
+
+
+async def enqueue(
+    conn: psycopg.AsyncConnection[Any], client_id: int, prompt: str, *, key: str | None = None,
+    queue_max: int = 1_000_000,
+) -> uuid.UUID:
+    """Stores a pending job the way the api does; returns its job_id."""
+    request = StoryRequest(prompt=prompt)
+    result = await store.job_insert_if_admitted(
+        conn,
+        client_id=client_id,
+        idempotency_key=key or uuid.uuid4().hex,
+        request_fingerprint=fingerprint(request),
+        request_json=canonical_json(request).decode(),
+        queue_max=queue_max,
+        client_queue_max=queue_max,
+    )
+    assert result.outcome == "inserted" and result.public_id is not None, result
+    return result.public_id
+
+
+class JobRow(msgspec.Struct):
+    id: int
+    public_id: uuid.UUID
+    status: str
+    error_code: str | None
+    worker_id: str | None
+    story_id: uuid.UUID | None
+    progress: int
+
+
+async def job_rows(conn: psycopg.AsyncConnection[Any]) -> list[JobRow]:
+    """Every job, for assertions (tests read tables directly; the code under
+    test never does)."""
+    cur = await conn.execute(
+        "SELECT id, public_id, status::text, error_code, worker_id, story_id, progress FROM story_jobs ORDER BY id"
+    )
+    return [JobRow(*row) for row in await cur.fetchall()]
+
+
+async def count(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) -> int:
+    cur = await conn.execute(query, params)  # type: ignore[arg-type]
+    row = await cur.fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while True:
+        if await check():
+            return
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"timed out waiting for {what}")
+        await asyncio.sleep(0.02)
+
+
+@contextlib.asynccontextmanager
+async def running_worker(
+    settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
+) -> AsyncIterator[Worker]:
+    """A Worker running in this event loop; stopped (gracefully) on exit."""
+    worker = Worker(settings, pool, writer, listen_url=listen_url)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout=30)

@@ -1,0 +1,180 @@
+"""Races between actors on one job, forced deterministically with row locks."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
+
+from shared import store
+from shared.rows import Completion
+from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
+from tests.helpers import client_id_of, count, enqueue, job_rows, running_worker, wait_until, worker_settings
+from worker.anthropic_writer import AnthropicWriter
+
+LATER = datetime.now(UTC) + timedelta(hours=2)
+SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
+         "check_heartbeats": True, "batch_size": 100}
+
+
+async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
+    result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
+                                              provider="offline", model="offline-writer")
+    assert len(result.claimed) == 1
+    return result.claimed[0].id
+
+
+def _completion(job_id: int, call_id: int) -> Completion:
+    return Completion(job_id=job_id, call_id=call_id, title="T", body="B", model="m", prompt_version="v",
+                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
+
+
+async def test_completion_first_sweeper_changes_nothing(database_url: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    """Ordering A: a completion holds the row while the sweeper passes; the job ends completed."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+                                               provider="offline", model="offline-writer")
+    job = claimed.claimed[0]
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
+        async with worker_conn.transaction():
+            settled = await store.job_settle_and_claim(
+                worker_conn, worker_id="w1", completions=[_completion(job.id, job.call_id)], claim_limit=0,
+                provider="offline", model="offline-writer")
+            assert settled.completed_ids == [job.id]
+            # the completion is not committed yet and holds the row: the sweeper
+            # (with a clock two hours ahead, so the job looks dead) skips it
+            assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+        # committed: a later pass finds a finished job and changes nothing either
+        assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+    (row,) = await job_rows(conn)
+    assert row.status == "completed" and row.story_id is not None
+
+
+async def _backend_waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await count(
+        conn,
+        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
+    ) > 0
+
+
+async def test_sweeper_first_completion_loses_and_story_is_orphaned(
+    database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """Ordering B: the sweeper fails the job while its story is being saved; the job stays failed,
+    the paid-for story is kept, and the worker logs `sweeper raced, story orphaned`."""
+    client = await client_id_of(conn)
+    hold = threading.Event()
+    fake = FakeAnthropic(default=Plan(hold=hold))
+    settings = worker_settings(anthropic_api_key="test", heartbeat_interval_s=30, heartbeat_timeout_s=120)
+    with FakeAnthropicServer(fake) as server, capture_logs() as logs:
+        writer = AnthropicWriter(worker_settings(anthropic_api_key="test", anthropic_base_url=server.base_url))
+        async with running_worker(settings, pool, writer, listen_url=database_url):
+            job_id = await enqueue(conn, client, "a dragon who cannot sleep")
+            await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
+            async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as sweeper_conn:
+                async with sweeper_conn.transaction():
+                    swept = await store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
+                    assert [s.public_id for s in swept] == [job_id]
+                    hold.set()  # the story finishes; its completion now waits for our row lock
+                    await wait_until(lambda: _backend_waiting_on_lock(conn), what="the completion to block")
+                # committed: the blocked completion re-checks status = 'running' and finds 'failed'
+            await wait_until(lambda: _has_event(logs, "job.lost_race"), what="the lost race to be logged")
+        await writer.aclose()
+    (row,) = await job_rows(conn)
+    assert row.status == "failed" and row.error_code == "timed_out" and row.story_id is None
+    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", row.id) == 1
+    (event,) = [e for e in logs if e["event"] == "job.lost_race"]
+    assert event["detail"] == "sweeper raced, story orphaned"
+    assert event["job_id"] == str(job_id)
+    assert len(fake.billed) == 1
+
+
+async def _has_event(logs: list[dict[str, Any]], name: str) -> bool:
+    return any(e["event"] == name for e in logs)
+
+
+async def test_many_claimers_claim_every_row_exactly_once(database_url: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    """16 concurrent claimers on 200 pending rows: every row is claimed exactly once, with one ledger row."""
+    client = await client_id_of(conn)
+    for n in range(200):
+        await enqueue(conn, client, f"story {n}")
+
+    async def claimer(number: int) -> list[int]:
+        mine: list[int] = []
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            while True:
+                result = await store.job_settle_and_claim(
+                    c, worker_id=f"claimer-{number}", completions=[], claim_limit=1 + number % 3,
+                    provider="offline", model="offline-writer")
+                if not result.claimed:
+                    return mine
+                mine.extend(job.id for job in result.claimed)
+
+    claims = await asyncio.gather(*(claimer(n) for n in range(16)))
+    every = [job_id for mine in claims for job_id in mine]
+    assert len(every) == 200 and len(set(every)) == 200
+    assert sum(1 for mine in claims if mine) > 1  # they really competed
+    rows = await job_rows(conn)
+    assert {r.status for r in rows} == {"running"}
+    # each job's owner is the claimer that got it
+    owner = {job_id: f"claimer-{n}" for n, mine in enumerate(claims) for job_id in mine}
+    assert all(r.worker_id == owner[r.id] for r in rows)
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE attempt = 1") == 200
+
+
+async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A completion from a worker that does not own the job is a lost race: the job stays as it was."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    job_id = await _claim_one(conn, "owner")
+    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
+    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[_completion(job_id, call_id)],
+                                              claim_limit=0, provider="offline", model="offline-writer")
+    assert result.completed_ids == [] and result.already_completed_ids == []
+    (row,) = await job_rows(conn)
+    assert row.status == "running" and row.worker_id == "owner"
+
+
+async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Sending the same completion twice (its first answer lost) neither fails nor duplicates the story."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    job_id = await _claim_one(conn, "w1")
+    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
+    done = [_completion(job_id, call_id)]
+    first = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
+                                             provider="offline", model="offline-writer")
+    again = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
+                                             provider="offline", model="offline-writer")
+    assert first.completed_ids == [job_id]
+    assert again.completed_ids == [] and again.already_completed_ids == [job_id]
+    assert await count(conn, "SELECT count(*) FROM stories") == 1
+
+
+@pytest.mark.parametrize("status", ["completed", "failed"])
+async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnection[Any], status: str) -> None:
+    """A finished job is left alone by the sweeper however old it is."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    job_id = await _claim_one(conn, "w1")
+    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
+    if status == "completed":
+        await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(job_id, call_id)],
+                                         claim_limit=0, provider="offline", model="offline-writer")
+    else:
+        from shared.rows import Failure
+
+        await store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+            job_id=job_id, call_id=call_id, error_code="llm_error", error_text="x", call_outcome="failed",
+            billed=True)])
+    assert await store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
+    (row,) = await job_rows(conn)
+    assert row.status == status

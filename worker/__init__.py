@@ -1,0 +1,1 @@
+"""The storyjobs worker: ``python -m worker``."""

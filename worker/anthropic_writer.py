@@ -1,0 +1,223 @@
+"""The story writer that calls the LLM through the official ``anthropic`` SDK.
+
+Never bill twice: the SDK's own retries are off (it would retry read timeouts
+and 5xx, and a retried request after the provider started generating is a
+second bill). We retry only what was certainly not billed, decided where we
+know whether the stream had started:
+
+* 429 (rate limited) and 529 (overloaded) answered instead of a stream;
+* a connection that could not be made, so nothing was sent.
+
+Everything else fails the job: a provider 4xx as ``llm_rejected`` (nothing was
+billed; retrying cannot help), a timeout, a dropped stream or a 5xx as
+``llm_error`` (it may have been billed). Retries use stamina (jittered
+exponential backoff, ``retry-after`` honoured, bounded attempts and deadline),
+and each one gets its own ledger row before it is sent.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import anthropic
+import httpx2
+import stamina
+import structlog
+
+from shared.config import WorkerSettings
+from shared.status import ErrorCode, LlmOutcome
+from shared.story_request import StoryRequest
+from worker import prompt
+from worker.writing import Draft, JobCall, Price, WriteFailed
+
+log = structlog.get_logger()
+
+# a streamed answer's progress is counted in tokens; while streaming only text
+# arrives, so it is estimated from characters until the final usage comes
+_CHARS_PER_TOKEN = 4
+# Retry-After is honoured up to this; beyond it the deadline decides
+_MAX_RETRY_AFTER_S = 60.0
+
+
+class NotBilled(Exception):
+    """The provider certainly did not bill this request: safe to retry."""
+
+    def __init__(self, outcome: LlmOutcome, message: str, retry_after_s: float | None = None) -> None:
+        super().__init__(message)
+        self.outcome = outcome
+        self.message = message
+        self.retry_after_s = retry_after_s
+
+
+def _retry_after_s(response: httpx2.Response) -> float | None:
+    for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
+        value = response.headers.get(header)
+        if value is None:
+            continue
+        try:
+            return max(float(value) * scale, 0.0)
+        except ValueError:
+            continue
+    return None
+
+
+def _classify_before_stream(exc: anthropic.APIError) -> Exception:
+    """An error raised before any event arrived: NotBilled if certainly
+    unbilled, else the WriteFailed that fails the job."""
+    if isinstance(exc, anthropic.RateLimitError):
+        return NotBilled(LlmOutcome.RATE_LIMITED, "429 rate limited", _retry_after_s(exc.response))
+    if isinstance(exc, anthropic.APIStatusError) and exc.status_code == 529:
+        return NotBilled(LlmOutcome.OVERLOADED, "529 overloaded", _retry_after_s(exc.response))
+    if isinstance(exc, anthropic.APIConnectionError) and isinstance(
+        exc.__cause__, (httpx2.ConnectError, httpx2.ConnectTimeout)
+    ):
+        return NotBilled(LlmOutcome.CONNECT_FAILED, f"could not connect: {exc.__cause__}")
+    if isinstance(exc, anthropic.APIStatusError) and 400 <= exc.status_code < 500:
+        return WriteFailed(
+            ErrorCode.LLM_REJECTED,
+            f"the LLM provider rejected the request ({exc.status_code}): {_provider_message(exc)}",
+            outcome=LlmOutcome.REJECTED,
+            billed=False,
+        )
+    return WriteFailed(
+        ErrorCode.LLM_ERROR,
+        f"the LLM call failed and was not retried, as it may have been billed: {_describe(exc)}",
+        outcome=LlmOutcome.FAILED,
+        billed=True,
+    )
+
+
+def _provider_message(exc: anthropic.APIStatusError) -> str:
+    body = exc.body
+    if isinstance(body, dict):
+        error = body.get("error")
+        if isinstance(error, dict) and isinstance(error.get("message"), str):
+            return error["message"][:500]
+    return exc.message[:500]
+
+
+def _describe(exc: BaseException) -> str:
+    if isinstance(exc, anthropic.APITimeoutError):
+        return "timed out waiting for the provider"
+    if isinstance(exc, anthropic.APIStatusError):
+        return f"provider answered {exc.status_code}: {_provider_message(exc)}"
+    if isinstance(exc, anthropic.APIConnectionError):
+        return f"connection to the provider failed ({type(exc.__cause__).__name__})"
+    return f"{type(exc).__name__}: {exc}"[:500]
+
+
+def _backoff(exc: Exception) -> bool | float:
+    """stamina hook: retry NotBilled only, after the provider's Retry-After if
+    it sent one, else after stamina's jittered exponential backoff."""
+    if not isinstance(exc, NotBilled):
+        return False
+    if exc.retry_after_s is not None:
+        return min(max(exc.retry_after_s, 0.01), _MAX_RETRY_AFTER_S)
+    return True
+
+
+class AnthropicWriter:
+    provider = "anthropic"
+
+    def __init__(self, settings: WorkerSettings, *, client: anthropic.AsyncAnthropic | None = None) -> None:
+        self.model = settings.llm_model
+        input_price, output_price = settings.price_usd_per_mtok()
+        self.price = Price(input_price, output_price)
+        self._settings = settings
+        self._client = client or anthropic.AsyncAnthropic(
+            api_key=settings.anthropic_api_key,
+            base_url=settings.anthropic_base_url,
+            max_retries=0,
+            timeout=anthropic.Timeout(settings.llm_read_timeout_s, connect=5.0),
+        )
+
+    async def aclose(self) -> None:
+        await self._client.close()
+
+    async def write(self, request: StoryRequest, call: JobCall) -> Draft:
+        unbilled: NotBilled | None = None
+        try:
+            async with asyncio.timeout(self._settings.llm_timeout_s):
+                async for attempt in stamina.retry_context(
+                    on=_backoff,
+                    attempts=self._settings.llm_retry_attempts,
+                    timeout=self._settings.llm_retry_deadline_s,
+                    wait_initial=0.5,
+                    wait_max=20.0,
+                    wait_jitter=0.5,
+                ):
+                    with attempt:
+                        if unbilled is not None:
+                            await call.retry(unbilled.outcome, unbilled.message)
+                        try:
+                            return await self._stream_once(request, call)
+                        except NotBilled as exc:
+                            unbilled = exc
+                            log.info("llm.retryable", outcome=exc.outcome.value, attempt=call.attempt,
+                                     retry_after_s=exc.retry_after_s)
+                            raise
+        except NotBilled as exc:
+            raise WriteFailed(
+                ErrorCode.LLM_UNAVAILABLE,
+                f"the LLM provider stayed unavailable after {call.attempt} attempts: {exc.message}",
+                outcome=exc.outcome,
+                billed=False,
+            ) from None
+        except TimeoutError:
+            raise WriteFailed(
+                ErrorCode.LLM_ERROR,
+                f"the LLM call took longer than LLM_TIMEOUT_S ({self._settings.llm_timeout_s:g} s)",
+                outcome=LlmOutcome.FAILED,
+                billed=True,
+            ) from None
+        raise AssertionError("unreachable: stamina either returns or raises")
+
+    async def _stream_once(self, request: StoryRequest, call: JobCall) -> Draft:
+        streamed_chars = 0
+        try:
+            manager = self._client.messages.stream(
+                model=self.model,
+                max_tokens=prompt.max_tokens(request, self._settings.llm_max_tokens),
+                system=prompt.SYSTEM,
+                messages=[{"role": "user", "content": prompt.user_message(request)}],
+            )
+            stream = await manager.__aenter__()
+        except anthropic.APIError as exc:
+            raise _classify_before_stream(exc) from None
+        # From here on the provider is generating: any failure may have billed.
+        try:
+            async for event in stream:
+                if event.type == "message_start":
+                    call.input_tokens = event.message.usage.input_tokens
+                elif event.type == "text":
+                    streamed_chars += len(event.text)
+                    call.output_tokens = max(call.output_tokens, streamed_chars // _CHARS_PER_TOKEN)
+                elif event.type == "message_delta":
+                    call.output_tokens = event.usage.output_tokens
+            message = await stream.get_final_message()
+        except anthropic.APIError as exc:
+            raise WriteFailed(
+                ErrorCode.LLM_ERROR,
+                f"the LLM stream broke after it started, so it was not retried: {_describe(exc)}",
+                outcome=LlmOutcome.FAILED,
+                billed=True,
+            ) from None
+        finally:
+            await manager.__aexit__(None, None, None)
+        call.input_tokens = message.usage.input_tokens
+        call.output_tokens = message.usage.output_tokens
+        text = "".join(block.text for block in message.content if block.type == "text")
+        title, body = prompt.split_title(text)
+        if not body:
+            raise WriteFailed(ErrorCode.LLM_ERROR, "the LLM answered with no story text",
+                              outcome=LlmOutcome.FAILED, billed=True)
+        return Draft(
+            title=title,
+            body=body,
+            model=message.model or self.model,
+            prompt_version=prompt.PROMPT_VERSION,
+            input_tokens=call.input_tokens,
+            output_tokens=call.output_tokens,
+            cost_usd=call.cost_usd,
+            request_id=stream.request_id,
+        )

@@ -1,0 +1,51 @@
+"""The worker's Prometheus metrics (served on METRICS_PORT). Alerts that use
+them are listed in README.md, Operations."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+from shared.status import LlmOutcome
+
+JOB_TRANSITIONS = Counter(
+    "storyjobs_job_transitions_total", "Job status changes made by this worker, by new status.", ["to"]
+)
+for _to in ("running", "completed", "failed"):
+    JOB_TRANSITIONS.labels(to=_to)
+
+LOST_RACES = Counter(
+    "storyjobs_lost_races_total",
+    "Guarded updates that found the job no longer in the expected state, by transition.",
+    ["transition"],
+)
+for _transition in ("running_to_completed", "running_to_failed", "heartbeat"):
+    LOST_RACES.labels(transition=_transition)
+
+_WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800)
+JOB_QUEUE_WAIT = Histogram(
+    "storyjobs_job_queue_wait_seconds", "From enqueue to claim, per claimed job.", buckets=_WAIT_BUCKETS
+)
+JOB_RUN = Histogram(
+    "storyjobs_job_run_seconds",
+    "From claim to the end of the job's work (story written or failure), per job.",
+    buckets=(0.01, 0.1, 0.5, 1, 5, 15, 30, 60, 90, 120, 180, 240, 300, 480),
+)
+
+LLM_REQUESTS = Counter(
+    "storyjobs_llm_requests_total", "Requests sent to the LLM provider, by how they ended.", ["outcome"]
+)
+for _outcome in LlmOutcome:
+    if _outcome is not LlmOutcome.STARTED:
+        LLM_REQUESTS.labels(outcome=_outcome.value)
+
+LLM_TOKENS = Counter("storyjobs_llm_tokens_total", "Tokens billed by the provider.", ["direction"])
+for _direction in ("input", "output"):
+    LLM_TOKENS.labels(direction=_direction)
+
+LLM_COST = Counter("storyjobs_llm_cost_usd_total", "LLM spend in US dollars, from the price table.")
+
+WORKER_BUSY = Gauge("storyjobs_worker_busy", "Jobs this worker process holds right now.")
+WORKER_SLOTS = Gauge("storyjobs_worker_slots", "Jobs this worker process may hold at once (WORKER_CONCURRENCY).")
+WORKER_LAST_CLAIM = Gauge(
+    "storyjobs_worker_last_claim_timestamp_seconds", "Unix time of this worker's last successful claim."
+)

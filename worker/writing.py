@@ -1,0 +1,100 @@
+"""The contract between the worker's runner and a story writer (the
+``anthropic`` one or the offline one).
+
+The runner owns the job and its ledger rows; a writer only turns a request
+into a Draft. It reports usage as it streams into its JobCall, so that a
+stream stopped half-way still records what was billed, and it asks the
+JobCall for a new ledger row before every retry.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Awaitable, Callable
+from decimal import ROUND_HALF_UP, Decimal
+from typing import Protocol
+
+import msgspec
+
+from shared.status import ErrorCode, LlmOutcome
+from shared.story_request import StoryRequest
+
+_MICRO_USD = Decimal("0.000001")
+
+
+class Price(msgspec.Struct, frozen=True):
+    """USD per million tokens."""
+
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
+
+    def cost(self, input_tokens: int, output_tokens: int) -> Decimal:
+        total = (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000
+        return total.quantize(_MICRO_USD, rounding=ROUND_HALF_UP)
+
+
+FREE = Price(Decimal(0), Decimal(0))
+
+
+class Draft(msgspec.Struct, frozen=True):
+    title: str
+    body: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    request_id: str | None = None
+
+
+class WriteFailed(Exception):
+    """The writer gave up; the job fails with ``error_code``.
+
+    ``outcome`` and ``billed`` describe the last request sent, for the ledger.
+    """
+
+    def __init__(self, error_code: ErrorCode, message: str, *, outcome: LlmOutcome, billed: bool) -> None:
+        super().__init__(message)
+        self.error_code = error_code
+        self.message = message
+        self.outcome = outcome
+        self.billed = billed
+
+
+NextAttempt = Callable[[LlmOutcome, str], Awaitable[int]]
+
+
+class JobCall:
+    """One job's LLM call as it happens: the current ledger row and the usage
+    so far (what heartbeats report as progress)."""
+
+    __slots__ = ("call_id", "input_tokens", "output_tokens", "price", "_next_attempt", "attempt")
+
+    def __init__(self, call_id: int, price: Price, next_attempt: NextAttempt) -> None:
+        self.call_id = call_id
+        self.attempt = 1
+        self.input_tokens = 0
+        self.output_tokens = 0
+        self.price = price
+        self._next_attempt = next_attempt
+
+    async def retry(self, previous: LlmOutcome, error: str) -> None:
+        """Closes the current ledger row as certainly unbilled and writes the
+        next attempt's row, before its request is sent."""
+        self.call_id = await self._next_attempt(previous, error)
+        self.attempt += 1
+        self.input_tokens = 0
+        self.output_tokens = 0
+
+    @property
+    def cost_usd(self) -> Decimal:
+        return self.price.cost(self.input_tokens, self.output_tokens)
+
+
+class StoryWriter(Protocol):
+    provider: str
+    model: str
+    price: Price
+
+    async def write(self, request: StoryRequest, call: JobCall) -> Draft: ...
+
+    async def aclose(self) -> None: ...
