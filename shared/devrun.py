@@ -1,0 +1,120 @@
+"""``make run``: the whole system on one machine, for trying it out.
+
+Uses DATABASE_URL, or starts the embedded Postgres (data in .data/); migrates;
+creates a development API key; starts the api, two workers and the sweeper as
+separate processes; prints the URL and a curl example; on Ctrl-C stops them
+all (SIGTERM, so workers finish what they hold) and exits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+
+from shared import db, keys, migrate, store
+from shared.config import ApiSettings, ConfigError, load
+
+
+def _say(line: str) -> None:
+    sys.stdout.write(line + "\n")
+    sys.stdout.flush()
+
+
+async def _prepare(url: str) -> str:
+    async with await db.connect(url, application_name="storyjobs-run", connect_timeout_s=10) as conn:
+        for migration in await migrate.migrate(conn):
+            _say(f"   applied migration {migration.version:03d}_{migration.name}")
+        client_id = await store.api_client_upsert(conn, name="dev")
+        new = keys.generate()
+        await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+    return new.key
+
+
+def main() -> None:
+    try:
+        settings = load(ApiSettings)
+    except ConfigError as exc:
+        sys.exit(f"storyjobs: configuration error: {exc}")
+    if settings.database_url:
+        url = settings.database_url
+        _say("== using DATABASE_URL")
+    else:
+        _say("== starting the embedded Postgres (data in .data/postgres)")
+        url = db.database_url(settings)
+    key = asyncio.run(_prepare(url))
+    env = {**os.environ, "DATABASE_URL": url}
+    offline = not env.get("ANTHROPIC_API_KEY")
+    processes: list[tuple[str, subprocess.Popen[bytes]]] = []
+
+    def start(name: str, module: str, **extra: str) -> None:
+        processes.append((name, subprocess.Popen([sys.executable, "-m", module], env={**env, **extra})))
+
+    start("api", "api")
+    start("worker-1", "worker", METRICS_PORT=env.get("WORKER_1_METRICS_PORT", "9100"))
+    start("worker-2", "worker", METRICS_PORT=env.get("WORKER_2_METRICS_PORT", "9102"))
+    start("sweeper", "sweeper", METRICS_PORT=env.get("SWEEPER_METRICS_PORT", "9101"))
+
+    base = f"http://{settings.api_host}:{settings.api_port}"
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        try:
+            if httpx.get(f"{base}/readyz", timeout=1).status_code == 200:
+                break
+        except httpx.HTTPError:
+            time.sleep(0.2)
+    _say("")
+    _say(f"== storyjobs is running at {base}  (Ctrl-C stops everything)")
+    if offline:
+        _say("   ANTHROPIC_API_KEY is not set: the workers use the offline story writer")
+    _say(f"   page:     {base}/  (API key below)")
+    _say(f"   API key:  {key}")
+    _say("   try it:")
+    _say(f"""
+curl -s -X POST {base}/stories/generate \\
+  -H 'Authorization: Bearer {key}' \\
+  -H "Idempotency-Key: $(date +%s%N)" \\
+  -H 'Content-Type: application/json' \\
+  -d '{{"prompt": "a dragon who cannot sleep", "child_name": "Mia", "age": 5}}'
+
+curl -s {base}/stories/jobs/JOB_ID -H 'Authorization: Bearer {key}'
+
+STORYJOBS_URL={base} STORYJOBS_API_KEY={key} .venv/bin/storyjobs generate "a dragon who cannot sleep" --wait
+""")
+
+    stopping = False
+
+    def on_signal(signum: int, _frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    try:
+        while not stopping:
+            for name, proc in processes:
+                if proc.poll() is not None:
+                    _say(f"== {name} exited with {proc.returncode}; stopping the rest")
+                    stopping = True
+            time.sleep(0.3)
+    finally:
+        _say("== stopping")
+        for _, proc in processes:
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for name, proc in processes:
+            try:
+                proc.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                _say(f"   {name} did not stop in time: killed")
+                proc.kill()
+        _say("== stopped")
+
+
+if __name__ == "__main__":
+    main()
