@@ -74,7 +74,9 @@ def make_pool(
         max_size=max_size,
         timeout=wait_timeout_s,
         open=False,
-        # after an outage the pool keeps trying to reconnect for ever
+        # A failed connection attempt is not retried in the background with a
+        # growing backoff: the next caller that needs a connection tries
+        # again, so service resumes as soon as the database is back.
         reconnect_timeout=0,
         name=application_name,
     )

@@ -45,6 +45,20 @@ def configure(
         cache_logger_on_first_use=True,
     )
     structlog.contextvars.bind_contextvars(process=process)
-    # Libraries log through the stdlib: keep their warnings, in the same stream.
-    logging.basicConfig(level=max(_LEVELS[level], logging.WARNING), stream=sys.stderr,
-                        format="%(levelname)s %(name)s: %(message)s")
+    # Libraries (psycopg's pool, uvicorn) log through the stdlib: render their
+    # warnings the same way, in the same stream.
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(
+        structlog.stdlib.ProcessorFormatter(
+            processor=renderer,
+            foreign_pre_chain=[
+                structlog.contextvars.merge_contextvars,
+                structlog.stdlib.add_log_level,
+                structlog.stdlib.add_logger_name,
+                structlog.processors.TimeStamper(fmt="iso", utc=True),
+            ],
+        )
+    )
+    root = logging.getLogger()
+    root.handlers = [handler]
+    root.setLevel(max(_LEVELS[level], logging.WARNING))

@@ -43,6 +43,7 @@ class LlmOutcome(StrEnum):
     CONNECT_FAILED = "connect_failed"  # nothing was sent: not billed, retried
     REJECTED = "rejected"  # a 4xx other than 429: not retried
     FAILED = "failed"  # a timeout, a dropped stream, a 5xx: may have billed
+    INTERRUPTED = "interrupted"  # its worker died mid-call: assumed billed
 
     @property
     def certainly_unbilled(self) -> bool:

@@ -406,17 +406,31 @@ stale AS MATERIALIZED (
     ORDER BY j.id
     LIMIT %(batch_size)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+swept AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+        error_text = CASE stale.reason
+            WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
+            WHEN 'timed_out' THEN 'the story took longer than the job timeout'
+            ELSE 'the worker stopped sending heartbeats'
+        END
+    FROM stale, now_
+    WHERE j.id = stale.id AND j.status IN ('pending', 'running')
+    RETURNING j.id, j.public_id, stale.reason, j.worker_id
+),
+-- A call whose worker died never reports how it ended: close it as
+-- interrupted and keep counting it as billed, since it may have been. A live
+-- worker that loses its job this way overwrites this with what it knows.
+calls_closed AS (
+    UPDATE llm_calls c
+    SET finished_at = now_.t, outcome = 'interrupted',
+        error_text = 'the job was failed by the sweeper (' || swept.reason || ') while this call was open'
+    FROM swept, now_
+    WHERE c.job_id = swept.id AND c.outcome = 'started'
+    RETURNING c.id
 )
-UPDATE story_jobs j
-SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
-    error_text = CASE stale.reason
-        WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
-        WHEN 'timed_out' THEN 'the story took longer than the job timeout'
-        ELSE 'the worker stopped sending heartbeats'
-    END
-FROM stale, now_
-WHERE j.id = stale.id AND j.status IN ('pending', 'running')
-RETURNING j.id, j.public_id, stale.reason, j.worker_id;
+SELECT id, public_id, reason, worker_id FROM swept
 
 -- name: server_started_at
 -- The sweeper's probe: a changed answer means the server restarted, and with

@@ -48,7 +48,7 @@ async def serve(settings: SweeperSettings) -> None:
         statement_timeout_s=60.0,
         min_size=1,
         max_size=1,
-        wait_timeout_s=10.0,
+        wait_timeout_s=2.0,
     )
     await pool.open(wait=False)
     stop = asyncio.Event()

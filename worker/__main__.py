@@ -46,7 +46,8 @@ async def serve(settings: WorkerSettings) -> int:
         statement_timeout_s=30.0,
         min_size=1,
         max_size=3,
-        wait_timeout_s=10.0,
+        # short: during an outage the runner backs off and retries itself
+        wait_timeout_s=2.0,
     )
     await pool.open(wait=False)
     worker = Worker(settings, pool, writer, listen_url=url)

@@ -103,6 +103,10 @@ def _describe(exc: BaseException) -> str:
         return f"provider answered {exc.status_code}: {_provider_message(exc)}"
     if isinstance(exc, anthropic.APIConnectionError):
         return f"connection to the provider failed ({type(exc.__cause__).__name__})"
+    if isinstance(exc, httpx2.TimeoutException):
+        return f"no data from the provider for LLM_READ_TIMEOUT_S ({type(exc).__name__})"
+    if isinstance(exc, httpx2.HTTPError):
+        return f"the connection to the provider broke ({type(exc).__name__})"
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
@@ -195,7 +199,9 @@ class AnthropicWriter:
                 elif event.type == "message_delta":
                     call.output_tokens = event.usage.output_tokens
             message = await stream.get_final_message()
-        except anthropic.APIError as exc:
+        except (anthropic.APIError, httpx2.HTTPError) as exc:
+            # inside a stream the SDK lets transport errors (read timeout,
+            # dropped connection) through as they are
             raise WriteFailed(
                 ErrorCode.LLM_ERROR,
                 f"the LLM stream broke after it started, so it was not retried: {_describe(exc)}",

@@ -35,7 +35,7 @@ LLM_REQUESTS = Counter(
     "storyjobs_llm_requests_total", "Requests sent to the LLM provider, by how they ended.", ["outcome"]
 )
 for _outcome in LlmOutcome:
-    if _outcome is not LlmOutcome.STARTED:
+    if _outcome not in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED):
         LLM_REQUESTS.labels(outcome=_outcome.value)
 
 LLM_TOKENS = Counter("storyjobs_llm_tokens_total", "Tokens billed by the provider.", ["direction"])

@@ -43,7 +43,7 @@ DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # after the grace period, how long shutdown still tries to record the
 # interrupted jobs before it gives up and leaves them to the sweeper
 _SHUTDOWN_FLUSH_S = 10.0
-_MAX_BACKOFF_S = 10.0
+_MAX_BACKOFF_S = 5.0
 
 
 def new_worker_id() -> str:
