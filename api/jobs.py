@@ -12,7 +12,7 @@ import structlog
 from litestar import Request, Response, delete, get, post
 from litestar.openapi.spec import Example
 from litestar.openapi.datastructures import ResponseSpec
-from litestar.params import Parameter
+from litestar.params import HeaderParameter, JSONBody, PathParameter
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
@@ -120,10 +120,10 @@ def _replay(job_id: uuid.UUID, status: str, stored: bytes, requested: bytes) -> 
 )
 async def generate_story(
     request: Request[Any, Any, Any],
-    data: StoryRequest,
+    data: JSONBody[StoryRequest],
     idempotency_key: Annotated[
         str | None,
-        Parameter(header="Idempotency-Key", required=True, min_length=1, max_length=257,
+        HeaderParameter(name="Idempotency-Key", required=True, min_length=1, max_length=257,
                   description="1-255 printable ASCII characters, unique per story you want.",
                   examples=[Example(value="0b6f3c9e-7f3a-4d3c-9c1e-5a7e2b1d9f00")]),
     ] = None,
@@ -205,7 +205,7 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
 )
 async def get_job(
     request: Request[Any, Any, Any],
-    job_id: Annotated[str, Parameter(description="The job_id from POST /stories/generate.")],
+    job_id: Annotated[str, PathParameter(description="The job_id from POST /stories/generate.")],
 ) -> Response[JobState]:
     state = _state(request)
     api_key = api_key_of(request)
@@ -241,7 +241,7 @@ async def get_job(
 )
 async def cancel_job(
     request: Request[Any, Any, Any],
-    job_id: Annotated[str, Parameter(description="The job_id from POST /stories/generate.")],
+    job_id: Annotated[str, PathParameter(description="The job_id from POST /stories/generate.")],
 ) -> Response[JobState]:
     state = _state(request)
     api_key = api_key_of(request)
@@ -271,7 +271,7 @@ async def cancel_job(
 )
 async def get_story(
     request: Request[Any, Any, Any],
-    story_id: Annotated[str, Parameter(description="The story_id of a completed job.")],
+    story_id: Annotated[str, PathParameter(description="The story_id of a completed job.")],
 ) -> Response[StoryDocument]:
     state = _state(request)
     api_key = api_key_of(request)

@@ -1,0 +1,132 @@
+"""The sweeper's pass: its three rules, its counts, and its caution after an outage."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
+
+from shared import store
+from sweeper.sweep import Sweeper
+from tests.helpers import client_id_of, enqueue, job_rows, sweeper_settings
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+async def _claim(conn: psycopg.AsyncConnection[Any], n: int = 1) -> None:
+    result = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
+                                              provider="offline", model="offline-writer")
+    assert len(result.claimed) == n
+
+
+async def _db_now(conn: psycopg.AsyncConnection[Any]) -> datetime:
+    cur = await conn.execute("SELECT now()")
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0]
+
+
+async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
+    """A dead heartbeat is interrupted, an over-long run timed_out, an over-long wait queue_timeout."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 2)
+    # job 1 ran for too long; job 2 only stopped beating; job 3 waited too long
+    await conn.execute("UPDATE story_jobs SET started_at = now() - interval '1 hour' WHERE id = 1")
+    await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '5 minutes' WHERE id = 2")
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '1 day' WHERE id = 3")
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800),
+                      pool, clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    with capture_logs() as logs:
+        result = await sweeper.sweep_once()
+    assert (result.timed_out, result.interrupted, result.queue_timeout) == (1, 1, 1)
+    assert [(r.status, r.error_code) for r in await job_rows(conn)] == [
+        ("failed", "timed_out"), ("failed", "interrupted"), ("failed", "queue_timeout")]
+    assert sorted(e["reason"] for e in logs if e["event"] == "sweeper.reclaimed") == [
+        "interrupted", "queue_timeout", "timed_out"]
+    # a second pass finds nothing left to do
+    assert (await sweeper.sweep_once()).reclaimed == 0
+
+
+async def test_live_jobs_are_left_alone(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
+    """Fresh pending and running jobs are not touched, and the gauges count them."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 1)
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), pool, clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    result = await sweeper.sweep_once()
+    assert result.reclaimed == 0 and (result.pending, result.running) == (2, 1)
+    assert result.oldest_pending_age_seconds >= 0
+
+
+async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """After (re)connecting, the sweeper waits a whole HEARTBEAT_TIMEOUT_S before it fails a job for a
+    stale heartbeat, so that workers cut off by the same outage are not declared dead."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    await _claim(conn)
+    await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '5 minutes'")
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), pool, clock=clock)
+    first = await sweeper.sweep_once()
+    assert not first.checked_heartbeats and first.reclaimed == 0
+    clock.now += 59
+    assert (await sweeper.sweep_once()).reclaimed == 0
+    # an outage: the wait starts again from the reconnection
+    sweeper.connection_lost()
+    clock.now += 30
+    assert (await sweeper.sweep_once()).reclaimed == 0
+    clock.now += 59
+    assert (await sweeper.sweep_once()).reclaimed == 0
+    clock.now += 2
+    result = await sweeper.sweep_once()
+    assert result.checked_heartbeats and result.interrupted == 1
+
+
+async def test_finished_jobs_are_pruned_after_retention(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """Jobs finished longer ago than JOB_RETENTION_S are deleted; younger and live ones stay; the ledger stays."""
+    client = await client_id_of(conn)
+    for n in range(4):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 3)
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE id IN (1, 2)")
+    await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE id = 1")
+    sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), pool, clock=FakeClock())
+    result = await sweeper.sweep_once()
+    assert result.pruned == 1
+    assert [r.id for r in await job_rows(conn)] == [2, 3, 4]
+    cur = await conn.execute("SELECT count(*) FROM llm_calls")
+    assert await cur.fetchone() == (3,)
+
+
+async def test_the_database_clock_can_be_overridden(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
+    """sweep_once(now=...) judges ages against the given time instead of the database's."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    sweeper = Sweeper(sweeper_settings(pending_timeout_s=1800), pool, clock=FakeClock())
+    assert (await sweeper.sweep_once()).reclaimed == 0
+    later = await _db_now(conn) + timedelta(seconds=1801)
+    assert (await sweeper.sweep_once(now=later)).queue_timeout == 1
+    assert later.tzinfo is not None and later > datetime.now(UTC)

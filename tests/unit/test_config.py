@@ -1,0 +1,63 @@
+"""Configuration: parsed once from the environment, bad values named."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from decimal import Decimal
+
+import pytest
+
+from shared.config import ApiSettings, ConfigError, SweeperSettings, WorkerSettings, load
+from tests.system.procs import REPO
+
+
+def test_defaults_follow_the_design() -> None:
+    """With an empty environment every setting has the documented default."""
+    worker = load(WorkerSettings, {})
+    assert (worker.worker_concurrency, worker.heartbeat_interval_s, worker.heartbeat_timeout_s) == (1, 10, 60)
+    assert (worker.job_timeout_s, worker.llm_timeout_s, worker.offline_delay_s) == (480, 300, 3)
+    assert worker.offline and worker.metrics_port == 9100
+    api = load(ApiSettings, {})
+    assert (api.queue_max, api.effective_client_queue_max, api.api_port) == (8, 8, 8000)
+    assert load(SweeperSettings, {}).metrics_port == 9101
+
+
+def test_values_are_converted_from_strings() -> None:
+    """Numbers and JSON arrive as strings and are converted to their types."""
+    worker = load(WorkerSettings, {"WORKER_CONCURRENCY": "4", "HEARTBEAT_INTERVAL_S": "0.5",
+                                   "HEARTBEAT_TIMEOUT_S": "2", "LLM_PRICES": '{"m": [1.5, 7]}',
+                                   "LLM_MODEL": "m", "ANTHROPIC_API_KEY": "k", "WORKER_LISTEN": "false"})
+    assert worker.worker_concurrency == 4 and worker.heartbeat_interval_s == 0.5
+    assert worker.price_usd_per_mtok() == (Decimal("1.5"), Decimal("7.0"))
+    assert worker.worker_listen is False
+
+
+@pytest.mark.parametrize(
+    ("settings_type", "environ", "message"),
+    [
+        (ApiSettings, {"QUEUE_MAX": "0"}, "QUEUE_MAX"),
+        (ApiSettings, {"QUEUE_MAX": "lots"}, "QUEUE_MAX"),
+        (ApiSettings, {"QUEUE_MAX": "5", "CLIENT_QUEUE_MAX": "6"}, "CLIENT_QUEUE_MAX"),
+        (WorkerSettings, {"WORKER_CONCURRENCY": "-1"}, "WORKER_CONCURRENCY"),
+        (WorkerSettings, {"LLM_TIMEOUT_S": "600"}, "LLM_TIMEOUT_S"),
+        (WorkerSettings, {"HEARTBEAT_INTERVAL_S": "30"}, "HEARTBEAT_INTERVAL_S"),
+        (WorkerSettings, {"ANTHROPIC_API_KEY": "k", "LLM_MODEL": "unpriced"}, "LLM_PRICES"),
+        (WorkerSettings, {"LLM_PRICES": "{not json"}, "LLM_PRICES"),
+        (SweeperSettings, {"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
+        (SweeperSettings, {"SWEEPER_INTERVAL_S": "0"}, "SWEEPER_INTERVAL_S"),
+    ],
+)
+def test_a_bad_value_names_its_variable(settings_type: type, environ: dict[str, str], message: str) -> None:
+    """Out-of-range, malformed and contradictory values raise ConfigError naming the variable."""
+    with pytest.raises(ConfigError, match=message):
+        load(settings_type, environ)
+
+
+def test_a_process_with_a_bad_setting_exits_with_one_line() -> None:
+    """A bad value stops the process at start with one line on stderr naming the variable."""
+    result = subprocess.run([sys.executable, "-m", "worker"], cwd=REPO, capture_output=True, text=True,
+                            env={"PATH": "", "WORKER_CONCURRENCY": "zero"}, timeout=60)
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and "WORKER_CONCURRENCY" in lines[0]

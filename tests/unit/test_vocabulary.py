@@ -1,0 +1,99 @@
+"""The pieces with no database: named queries, keys, fingerprints, prompts, prices, worker ids."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+
+import msgspec
+import pytest
+
+from shared import keys
+from shared.queries import QUERIES, parse
+from shared.story_request import StoryRequest, fingerprint
+from worker import prompt
+from worker.runner import new_worker_id
+from worker.writing import Price
+
+
+def test_named_queries_are_parsed_without_their_descriptions() -> None:
+    """Each block becomes one statement named by its header, the comment lines after the header dropped."""
+    parsed = parse("-- name: one\n-- what it does\nSELECT 1;\n\n-- name: two\nSELECT\n  -- inline\n  2;\n")
+    assert parsed == {"one": "SELECT 1", "two": "SELECT\n  -- inline\n  2"}
+    assert all(statement and not statement.startswith("--") for statement in QUERIES.values())
+
+
+def test_a_query_defined_twice_is_refused() -> None:
+    """Two blocks with one name are a mistake, not an override."""
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_keys_are_hashed_and_recognised_by_shape() -> None:
+    """A new key matches its own hash only, and its prefix is read back from the key."""
+    new = keys.generate()
+    assert keys.prefix_of(new.key) == new.prefix and keys.matches(new.key, new.hash)
+    assert not keys.matches(keys.generate().key, new.hash)
+    assert keys.prefix_of("sj_short_x") is None and keys.prefix_of(new.key + "x") is None
+    assert new.key not in new.hash.hex()
+
+
+def test_the_fingerprint_ignores_key_order_whitespace_and_spelt_out_defaults() -> None:
+    """Equivalent bodies have one fingerprint; a different option another."""
+    def of(body: bytes) -> bytes:
+        return fingerprint(msgspec.json.decode(body, type=StoryRequest))
+
+    base = of(b'{"prompt": "a fox", "age": 5}')
+    assert of(b'{ "age":5,\n "prompt":"a fox" }') == base
+    assert of(b'{"prompt": "a fox", "age": 5, "length": "medium", "language": "en"}') == base
+    assert of(b'{"prompt": "a fox", "age": 6}') != base
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        (b'{"prompt": "a\\u0000b"}', "prompt"),
+        (b'{"prompt": "ok", "child_name": "\\u0007"}', "child_name"),
+        (b'{"prompt": "   "}', "prompt"),
+        (b'{"prompt": "ok", "lenght": "long"}', "lenght"),
+        (b'{"prompt": "ok", "age": 13}', "age"),
+        (b'{"prompt": "ok", "language": "english please"}', "language"),
+    ],
+)
+def test_unstorable_or_unknown_input_is_refused_naming_the_field(body: bytes, field: str) -> None:
+    """NUL, lone surrogates, control characters, blank text, unknown fields and out-of-range options fail."""
+    with pytest.raises(msgspec.ValidationError, match=field):
+        msgspec.json.decode(body, type=StoryRequest)
+
+
+def test_a_lone_surrogate_is_refused_by_the_decoder() -> None:
+    """JSON text with an unpaired surrogate escape cannot become a storable string."""
+    with pytest.raises(msgspec.DecodeError):
+        msgspec.json.decode(b'{"prompt": "a\\ud800b"}', type=StoryRequest)
+    with pytest.raises(msgspec.ValidationError, match="surrogate"):
+        msgspec.convert({"prompt": "a\ud800b"}, StoryRequest)
+
+
+def test_the_title_line_is_split_from_the_story() -> None:
+    """'Title: X' on the first line becomes the title; without it a default title is used."""
+    assert prompt.split_title("Title: The Owl\n\nOnce upon a time.") == ("The Owl", "Once upon a time.")
+    assert prompt.split_title("# Title: **The Owl**\nText") == ("The Owl", "Text")
+    assert prompt.split_title("Once upon a time.") == ("A bedtime story", "Once upon a time.")
+
+
+def test_the_prompt_carries_every_option() -> None:
+    """The child's name, age, length and language all reach the message, within the token budget."""
+    request = StoryRequest(prompt="a fox", child_name="Mia", age=5, length="short", language="fr")
+    message = prompt.user_message(request)
+    assert all(part in message for part in ("a fox", "Mia", "5 years", "300 words", "'fr'"))
+    assert prompt.max_tokens(request, 4000) == prompt.LENGTH_TOKENS["short"]
+    assert prompt.max_tokens(StoryRequest(prompt="x", length="long"), 1000) == 1000
+
+
+def test_cost_is_priced_per_million_tokens_to_the_micro_dollar() -> None:
+    """1,000 input and 2,000 output tokens at $2/$10 per million cost $0.022."""
+    assert Price(Decimal(2), Decimal(10)).cost(1000, 2000) == Decimal("0.022000")
+
+
+def test_every_worker_start_has_a_new_id() -> None:
+    """Two starts of a worker on the same host never share an id."""
+    assert new_worker_id() != new_worker_id()
