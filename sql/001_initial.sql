@@ -57,21 +57,40 @@ CREATE TABLE story_jobs (
         CHECK (status <> 'running' OR (worker_id IS NOT NULL AND started_at IS NOT NULL))
 )
 -- Heartbeats rewrite the row every few seconds: free space on each page lets
--- them be HOT updates that touch no index.
-WITH (fillfactor = 70);
+-- them be HOT updates that touch no index. A queue table churns: analyze and
+-- vacuum it after a fixed number of changes rather than a fraction of a table
+-- that grows with history, so plans and the live-jobs index stay fresh.
+WITH (
+    fillfactor = 70,
+    autovacuum_analyze_scale_factor = 0,
+    autovacuum_analyze_threshold = 1000,
+    autovacuum_vacuum_scale_factor = 0,
+    autovacuum_vacuum_threshold = 2000,
+    autovacuum_vacuum_insert_scale_factor = 0,
+    autovacuum_vacuum_insert_threshold = 5000
+);
 
--- The one index on live jobs, serving both the claim (status = 'pending'
--- ORDER BY id) and the sweeper (status = 'running'). Its size follows the
--- queue, not history. Every status change rewrites an entry in every index of
--- this table, so there is deliberately no second partial index.
-CREATE INDEX story_jobs_active_idx ON story_jobs (status, id)
+-- The one index on live jobs: its size follows the queue, not history. It
+-- serves the claim (status = 'pending' ORDER BY created_at, id), the queue
+-- position, the admission count and the sweeper (status = 'running'; pending
+-- by created_at). Every status change rewrites an entry in every index of this
+-- table, so there is deliberately no second partial index.
+--
+-- The claim orders by (created_at, id) rather than id alone so that the
+-- primary key can never serve it: with statistics taken when every row was
+-- pending (in the middle of a drain, say) the planner would otherwise walk the
+-- primary key from the oldest row, skipping every finished job at each claim.
+CREATE INDEX story_jobs_active_idx ON story_jobs (status, created_at, id)
     WHERE status IN ('pending', 'running');
 
 CREATE TABLE stories (
     id              uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     -- a story whose job lost a race to the sweeper is kept (it was paid for),
     -- but its job stays failed: see "story orphaned" in the worker
-    job_id          bigint NOT NULL UNIQUE REFERENCES story_jobs (id) ON DELETE CASCADE,
+    -- no foreign key: its check would cost every completion a lookup and a
+    -- row lock; the only writer (job_settle_and_claim) reads the job it
+    -- completes, and pruning deletes a job's story with it
+    job_id          bigint NOT NULL UNIQUE,
     client_id       bigint NOT NULL,
     title           text NOT NULL,
     body            text NOT NULL,
@@ -106,7 +125,10 @@ CREATE TABLE llm_calls (
     request_id     text,
     error_text     text,
     CONSTRAINT llm_calls_one_row_per_attempt UNIQUE (job_id, attempt)
-);
+)
+-- each row is written before its request and updated once after it: room on
+-- the page makes that update HOT
+WITH (fillfactor = 70);
 
 -- `storyjobs stats` reads the last hour of the ledger. Rows arrive in time
 -- order, so a BRIN index is enough, and it costs inserts next to nothing.

@@ -108,14 +108,15 @@ WITH existing AS (
 ),
 queue AS (
     SELECT count(*) AS depth FROM (
-        SELECT 1 FROM story_jobs WHERE status = 'pending' LIMIT %(queue_max)s
+        SELECT 1 FROM story_jobs WHERE status = 'pending'
+        ORDER BY created_at, id LIMIT %(queue_max)s
     ) q
 ),
 client_queue AS (
     SELECT count(*) AS depth FROM (
         SELECT 1 FROM story_jobs
         WHERE status = 'pending' AND client_id = %(client_id)s
-        LIMIT %(client_queue_max)s
+        ORDER BY created_at, id LIMIT %(client_queue_max)s
     ) q
 ),
 inserted AS (
@@ -154,7 +155,8 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        j.public_id, j.status, j.error_code, j.error_text, j.progress,
        j.created_at, j.started_at, j.completed_at,
        CASE WHEN j.status = 'pending' THEN
-           (SELECT count(*) + 1 FROM story_jobs p WHERE p.status = 'pending' AND p.id < j.id)
+           (SELECT count(*) + 1 FROM story_jobs p
+            WHERE p.status = 'pending' AND (p.created_at, p.id) < (j.created_at, j.id))
        END AS queue_position,
        s.id AS story_id, s.title AS story_title, s.body AS story_body,
        s.model AS story_model, s.input_tokens AS story_input_tokens,
@@ -250,14 +252,14 @@ completed AS (
     UPDATE story_jobs j
     SET status = 'completed', completed_at = now(), story_id = s.id,
         progress = done.output_tokens
-    FROM stories_inserted s JOIN done ON done.job_id = s.job_id
-    WHERE j.id = s.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    FROM done JOIN stories_inserted s ON s.job_id = done.job_id
+    WHERE j.id = done.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id
 ),
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE status = 'pending'
-    ORDER BY id
+    ORDER BY created_at, id
     LIMIT %(claim_limit)s
     FOR NO KEY UPDATE SKIP LOCKED
 ),
@@ -388,24 +390,35 @@ WHERE id = %(call_id)s;
 -- worker is completing it right now alone: the next pass sees it finished.
 -- %(check_heartbeats)s is false until the sweeper has been connected for a
 -- whole heartbeat timeout, so that an outage is not taken for dead workers.
+-- Each rule's scan orders by (created_at, id), which only the active index
+-- provides, so the plan cannot drift to a walk of the whole table.
 WITH now_ AS (SELECT coalesce(%(now)s::timestamptz, now()) AS t),
-stale AS MATERIALIZED (
-    SELECT j.id,
-           CASE WHEN j.status = 'pending' THEN 'queue_timeout'
-                WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8) THEN 'timed_out'
-                ELSE 'interrupted'
-           END AS reason
+stale_pending AS MATERIALIZED (
+    SELECT j.id, 'queue_timeout' AS reason
     FROM story_jobs j, now_
-    WHERE j.status IN ('pending', 'running')
-      AND ((j.status = 'pending'
-            AND j.created_at < now_.t - make_interval(secs => %(pending_timeout_s)s::float8))
-        OR (j.status = 'running'
-            AND j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8))
-        OR (j.status = 'running' AND %(check_heartbeats)s
-            AND j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8)))
-    ORDER BY j.id
+    WHERE j.status = 'pending'
+      AND j.created_at < now_.t - make_interval(secs => %(pending_timeout_s)s::float8)
+    ORDER BY j.created_at, j.id
     LIMIT %(batch_size)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale_running AS MATERIALIZED (
+    SELECT j.id,
+           CASE WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
+                THEN 'timed_out' ELSE 'interrupted' END AS reason
+    FROM story_jobs j, now_
+    WHERE j.status = 'running'
+      AND (j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
+        OR (%(check_heartbeats)s
+            AND j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8)))
+    ORDER BY j.created_at, j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale AS (
+    SELECT id, reason FROM stale_pending
+    UNION ALL
+    SELECT id, reason FROM stale_running
 ),
 swept AS (
     UPDATE story_jobs j
@@ -443,22 +456,28 @@ SELECT pg_postmaster_start_time();
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
-           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY id LIMIT 1
+           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
        )), 0)::float8 AS oldest_pending_age_seconds;
 
 -- name: job_prune_finished
--- Deletes finished jobs past retention, looking only at the oldest rows of
--- the table: jobs finish within their timeouts, so the oldest ids are the
--- first to expire, and no index on completed_at is needed.
+-- Deletes finished jobs past retention, and their stories, looking only at
+-- the oldest rows of the table: jobs finish within their timeouts, so the
+-- oldest ids are the first to expire, and no index on completed_at is needed.
 WITH oldest AS (
     SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
+),
+pruned AS (
+    DELETE FROM story_jobs j
+    USING oldest
+    WHERE j.id = oldest.id
+      AND oldest.status IN ('completed', 'failed')
+      AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+    RETURNING j.id
+),
+stories_pruned AS (
+    DELETE FROM stories s USING pruned WHERE s.job_id = pruned.id
 )
-DELETE FROM story_jobs j
-USING oldest
-WHERE j.id = oldest.id
-  AND oldest.status IN ('completed', 'failed')
-  AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
-RETURNING j.id;
+SELECT id FROM pruned;
 
 
 -- name: job_list

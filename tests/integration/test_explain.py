@@ -1,0 +1,98 @@
+"""The claim and the sweeper read only the live-jobs index, whatever the history
+and however stale the planner's statistics."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import psycopg
+import pytest
+
+from shared.queries import QUERIES
+
+CLAIM_PARAMS = {
+    "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m",
+    "job_ids": [], "call_ids": [], "titles": [], "bodies": [], "models": [], "prompt_versions": [],
+    "input_tokens": [], "output_tokens": [], "costs_usd": [], "request_ids": [],
+}
+ADMISSION_PARAMS = {"client_id": 1, "idempotency_key": "new", "request_fingerprint": b"\x00",
+                    "request": '{"prompt": "x"}', "queue_max": 1000, "client_queue_max": 1000}
+SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
+                "check_heartbeats": True, "batch_size": 100, "now": None}
+
+
+async def _fill(conn: psycopg.AsyncConnection[Any], *, finished: int, pending: int, analyze_first: bool) -> None:
+    """`finished` completed jobs followed by `pending` pending ones. With analyze_first the statistics
+    are taken while every row was still pending, as in the middle of a drain."""
+    await conn.execute("INSERT INTO api_clients (name) VALUES ('explain')")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
+        "SELECT 1, 'k' || g, '\\x00', '{\"prompt\": \"x\"}' FROM generate_series(1, %s) g",
+        (finished + pending,))
+    if analyze_first:
+        await conn.execute("ANALYZE story_jobs")
+    await conn.execute(
+        "UPDATE story_jobs SET status = 'completed', started_at = now(), completed_at = now(), "
+        "story_id = gen_random_uuid(), worker_id = 'old' WHERE id <= %s", (finished,))
+    if not analyze_first:
+        await conn.execute("VACUUM ANALYZE story_jobs")
+
+
+def _plan_nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    nodes = [plan]
+    for child in plan.get("Plans", []):
+        nodes.extend(_plan_nodes(child))
+    return nodes
+
+
+def _story_jobs_scans(plan: dict[str, Any]) -> list[str]:
+    return [
+        f"{node['Node Type']}:{node.get('Index Name', '')}"
+        for node in _plan_nodes(plan)
+        if node.get("Relation Name") == "story_jobs" and "Scan" in node["Node Type"]
+    ]
+
+
+async def _plan(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str, Any]) -> dict[str, Any]:
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)  # type: ignore[operator]
+    row = await cur.fetchone()
+    assert row is not None
+    document = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    plan: dict[str, Any] = document[0]["Plan"]
+    return plan
+
+
+@pytest.mark.parametrize("analyze_first", [False, True], ids=["fresh-stats", "stale-stats"])
+async def test_the_claim_uses_the_active_index(conn: psycopg.AsyncConnection[Any], analyze_first: bool) -> None:
+    """With 20,000 finished jobs ahead of the pending ones, the claim finds them through
+    story_jobs_active_idx, never by walking the primary key or the table."""
+    await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
+    plan = await _plan(conn, "job_settle_and_claim", CLAIM_PARAMS)
+    (claimable,) = [n for n in _plan_nodes(plan) if n.get("Subplan Name") == "CTE claimable"]
+    assert _story_jobs_scans(claimable) == ["Index Scan:story_jobs_active_idx"]
+    # everywhere else the statement reaches jobs by id, never by scanning
+    assert not any(s.startswith(("Seq Scan", "Bitmap")) for s in _story_jobs_scans(plan))
+
+
+@pytest.mark.parametrize("analyze_first", [False, True], ids=["fresh-stats", "stale-stats"])
+async def test_the_sweeper_gauges_and_admission_use_the_active_index(
+    conn: psycopg.AsyncConnection[Any], analyze_first: bool
+) -> None:
+    """The sweeper's pass, its queue gauges and the admission count read live jobs through the
+    active index, reaching other rows only by id."""
+    await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
+    queries = [("job_fail_stale", SWEEP_PARAMS), ("job_insert_if_admitted", ADMISSION_PARAMS)]
+    if not analyze_first:
+        # plain counts, run once per sweeper pass: right with the fresh statistics that
+        # story_jobs' autovacuum settings keep, not forced against stale ones
+        queries.append(("job_queue_gauges", {"now": None}))
+    for query, params in queries:
+        plan = await _plan(conn, query, params)
+        indexes = {n["Index Name"] for n in _plan_nodes(plan) if n.get("Index Name")}
+        assert "story_jobs_active_idx" in indexes, (query, indexes)
+        assert not any(s.startswith("Seq Scan") for s in _story_jobs_scans(plan)), query
+        # other indexes only fetch rows already found, by key
+        for node in _plan_nodes(plan):
+            if node.get("Index Name") not in (None, "story_jobs_active_idx"):
+                assert " = " in node.get("Index Cond", ""), (query, node)
