@@ -1,7 +1,60 @@
-"""GET /: the small page a parent uses (static files under api/static/)."""
+"""GET /: the small page a parent uses (static files under api/static/).
+
+Three files, no build step: index.html, app.js, style.css (and an icon). They
+are read once at import and served with a Content-Security-Policy that lets
+the page run only its own script and style: the story is LLM output, and the
+page inserts it, like every value from the api, as text only.
+"""
 
 from __future__ import annotations
 
-from litestar.handlers import BaseRouteHandler
+from pathlib import Path
 
-ROUTES: list[BaseRouteHandler] = []
+from litestar import Response, get
+from litestar.handlers import BaseRouteHandler
+from litestar.params import FromPath
+
+from api.problems import ProblemError
+
+STATIC_DIR = Path(__file__).parent / "static"
+
+CONTENT_SECURITY_POLICY = (
+    "default-src 'none'; script-src 'self'; style-src 'self'; connect-src 'self'; img-src 'self'; "
+    "base-uri 'none'; form-action 'none'; frame-ancestors 'none'"
+)
+SECURITY_HEADERS = {
+    "Content-Security-Policy": CONTENT_SECURITY_POLICY,
+    "X-Content-Type-Options": "nosniff",
+    "Referrer-Policy": "no-referrer",
+    # no versioned file names: revalidate, so a deploy shows at once
+    "Cache-Control": "no-cache",
+}
+
+# Litestar adds "; charset=utf-8" to text/* itself
+_MEDIA_TYPES = {
+    "index.html": "text/html",
+    "app.js": "text/javascript",
+    "style.css": "text/css",
+    "icon.svg": "image/svg+xml",
+}
+_FILES = {name: (STATIC_DIR / name).read_bytes() for name in _MEDIA_TYPES}
+
+
+def _file(name: str) -> Response[bytes]:
+    return Response(_FILES[name], media_type=_MEDIA_TYPES[name], headers=SECURITY_HEADERS)
+
+
+@get("/", include_in_schema=False)
+async def index() -> Response[bytes]:
+    return _file("index.html")
+
+
+@get("/static/{name:str}", include_in_schema=False)
+async def static_file(name: FromPath[str]) -> Response[bytes]:
+    # only the files above: a name is a key, never a path
+    if name not in _FILES or name == "index.html":
+        raise ProblemError(404, "Not Found", "no such file")
+    return _file(name)
+
+
+ROUTES: list[BaseRouteHandler] = [index, static_file]

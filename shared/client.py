@@ -1,16 +1,343 @@
-"""``storyjobs generate``: the command-line client of the HTTP api."""
+"""``storyjobs generate``: the command-line client of the HTTP api.
+
+    export STORYJOBS_API_KEY=sj_...          # from `storyjobs keys create NAME`
+    storyjobs generate "a dragon who can't sleep" --wait
+
+It talks to STORYJOBS_URL (default http://127.0.0.1:8000) with the key from
+STORYJOBS_API_KEY, or from --key-file. Each run makes one Idempotency-Key and
+sends it with every attempt of its POST: a retry after a dropped connection, a
+5xx or a 429 gets the job the first attempt stored, never a second story (nor
+a second bill). Waiting, it polls the job as often as Retry-After says (at most
+every POLL_INTERVAL_MAX_S, since a person is watching), rides out a lost
+connection with backoff, and shows where the job stands on stderr: one line
+rewritten in place on a terminal, a line per change otherwise.
+
+Without --wait it prints the job id; with --wait, the story (title, a blank
+line, the text). --json prints the api's JSON instead: the accepted job, or
+the finished one.
+
+Exit codes:
+    0  the job was accepted (without --wait) or the story is written
+    1  the job failed or was cancelled; its error code and message on stderr
+    2  usage: bad arguments, no API key, a malformed STORYJOBS_URL
+    3  the API key was refused (401)
+    4  another 4xx: the request was refused; the problem's detail on stderr
+    5  the queue stayed full (429) through every attempt
+    6  the api stayed unavailable (503, another 5xx, or unreachable)
+  130  interrupted (Ctrl-C); a job already accepted goes on without us
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import Any
+import asyncio
+import json
+import os
+import random
+import shutil
+import sys
+import time
+import uuid
+from pathlib import Path
+from typing import Any, TextIO
+
+import httpx
+
+DEFAULT_URL = "http://127.0.0.1:8000"
+
+EXIT_OK = 0
+EXIT_JOB_FAILED = 1
+EXIT_USAGE = 2
+EXIT_UNAUTHORIZED = 3
+EXIT_REFUSED = 4
+EXIT_QUEUE_FULL = 5
+EXIT_UNAVAILABLE = 6
+EXIT_INTERRUPTED = 130
+
+# attempts of the POST; every one carries the same Idempotency-Key
+POST_ATTEMPTS = 5
+# the longest Retry-After waited out; a longer one is reported to the user
+RETRY_AFTER_MAX_S = 60.0
+POLL_INTERVAL_DEFAULT_S = 2.0
+POLL_INTERVAL_MAX_S = 5.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 8.0
+# how long polling rides out an unreachable or failing api before giving up
+POLL_OUTAGE_MAX_S = 300.0
+REQUEST_TIMEOUT = httpx.Timeout(20.0, connect=5.0)
+
+TERMINAL = ("completed", "failed")
+
+
+class ClientError(Exception):
+    """Ends the command with one line on stderr and an exit code."""
+
+    def __init__(self, exit_code: int, message: str) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+        self.message = message
+
+
+class StatusLine:
+    """Where the job stands, on stderr: one line rewritten with \\r on a
+    terminal; elsewhere (logs, pipes) a plain line each time the state changes."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+        self._tty = stream.isatty()
+        self._state = ""
+        self._width = 0
+
+    def show(self, state: str, detail: str = "") -> None:
+        line = f"{state} {detail}".rstrip()
+        if self._tty:
+            # longer than the terminal, it would wrap and \r could not take it back
+            line = line[:shutil.get_terminal_size().columns - 1]
+            self._stream.write("\r" + line.ljust(self._width))
+            self._width = len(line)
+        elif state != self._state:
+            self._stream.write(line + "\n")
+        self._state = state
+        self._stream.flush()
+
+    def say(self, line: str) -> None:
+        """A line of its own, not overwritten by the next status."""
+        self.end()
+        self._stream.write(line + "\n")
+        self._stream.flush()
+
+    def end(self) -> None:
+        if self._tty and self._width:
+            self._stream.write("\n")
+            self._width = 0
+        self._state = ""
+
+
+def _backoff_s(failures: int) -> float:
+    # jittered, so clients cut off together do not come back together
+    return min(BACKOFF_FIRST_S * 2.0 ** (failures - 1), BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
+
+
+def _retry_after_s(response: httpx.Response) -> float | None:
+    # the api sends delay-seconds; an HTTP-date is treated as absent
+    try:
+        return max(float(response.headers["retry-after"]), 0.0)
+    except (KeyError, ValueError):
+        return None
+
+
+def _retryable(response: httpx.Response) -> bool:
+    return response.status_code == 429 or response.status_code >= 500
+
+
+def _trouble(response: httpx.Response) -> str:
+    """What a retryable answer means, for the status line."""
+    if response.status_code == 429:
+        return "the queue is full (429)"
+    if response.status_code == 503:
+        return "the api is unavailable (503)"
+    return f"the api failed ({response.status_code})"
+
+
+def _detail(response: httpx.Response) -> str:
+    """The problem's detail (RFC 9457), else its title, else the status."""
+    try:
+        problem = response.json()
+    except ValueError:
+        problem = None
+    if isinstance(problem, dict) and (problem.get("detail") or problem.get("title")):
+        return str(problem.get("detail") or problem.get("title"))
+    return f"HTTP {response.status_code} {response.reason_phrase}".strip()
+
+
+def _refusal(response: httpx.Response) -> ClientError:
+    status = response.status_code
+    detail = _detail(response)
+    if status == 401:
+        return ClientError(EXIT_UNAUTHORIZED, f"the API key was refused (401): {detail}")
+    if status == 429:
+        later = _retry_after_s(response)
+        hint = f"; try again in {later:.0f} s" if later else ""
+        return ClientError(EXIT_QUEUE_FULL, f"no room in the queue (429): {detail}{hint}")
+    if status >= 500:
+        return ClientError(EXIT_UNAVAILABLE, f"{_trouble(response)}: {detail}")
+    return ClientError(EXIT_REFUSED, f"the request was refused ({status}): {detail}")
+
+
+def _network(exc: httpx.TransportError) -> str:
+    return f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+
+
+def _wait_text(seconds: float | None) -> str:
+    if seconds is None:
+        return ""
+    if seconds < 90:
+        return f"(about {max(round(seconds), 1)} s left)"
+    return f"(about {round(seconds / 60)} min left)"
+
+
+async def start_job(http: httpx.AsyncClient, body: dict[str, Any], status: StatusLine) -> dict[str, Any]:
+    """POST the story request; the accepted job ({job_id, status})."""
+    idempotency_key = str(uuid.uuid4())
+    for attempt in range(1, POST_ATTEMPTS + 1):
+        last_attempt = attempt == POST_ATTEMPTS
+        try:
+            response = await http.post("/stories/generate", json=body,
+                                       headers={"Idempotency-Key": idempotency_key})
+        except httpx.TransportError as exc:
+            if last_attempt:
+                raise ClientError(EXIT_UNAVAILABLE, f"cannot reach {http.base_url}: {_network(exc)}") from None
+            delay = _backoff_s(attempt)
+            status.show(f"no answer from the api ({_network(exc)}),", f"retrying in {delay:.1f} s")
+        else:
+            if response.status_code == 202:
+                accepted: dict[str, Any] = response.json()
+                return accepted
+            if not _retryable(response) or last_attempt:
+                raise _refusal(response)
+            delay = _retry_after_s(response) or _backoff_s(attempt)
+            if delay > RETRY_AFTER_MAX_S:
+                raise _refusal(response)
+            status.show(f"{_trouble(response)},", f"retrying in {delay:.1f} s")
+        await asyncio.sleep(delay)
+    raise AssertionError("unreachable: the last attempt returns or raises")
+
+
+async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine) -> dict[str, Any]:
+    """Poll the job until it is completed or failed; that last answer."""
+    failures = 0
+    failing_since = 0.0
+    while True:
+        try:
+            response = await http.get(f"/stories/jobs/{job_id}")
+        except httpx.TransportError as exc:
+            trouble = f"lost the connection to the api ({_network(exc)})"
+            retry_after = None
+        else:
+            if response.status_code == 200:
+                job: dict[str, Any] = response.json()
+                failures = 0
+                _show_job(job, status)
+                if job["status"] in TERMINAL:
+                    return job
+                await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S,
+                                        POLL_INTERVAL_MAX_S))
+                continue
+            if not _retryable(response):
+                raise _refusal(response)
+            trouble = _trouble(response)
+            retry_after = _retry_after_s(response)
+        failures += 1
+        if failures == 1:
+            failing_since = time.monotonic()
+        elif time.monotonic() - failing_since > POLL_OUTAGE_MAX_S:
+            raise ClientError(EXIT_UNAVAILABLE, f"gave up waiting for job {job_id}: {trouble}; "
+                                                "the job goes on, ask for it again later")
+        delay = min(retry_after or _backoff_s(failures), POLL_INTERVAL_MAX_S)
+        status.show(f"{trouble},", f"retrying in {delay:.1f} s")
+        await asyncio.sleep(delay)
+
+
+def _show_job(job: dict[str, Any], status: StatusLine) -> None:
+    estimate = _wait_text(job.get("estimated_seconds_remaining"))
+    if job["status"] == "pending":
+        position = job.get("queue_position")
+        status.show(f"queued, position {position}" if position else "queued", estimate)
+    elif job["status"] == "running":
+        tokens = job.get("progress") or 0
+        status.show(f"writing, {tokens} tokens so far" if tokens else "writing", estimate)
+    elif job["status"] == "completed":
+        status.show(f"written, {(job.get('story') or {}).get('output_tokens', 0)} tokens")
+
+
+def _print_json(value: Any) -> None:
+    sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
+
+
+def _report(job: dict[str, Any], as_json: bool) -> int:
+    if as_json:
+        _print_json(job)
+    if job["status"] == "failed":
+        error = job.get("error") or {}
+        raise ClientError(EXIT_JOB_FAILED, f"the story was not written ({error.get('code', 'unknown')}): "
+                                           f"{error.get('message') or 'no reason given'}")
+    if not as_json:
+        story = job.get("story") or {}
+        sys.stdout.write(f"{story.get('title', '')}\n\n{story.get('text', '')}\n")
+    return EXIT_OK
+
+
+def _api_key(key_file: Path | None) -> str:
+    if key_file is not None:
+        try:
+            key = key_file.read_text().strip()
+        except OSError as exc:
+            raise ClientError(EXIT_USAGE, f"cannot read the key file: {exc}") from None
+    else:
+        key = os.environ.get("STORYJOBS_API_KEY", "").strip()
+    if not key:
+        raise ClientError(EXIT_USAGE, "no API key: set STORYJOBS_API_KEY or pass --key-file "
+                                      "(make one with `storyjobs keys create NAME`)")
+    return key
+
+
+def _base_url() -> str:
+    url = os.environ.get("STORYJOBS_URL", "").strip() or DEFAULT_URL
+    if not url.startswith(("http://", "https://")):
+        raise ClientError(EXIT_USAGE, f"STORYJOBS_URL must start with http:// or https:// (got {url!r})")
+    return url.rstrip("/")
+
+
+def _story_request(args: argparse.Namespace) -> dict[str, Any]:
+    options = {"child_name": args.child_name, "age": args.age, "length": args.length,
+               "language": args.language}
+    # options left out take the api's defaults
+    return {"prompt": args.prompt, **{name: value for name, value in options.items() if value is not None}}
+
+
+async def run_generate(args: argparse.Namespace) -> int:
+    status = StatusLine(sys.stderr)
+    job_id = None
+    try:
+        base_url = _base_url()
+        headers = {"Authorization": f"Bearer {_api_key(args.key_file)}", "User-Agent": "storyjobs-cli"}
+        async with httpx.AsyncClient(base_url=base_url, headers=headers, timeout=REQUEST_TIMEOUT) as http:
+            accepted = await start_job(http, _story_request(args), status)
+            job_id = accepted["job_id"]
+            status.end()
+            if not args.wait:
+                if args.json:
+                    _print_json(accepted)
+                else:
+                    sys.stdout.write(f"{job_id}\n")
+                return EXIT_OK
+            status.say(f"job {job_id} accepted")
+            job = await wait_for_job(http, job_id, status)
+        status.end()
+        return _report(job, args.json)
+    except ClientError as exc:
+        status.end()
+        sys.stderr.write(f"storyjobs: {exc.message}\n")
+        return exc.exit_code
+    except asyncio.CancelledError:
+        # Ctrl-C under asyncio.run: end quietly with the usual code, not a traceback
+        status.end()
+        if job_id is not None:
+            sys.stderr.write(f"storyjobs: stopped waiting; job {job_id} goes on\n")
+        return EXIT_INTERRUPTED
 
 
 def add_generate_command(commands: Any) -> None:
-    generate = commands.add_parser("generate", help="ask the api for a story")
-    generate.add_argument("prompt")
-    generate.set_defaults(run=_not_ready)
-
-
-async def _not_ready(_: argparse.Namespace) -> int:
-    raise NotImplementedError
+    generate = commands.add_parser(
+        "generate", help="ask the api for a story (STORYJOBS_URL, STORYJOBS_API_KEY)",
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    generate.add_argument("prompt", help="what the story is about")
+    generate.add_argument("--wait", action="store_true", help="wait for the story and print it")
+    generate.add_argument("--json", action="store_true", help="print the api's JSON answer instead")
+    generate.add_argument("--child-name", help="the listener's name, woven into the story")
+    generate.add_argument("--age", type=int, help="the listener's age, 2-12")
+    generate.add_argument("--length", choices=["short", "medium", "long"], help="default: medium")
+    generate.add_argument("--language", help="BCP 47 tag of the story's language, e.g. en, fr, pt-BR")
+    generate.add_argument("--key-file", type=Path,
+                          help="read the API key from this file instead of STORYJOBS_API_KEY")
+    generate.set_defaults(run=run_generate)
