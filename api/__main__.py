@@ -1,4 +1,5 @@
-"""``python -m api``: serve the api with uvicorn (uvloop, httptools)."""
+"""``python -m api``: serve the api with uvicorn (uvloop, httptools with the
+request head bounded: api/server.py)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import structlog
 import uvicorn
 
 from api.app import create_app
+from api.server import BoundedHttpToolsProtocol
 from shared import db, logs
 from shared.config import ApiSettings, load_or_exit
 from shared.startup import wait_for_schema
@@ -44,7 +46,7 @@ def main() -> None:
         host=settings.api_host,
         port=settings.api_port,
         loop="uvloop",
-        http="httptools",
+        http=BoundedHttpToolsProtocol,
         lifespan="on",
         access_log=False,
         log_level="warning",

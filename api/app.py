@@ -6,10 +6,12 @@ any number of replicas can serve behind a load balancer.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections.abc import Sequence
 from typing import Any
 
+import psycopg
 from litestar import Litestar, MediaType, Request, Response, get
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
@@ -17,14 +19,16 @@ from litestar.types import ASGIApp, LifespanHook, Message, Receive, Scope, Send
 from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, pacing, page
+from api import metrics, openapi, pacing, page
 from api.jobs import ROUTES, ApiState
-from api.problems import EXCEPTION_HANDLERS, ProblemError
+from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
 from shared.config import ApiSettings
 
 # a story request is a prompt of at most 2000 characters and a few options
 MAX_BODY_BYTES = 32 * 1024
+# how long /readyz waits for the database before it says "not ready"
+READY_TIMEOUT_S = 2.0
 
 
 def _record_http_metrics(app: ASGIApp) -> ASGIApp:
@@ -60,16 +64,16 @@ async def healthz() -> Health:
 @get(
     "/readyz",
     summary="Readiness: the database answers",
-    responses={},
+    responses=problem_responses(503),
 )
 async def readyz(request: Request[Any, Any, Any]) -> Response[Health]:
     state: ApiState = request.app.state.storyjobs
     try:
-        async with state.pool.connection(timeout=2.0) as conn:
+        async with asyncio.timeout(READY_TIMEOUT_S), state.pool.connection() as conn:
             await conn.execute("SELECT 1")
-    except Exception as exc:  # noqa: BLE001 - any failure means "not ready"
+    except (psycopg.OperationalError, TimeoutError) as exc:
         raise ProblemError(503, "Service Unavailable", f"the database does not answer ({type(exc).__name__})",
-                           headers={"Retry-After": "5"}) from None
+                           headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)}) from None
     return Response(Health(status="ok"))
 
 
@@ -105,4 +109,5 @@ def create_app(
         debug=False,
     )
     app.state.storyjobs = ApiState(settings=settings, pool=pool, drain_stats=pacing.DrainStatsCache(pool))
+    openapi.refine(app.openapi_schema)
     return app

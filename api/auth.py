@@ -1,6 +1,10 @@
 """Bearer API keys. The shape of the header is checked by a guard, before the
 body is read; the key itself is checked against the database inside each
-handler's first query, so that authentication costs no extra round trip."""
+handler's first query, so that authentication costs no extra round trip and a
+revoked key is refused from the very next request.
+
+The key is kept on the connection's state only; its repr shows the prefix, so
+that no log line or traceback can carry the secret."""
 
 from __future__ import annotations
 
@@ -25,16 +29,19 @@ class ApiKey:
         self.key = key
         self.prefix = prefix
 
+    def __repr__(self) -> str:
+        return f"ApiKey(prefix={self.prefix!r})"
+
 
 def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
     """Guard: a well-formed ``Authorization: Bearer sj_...`` header, else 401."""
     header = connection.headers.get("authorization")
     if not header:
-        raise unauthorized("send your API key as `Authorization: Bearer <key>`")
+        raise unauthorized("send your API key as `Authorization: Bearer <key>`", invalid_key=False)
     scheme, _, key = header.partition(" ")
-    key = key.strip()
+    key = key.strip(" \t")
     if scheme.lower() != "bearer" or not key:
-        raise unauthorized("send your API key as `Authorization: Bearer <key>`")
+        raise unauthorized("send your API key as `Authorization: Bearer <key>`", invalid_key=False)
     prefix = keys.prefix_of(key)
     if prefix is None:
         raise unauthorized("the API key is not valid")
@@ -48,5 +55,7 @@ def api_key_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ApiKey:
 
 def verify(record: KeyRecord | None, api_key: ApiKey) -> None:
     """401 unless the key exists, matches in constant time and is not revoked."""
-    if record is None or not keys.matches(api_key.key, record.key_hash) or record.revoked:
+    # compared even when its prefix found no row, so that both take as long
+    stored_hash = None if record is None else record.key_hash
+    if not keys.matches(api_key.key, stored_hash) or record is None or record.revoked:
         raise unauthorized("the API key is not valid")

@@ -1,36 +1,64 @@
-"""The job endpoints: enqueue, poll, cancel, and read a story."""
+"""The job endpoints: enqueue, poll, cancel, and read a story.
+
+Every answer comes from at most one database connection held for at most
+API_REQUEST_TIMEOUT_S (``database``): past it, or with the database
+unreachable, the answer is 503 with Retry-After, never a hang.
+
+POST bodies are read as JSON whatever their Content-Type says (a client that
+forgets the header is not refused for it), strictly and with every field
+bounded: see shared/story_request.py. Ids in paths are opaque: a malformed one
+is looked up like any other, so it is the same 404 as an unknown id.
+"""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import re
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
 from litestar import Request, Response, delete, get, post
-from litestar.openapi.spec import Example
-from litestar.openapi.datastructures import ResponseSpec
+from litestar.dto import MsgspecDTO
+from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIType, Reference, Schema
 from litestar.params import HeaderParameter, JSONBody, PathParameter
+from litestar.typing import FieldDefinition
+from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
 from api.auth import api_key_of, require_bearer_key, verify
-from api.problems import Problem, ProblemError
+from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
 from shared.config import ApiSettings
 from shared.rows import JobView
-from shared.story_request import StoryRequest, canonical_json, fingerprint
+from shared.story_request import InvalidStoryRequest, StoryRequest, canonical_json, decode, fingerprint
+
+if TYPE_CHECKING:
+    from litestar._openapi.schema_generation import SchemaCreator
 
 log = structlog.get_logger()
 
-# IETF draft-ietf-httpapi-idempotency-key-header: an sf-string, which we also
-# accept unquoted (as most clients send it); 1-255 printable ASCII characters.
-_IDEMPOTENCY_KEY = re.compile(r'^"?([\x20-\x7e]{1,255})"?$')
+# IETF draft-ietf-httpapi-idempotency-key-header: the value is a structured
+# field string ("..."), which we also accept bare, as most clients send it.
+# Either way the key is 1-255 printable ASCII characters; a bare one cannot
+# start or end with a space (HTTP would strip it).
+_SF_STRING = r'"((?:[ !#-\[\]-~]|\\["\\]){1,255})"'
+_BARE = r"([!-~](?:[ -~]{0,253}[!-~])?)"
+IDEMPOTENCY_KEY_PATTERN = f"^(?:{_SF_STRING}|{_BARE})$"
+_IDEMPOTENCY_KEY = re.compile(f"{_SF_STRING}|{_BARE}")
+_SF_ESCAPE = re.compile(r"\\(.)")
+
 _NO_SUCH_ID = uuid.UUID(int=0)
 _NO_STORE = {"Cache-Control": "no-store"}
+_RETRY_AFTER = "Retry-After"
+_JOB_ID = Annotated[str, PathParameter(description="The job_id from POST /stories/generate.",
+                                         schema_extra={"format": OpenAPIFormat.UUID})]
 
 
 @dataclass(frozen=True)
@@ -45,35 +73,53 @@ def _state(request: Request[Any, Any, Any]) -> ApiState:
     return state
 
 
-def _problems(*statuses: int) -> dict[int, ResponseSpec]:
-    descriptions = {
-        400: "The request is malformed; `errors` names the fields.",
-        401: "No API key, or an invalid or revoked one.",
-        404: "No such job or story for this API key.",
-        409: "The job has already finished.",
-        413: "The body is larger than allowed.",
-        422: "This Idempotency-Key was used with a different body.",
-        429: "A queue is full; nothing was stored. Retry later (Retry-After).",
-        503: "The job store is unreachable. Retry later (Retry-After).",
-    }
-    return {
-        status: ResponseSpec(data_container=Problem, media_type="application/problem+json",
-                             description=descriptions[status], generate_examples=False)
-        for status in statuses
-    }
+@contextlib.asynccontextmanager
+async def database(state: ApiState) -> AsyncIterator[AsyncConnection[Any]]:
+    """A pooled connection, and a deadline on everything done with it: an
+    outage or a hung network answers TimeoutError (503), never a hang."""
+    async with asyncio.timeout(state.settings.api_request_timeout_s), state.pool.connection() as conn:
+        yield conn
+
+
+class StoryRequestBody(MsgspecDTO[StoryRequest]):
+    """Reads the body of POST /stories/generate with shared.story_request's
+    strict decoder: a bad body is a 400 naming the field, before any query."""
+
+    def decode_bytes(self, value: bytes) -> StoryRequest:
+        try:
+            return decode(value)
+        except InvalidStoryRequest as exc:
+            raise _invalid_body(exc.field, exc.message) from None
+
+    @classmethod
+    def create_openapi_schema(
+        cls, field_definition: FieldDefinition, handler_id: str, schema_creator: SchemaCreator
+    ) -> Reference | Schema:
+        return schema_creator.for_field_definition(FieldDefinition.from_annotation(StoryRequest))
+
+
+def _invalid_body(field: str, message: str) -> ProblemError:
+    return ProblemError(400, "Invalid request", f"{field}: {message}",
+                        errors=[FieldError(field=field, message=message)], reason="invalid_request")
 
 
 def _idempotency_key(header: str | None) -> str:
-    if header is None:
-        raise ProblemError(400, "Missing Idempotency-Key",
+    value = (header or "").strip(" \t")
+    if not value:
+        raise _invalid_key("Missing Idempotency-Key", "missing",
                            "send an Idempotency-Key header (1-255 printable ASCII characters) so that "
-                           "a retried request cannot create a second job", reason="invalid_request")
-    match = _IDEMPOTENCY_KEY.match(header)
-    if match is None or not match.group(1).strip():
-        raise ProblemError(400, "Invalid Idempotency-Key",
-                           "the Idempotency-Key must be 1-255 printable ASCII characters",
-                           reason="invalid_request")
-    return match.group(1)
+                           "a retried request cannot create a second job")
+    match = _IDEMPOTENCY_KEY.fullmatch(value)
+    if match is None:
+        raise _invalid_key("Invalid Idempotency-Key", "not 1-255 printable ASCII characters",
+                           "the Idempotency-Key must be 1-255 printable ASCII characters")
+    quoted, bare = match.groups()
+    return bare if quoted is None else _SF_ESCAPE.sub(r"\1", quoted)
+
+
+def _invalid_key(title: str, message: str, detail: str) -> ProblemError:
+    return ProblemError(400, title, detail, errors=[FieldError(field="Idempotency-Key", message=message)],
+                        reason="invalid_request")
 
 
 def _job_id(raw: str) -> uuid.UUID:
@@ -87,7 +133,7 @@ def _job_id(raw: str) -> uuid.UUID:
 def _accepted(job_id: uuid.UUID, status: str, *, replayed: bool) -> Response[JobAccepted]:
     headers = {
         "Location": f"/stories/jobs/{job_id}",
-        "Retry-After": str(pacing.DEFAULT_RETRY_AFTER_S),
+        _RETRY_AFTER: str(pacing.DEFAULT_RETRY_AFTER_S),
         **_NO_STORE,
     }
     if replayed:
@@ -107,32 +153,41 @@ def _replay(job_id: uuid.UUID, status: str, stored: bytes, requested: bytes) -> 
 @post(
     "/stories/generate",
     guards=[require_bearer_key],
+    dto=StoryRequestBody,
+    return_dto=None,
     status_code=202,
     summary="Start writing a story",
     description=(
         "Stores a job and answers at once; poll the `Location` it gives. The same "
         "`Idempotency-Key` with the same body answers the same job (`Idempotent-Replayed: true`), "
-        "never a second job or a second bill."
+        "never a second job or a second bill. Unknown fields are refused (400), not ignored."
     ),
-    response_headers=[],
-    responses=_problems(400, 401, 413, 422, 429, 503),
+    responses=problem_responses(400, 401, 413, 422, 429, 503),
     security=[{"BearerAuth": []}],
 )
 async def generate_story(
     request: Request[Any, Any, Any],
-    data: JSONBody[StoryRequest],
     idempotency_key: Annotated[
         str | None,
-        HeaderParameter(name="Idempotency-Key", required=True, min_length=1, max_length=257,
-                  description="1-255 printable ASCII characters, unique per story you want.",
-                  examples=[Example(value="0b6f3c9e-7f3a-4d3c-9c1e-5a7e2b1d9f00")]),
+        HeaderParameter(
+            name="Idempotency-Key", required=True,
+            description=("1-255 printable ASCII characters, unique per story you want: a structured-field "
+                         'string ("...") or the bare characters.'),
+            examples=[Example(value="0b6f3c9e-7f3a-4d3c-9c1e-5a7e2b1d9f00")],
+            # documented here, checked by _idempotency_key with a message of its own
+            schema_extra={"one_of": None, "type": OpenAPIType.STRING, "pattern": IDEMPOTENCY_KEY_PATTERN},
+        ),
     ] = None,
+    # None: an empty body (StoryRequestBody reads every other one)
+    data: JSONBody[StoryRequest | None] = None,
 ) -> Response[JobAccepted]:
     state = _state(request)
     api_key = api_key_of(request)
     key = _idempotency_key(idempotency_key)
+    if data is None:
+        raise _invalid_body("body", "a JSON object with at least a prompt is required")
     requested = fingerprint(data)
-    async with state.pool.connection() as conn:
+    async with database(state) as conn:
         found = await store.job_get_by_idempotency_key_for_key(
             conn, key_prefix=api_key.prefix, idempotency_key=key
         )
@@ -154,7 +209,7 @@ async def generate_story(
         stats = await state.drain_stats.get()
         which = "the queue" if result.outcome == "queue_full" else "your queue"
         raise ProblemError(429, "Queue full", f"{which} is full; nothing was stored, retry later with the same key",
-                           headers={"Retry-After": str(pacing.queue_full_retry_after(stats))},
+                           headers={_RETRY_AFTER: str(pacing.queue_full_retry_after(stats))},
                            reason=result.outcome)
     assert result.public_id is not None and result.status is not None
     if result.outcome == "existing":
@@ -200,16 +255,13 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
     guards=[require_bearer_key],
     summary="Where a job stands",
     description="`Retry-After` says when polling again is worth it, while the job is not finished.",
-    responses=_problems(401, 404, 503),
+    responses=problem_responses(400, 401, 404, 503),
     security=[{"BearerAuth": []}],
 )
-async def get_job(
-    request: Request[Any, Any, Any],
-    job_id: Annotated[str, PathParameter(description="The job_id from POST /stories/generate.")],
-) -> Response[JobState]:
+async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
     state = _state(request)
     api_key = api_key_of(request)
-    async with state.pool.connection() as conn:
+    async with database(state) as conn:
         view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=_job_id(job_id))
     verify(view, api_key)
     assert view is not None
@@ -223,7 +275,7 @@ async def get_job(
             stats, status=view.status, queue_position=view.queue_position,
             started_at=view.started_at, progress=view.progress, now=datetime.now(UTC),
         )
-        headers["Retry-After"] = str(pacing.retry_after(view.status, remaining))
+        headers[_RETRY_AFTER] = str(pacing.retry_after(view.status, remaining))
     return Response(_job_state(view, remaining), headers=headers)
 
 
@@ -236,17 +288,14 @@ async def get_job(
         "A pending or running job becomes failed (`cancelled`); a running job's worker closes its "
         "LLM stream at its next heartbeat. A finished job answers 409."
     ),
-    responses=_problems(401, 404, 409, 503),
+    responses=problem_responses(400, 401, 404, 409, 503),
     security=[{"BearerAuth": []}],
 )
-async def cancel_job(
-    request: Request[Any, Any, Any],
-    job_id: Annotated[str, PathParameter(description="The job_id from POST /stories/generate.")],
-) -> Response[JobState]:
+async def cancel_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
     state = _state(request)
     api_key = api_key_of(request)
     public_id = _job_id(job_id)
-    async with state.pool.connection() as conn:
+    async with database(state) as conn:
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None
@@ -266,16 +315,17 @@ async def cancel_job(
     "/stories/{story_id:str}",
     guards=[require_bearer_key],
     summary="A written story",
-    responses=_problems(401, 404, 503),
+    responses=problem_responses(400, 401, 404, 503),
     security=[{"BearerAuth": []}],
 )
 async def get_story(
     request: Request[Any, Any, Any],
-    story_id: Annotated[str, PathParameter(description="The story_id of a completed job.")],
+    story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
+                                           schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[StoryDocument]:
     state = _state(request)
     api_key = api_key_of(request)
-    async with state.pool.connection() as conn:
+    async with database(state) as conn:
         view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=_job_id(story_id))
     verify(view, api_key)
     assert view is not None

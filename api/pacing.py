@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
+import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -24,23 +25,37 @@ DEFAULT_RETRY_AFTER_S = 2
 
 
 class DrainStatsCache:
+    """The last drain statistics read, refreshed by one request at a time
+    (the others answer with what is cached meanwhile). A failed refresh keeps
+    the old statistics, or none: an estimate is never worth an error."""
+
     def __init__(
-        self, pool: AsyncConnectionPool, *, max_age_s: float = 5.0, clock: Callable[[], float] = time.monotonic
+        self,
+        pool: AsyncConnectionPool,
+        *,
+        max_age_s: float = 5.0,
+        timeout_s: float = 2.0,
+        clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
         self._max_age_s = max_age_s
+        self._timeout_s = timeout_s
         self._clock = clock
         self._stats: DrainStats | None = None
         self._read_at = -math.inf
         self._lock = asyncio.Lock()
 
     async def get(self) -> DrainStats | None:
-        if self._clock() - self._read_at < self._max_age_s:
+        if self._clock() - self._read_at < self._max_age_s or self._lock.locked():
             return self._stats
         async with self._lock:
             if self._clock() - self._read_at >= self._max_age_s:
-                async with self._pool.connection() as conn:
-                    self._stats = await store.job_drain_stats(conn)
+                try:
+                    async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
+                        self._stats = await store.job_drain_stats(conn)
+                except (psycopg.OperationalError, TimeoutError) as exc:
+                    log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
+                # after a failure too: the next try comes max_age_s later
                 self._read_at = self._clock()
         return self._stats
 

@@ -1,12 +1,19 @@
 """RFC 9457 problem details for every error the api answers.
 
 Handlers raise ``ProblemError``; exception handlers turn it, Litestar's own
-HTTP exceptions, database outages (503) and anything unexpected (500, logged
-once, no traceback in the answer) into ``application/problem+json``.
+HTTP exceptions, database outages and timeouts (503 with Retry-After) and
+anything unexpected (500, logged once, no traceback in the answer) into
+``application/problem+json``.
+
+Log lines about failures carry the route, never the request: a prompt may hold
+a child's name and a header an API key, so neither exception messages nor
+tracebacks with local variables are logged, only the exception's type and
+where it was raised.
 """
 
 from __future__ import annotations
 
+import traceback
 from typing import Any
 
 import msgspec
@@ -14,6 +21,7 @@ import psycopg
 import structlog
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, ValidationException
+from litestar.openapi.datastructures import ResponseSpec
 from psycopg_pool import PoolTimeout
 
 from api import metrics
@@ -58,6 +66,28 @@ class ProblemError(Exception):
         self.reason = reason
 
 
+_DESCRIPTIONS = {
+    400: "The request is malformed; `errors` names the fields.",
+    401: "No API key, or an invalid or revoked one (`WWW-Authenticate`).",
+    404: "No such job or story for this API key.",
+    409: "The job has already finished.",
+    413: "The body is larger than allowed.",
+    422: "This Idempotency-Key was used with a different body.",
+    429: "A queue is full; nothing was stored. Retry later (`Retry-After`) with the same key.",
+    503: "The job store is unreachable. Retry later (`Retry-After`).",
+}
+
+
+def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
+    """OpenAPI: the problem+json answers a route can give (their headers are
+    added by api.openapi)."""
+    return {
+        status: ResponseSpec(data_container=Problem, media_type=PROBLEM_JSON,
+                             description=_DESCRIPTIONS[status], generate_examples=False)
+        for status in statuses
+    }
+
+
 def problem_response(problem: Problem, headers: dict[str, str] | None = None) -> Response[bytes]:
     return Response(
         content=msgspec.json.encode(problem),
@@ -67,10 +97,20 @@ def problem_response(problem: Problem, headers: dict[str, str] | None = None) ->
     )
 
 
-def unauthorized(detail: str) -> ProblemError:
-    return ProblemError(
-        401, "Unauthorized", detail, headers={"WWW-Authenticate": 'Bearer realm="storyjobs"'}, reason="unauthorized"
-    )
+def unauthorized(detail: str, *, invalid_key: bool = True) -> ProblemError:
+    # RFC 6750: error="invalid_token" when a key was sent but is not accepted
+    challenge = 'Bearer realm="storyjobs", error="invalid_token"' if invalid_key else 'Bearer realm="storyjobs"'
+    return ProblemError(401, "Unauthorized", detail, headers={"WWW-Authenticate": challenge}, reason="unauthorized")
+
+
+def _route(request: Request[Any, Any, Any]) -> str:
+    return str(request.scope.get("path_template") or "unmatched")
+
+
+def _raised_at(exc: BaseException, frames: int = 8) -> list[str]:
+    """Where ``exc`` was raised: file, line and function of its last frames."""
+    summary = traceback.extract_tb(exc.__traceback__)[-frames:]
+    return [f"{frame.filename}:{frame.lineno} in {frame.name}" for frame in summary]
 
 
 def _on_problem(request: Request[Any, Any, Any], exc: ProblemError) -> Response[bytes]:
@@ -98,15 +138,18 @@ def _on_http_exception(request: Request[Any, Any, Any], exc: HTTPException) -> R
     else:
         problem = Problem(title=_TITLES.get(status, exc.detail or "Error"), status=status, detail=exc.detail or None)
         reason = "body_too_large" if status == 413 else "invalid_request"
-    if request.scope.get("path_template") == "/stories/generate" and 400 <= status < 500:
+    if status >= 500:
+        log.error("api.unhandled_error", route=_route(request), method=request.method, status=status,
+                  error=type(exc).__name__, raised_at=_raised_at(exc))
+    elif _route(request) == "/stories/generate":
         metrics.JOBS_REJECTED.labels(reason=reason).inc()
     headers = {k: v for k, v in (exc.headers or {}).items()}
     return problem_response(problem, headers)
 
 
 def _on_database_unavailable(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.warning("api.database_unavailable", path=request.url.path, error=type(exc).__name__)
-    if request.scope.get("path_template") == "/stories/generate":
+    log.warning("api.database_unavailable", route=_route(request), method=request.method, error=type(exc).__name__)
+    if _route(request) == "/stories/generate":
         metrics.JOBS_REJECTED.labels(reason="database_unavailable").inc()
     return problem_response(
         Problem(title="Service Unavailable", status=503, detail="the job store is unreachable; try again shortly"),
@@ -115,7 +158,8 @@ def _on_database_unavailable(request: Request[Any, Any, Any], exc: Exception) ->
 
 
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
-    log.exception("api.unhandled_error", path=request.url.path, method=request.method)
+    log.error("api.unhandled_error", route=_route(request), method=request.method, status=500,
+              error=type(exc).__name__, raised_at=_raised_at(exc))
     return problem_response(Problem(title="Internal Server Error", status=500))
 
 
@@ -139,5 +183,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     HTTPException: _on_http_exception,
     psycopg.OperationalError: _on_database_unavailable,
     PoolTimeout: _on_database_unavailable,
+    # the api's own deadline on database work (see api.jobs.database)
+    TimeoutError: _on_database_unavailable,
     Exception: _on_unexpected,
 }

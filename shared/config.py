@@ -68,6 +68,9 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # an answer waits at most this long for a database connection, then 503
     api_db_wait_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 3.0
     api_statement_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    # the longest an answer waits on the database in all (connection and
+    # queries), then 503: a hung network cannot hold a request for long
+    api_request_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=120)] = 6.0
     api_pool_size: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
 
     @property
@@ -79,6 +82,11 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
         if self.client_queue_max is not None and self.client_queue_max > self.queue_max:
             raise ConfigError(
                 f"CLIENT_QUEUE_MAX ({self.client_queue_max}) must not exceed QUEUE_MAX ({self.queue_max})"
+            )
+        if self.api_request_timeout_s <= self.api_db_wait_s:
+            raise ConfigError(
+                f"API_REQUEST_TIMEOUT_S ({self.api_request_timeout_s:g}) must be longer than API_DB_WAIT_S "
+                f"({self.api_db_wait_s:g}): a request must outlast its wait for a connection"
             )
 
 

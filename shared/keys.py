@@ -1,9 +1,11 @@
 """API keys: ``sj_<prefix>_<secret>``.
 
 The prefix (12 hex digits) is not secret: it finds the key's row and names the
-key in logs and listings. Only SHA-256 of the whole key is stored; keys are
-long random secrets, so a slow password hash would add nothing. Hashes are
-compared in constant time.
+key in logs and listings (``storyjobs keys list``). Only SHA-256 of the whole
+key is stored; keys are long random secrets, so a slow password hash would
+add nothing. Hashes are compared in constant time, and a key whose prefix
+finds no row is compared too (against a hash no key has), so that the answer
+takes as long either way.
 """
 
 from __future__ import annotations
@@ -15,13 +17,18 @@ import secrets
 
 import msgspec
 
-_KEY = re.compile(r"^sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})$")
+_KEY = re.compile(r"sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+# the hash of no key: what a key with an unknown prefix is compared against
+_NO_KEY_HASH = bytes(32)
 
 
 class NewKey(msgspec.Struct, frozen=True):
     key: str
     prefix: str
     hash: bytes
+
+    def __repr__(self) -> str:
+        return f"NewKey(prefix={self.prefix!r})"
 
 
 def generate() -> NewKey:
@@ -36,9 +43,12 @@ def hash_key(key: str) -> bytes:
 
 def prefix_of(key: str) -> str | None:
     """The key's prefix, or None when the string is not shaped like a key."""
-    match = _KEY.match(key)
+    match = _KEY.fullmatch(key)
     return match.group(1) if match else None
 
 
-def matches(key: str, stored_hash: bytes) -> bool:
-    return hmac.compare_digest(hash_key(key), stored_hash)
+def matches(key: str, stored_hash: bytes | None) -> bool:
+    """Whether ``key`` hashes to ``stored_hash`` (None: no stored key), in
+    time that does not depend on where they differ."""
+    equal = hmac.compare_digest(hash_key(key), stored_hash or _NO_KEY_HASH)
+    return equal and stored_hash is not None

@@ -1,0 +1,85 @@
+"""QUEUE_MAX and CLIENT_QUEUE_MAX hold exactly under concurrent POSTs, counted
+in the database."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import httpx
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from tests.api_helpers import api_client, assert_problem, new_key
+from tests.conftest import create_key
+
+
+async def _post_interleaved(pool: AsyncConnectionPool, keys: dict[str, int], **settings: Any
+                            ) -> list[tuple[str, httpx.Response]]:
+    """POSTs from every client at once, interleaved: ``keys`` maps an API key to its number of POSTs."""
+    async with api_client(pool, **settings) as client:
+        async def post(key: str, n: int) -> tuple[str, httpx.Response]:
+            return key, await client.post("/stories/generate", json={"prompt": f"story {n}"},
+                                          headers={"Authorization": f"Bearer {key}", **new_key()})
+
+        order = sorted(((key, n) for key, total in keys.items() for n in range(total)), key=lambda kn: kn[1])
+        return await asyncio.gather(*(post(key, n) for key, n in order))
+
+
+async def _pending_by_client(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
+    cur = await conn.execute(
+        "SELECT c.name, count(*) FROM story_jobs j JOIN api_clients c ON c.id = j.client_id "
+        "WHERE j.status = 'pending' GROUP BY c.name")
+    return {name: total for name, total in await cur.fetchall()}
+
+
+def _check_refusals(answers: list[tuple[str, httpx.Response]]) -> None:
+    for _, answer in answers:
+        if answer.status_code != 202:
+            assert_problem(answer, 429)
+            assert int(answer.headers["retry-after"]) >= 1
+
+
+async def test_hundred_posts_from_two_clients_never_overshoot_either_queue(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """100 parallel POSTs (60 from one client, 40 from another) against QUEUE_MAX=30 and CLIENT_QUEUE_MAX=20:
+    exactly 30 jobs stored, at most 20 of either client, and the answers agree with the table."""
+    alice, bob = await create_key(conn, "alice"), await create_key(conn, "bob")
+    answers = await _post_interleaved(pool, {alice: 60, bob: 40}, queue_max=30, client_queue_max=20)
+    _check_refusals(answers)
+    pending = await _pending_by_client(conn)
+    assert sum(pending.values()) == 30
+    assert all(total <= 20 for total in pending.values()), pending
+    accepted = {answer.json()["job_id"] for _, answer in answers if answer.status_code == 202}
+    cur = await conn.execute("SELECT public_id::text FROM story_jobs")
+    assert accepted == {row[0] for row in await cur.fetchall()}
+
+
+async def test_hundred_posts_from_two_clients_fill_each_client_queue_exactly(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """100 parallel POSTs, 50 per client, with CLIENT_QUEUE_MAX=5 and room in QUEUE_MAX: exactly 5 jobs each;
+    the other 90 are 429 saying whose queue is full."""
+    alice, bob = await create_key(conn, "alice"), await create_key(conn, "bob")
+    answers = await _post_interleaved(pool, {alice: 50, bob: 50}, queue_max=100, client_queue_max=5)
+    _check_refusals(answers)
+    assert await _pending_by_client(conn) == {"alice": 5, "bob": 5}
+    refused = [answer for _, answer in answers if answer.status_code == 429]
+    assert len(refused) == 90 and all("your queue" in answer.json()["detail"] for answer in refused)
+
+
+async def test_a_full_client_queue_leaves_room_for_another_client(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """One client at CLIENT_QUEUE_MAX gets 429 while another client's POST is still accepted."""
+    alice, bob = await create_key(conn, "alice"), await create_key(conn, "bob")
+    async with api_client(pool, queue_max=10, client_queue_max=2) as client:
+        for _ in range(2):
+            await client.post("/stories/generate", json={"prompt": "a fox"},
+                              headers={"Authorization": f"Bearer {alice}", **new_key()})
+        refused = await client.post("/stories/generate", json={"prompt": "a fox"},
+                                    headers={"Authorization": f"Bearer {alice}", **new_key()})
+        accepted = await client.post("/stories/generate", json={"prompt": "a fox"},
+                                     headers={"Authorization": f"Bearer {bob}", **new_key()})
+    assert refused.status_code == 429 and accepted.status_code == 202
