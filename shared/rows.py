@@ -95,6 +95,7 @@ class ClaimedJob(msgspec.Struct, frozen=True):
 
     id: int
     public_id: uuid.UUID
+    client_id: int
     request: dict[str, Any]
     created_at: datetime
     started_at: datetime
@@ -105,6 +106,7 @@ class Completion(msgspec.Struct, frozen=True):
     """A written story, waiting to complete its job."""
 
     job_id: int
+    client_id: int
     call_id: int
     title: str
     body: str

@@ -16,6 +16,7 @@ from typing import Any, TypeVar
 import msgspec
 from psycopg import AsyncConnection
 from psycopg.rows import class_row, scalar_row
+from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
 from shared.rows import (
@@ -195,6 +196,13 @@ async def job_drain_stats(conn: Conn) -> DrainStats:
 
 
 _claimed_decoder = msgspec.json.Decoder(list[ClaimedJob])
+_json_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+def _json(value: object) -> Jsonb:
+    """A batch of records as one jsonb parameter (read with jsonb_to_recordset):
+    one value to encode instead of an array per column."""
+    return Jsonb(value, dumps=_json_encoder.encode)
 
 
 async def job_settle_and_claim(
@@ -213,16 +221,7 @@ async def job_settle_and_claim(
         "claim_limit": claim_limit,
         "provider": provider,
         "model": model,
-        "job_ids": [c.job_id for c in completions],
-        "call_ids": [c.call_id for c in completions],
-        "titles": [c.title for c in completions],
-        "bodies": [c.body for c in completions],
-        "models": [c.model for c in completions],
-        "prompt_versions": [c.prompt_version for c in completions],
-        "input_tokens": [c.input_tokens for c in completions],
-        "output_tokens": [c.output_tokens for c in completions],
-        "costs_usd": [c.cost_usd for c in completions],
-        "request_ids": [c.request_id for c in completions],
+        "completions": _json(completions),
     }
     cur = await conn.execute(Q["job_settle_and_claim"], params)
     row = await cur.fetchone()
@@ -237,18 +236,7 @@ async def job_settle_and_claim(
 
 async def job_fail_running(conn: Conn, *, worker_id: str, failures: Sequence[Failure]) -> list[int]:
     """running -> failed for jobs this worker owns; returns those that were."""
-    params = {
-        "worker_id": worker_id,
-        "job_ids": [f.job_id for f in failures],
-        "call_ids": [f.call_id for f in failures],
-        "error_codes": [f.error_code for f in failures],
-        "error_texts": [f.error_text for f in failures],
-        "call_outcomes": [f.call_outcome for f in failures],
-        "billed": [f.billed for f in failures],
-        "input_tokens": [f.input_tokens for f in failures],
-        "output_tokens": [f.output_tokens for f in failures],
-        "costs_usd": [f.cost_usd for f in failures],
-    }
+    params = {"worker_id": worker_id, "failures": _json(failures)}
     cur = await conn.execute(Q["job_fail_running"], params)
     row = await cur.fetchone()
     assert row is not None
@@ -260,7 +248,10 @@ async def job_heartbeat(conn: Conn, *, worker_id: str, progress: dict[int, int])
         conn,
         HeartbeatRow,
         "job_heartbeat",
-        {"worker_id": worker_id, "job_ids": list(progress), "progress": list(progress.values())},
+        {
+            "worker_id": worker_id,
+            "beats": _json([{"id": job_id, "progress": tokens} for job_id, tokens in progress.items()]),
+        },
     )
 
 

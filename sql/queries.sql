@@ -222,20 +222,23 @@ FROM (
 --
 -- A story is inserted even when its job lost the race to the sweeper: it was
 -- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
-WITH done (job_id, call_id, title, body, model, prompt_version,
-           input_tokens, output_tokens, cost_usd, request_id) AS (
-    SELECT * FROM unnest(
-        %(job_ids)s::bigint[], %(call_ids)s::bigint[], %(titles)s::text[],
-        %(bodies)s::text[], %(models)s::text[], %(prompt_versions)s::text[],
-        %(input_tokens)s::int[], %(output_tokens)s::int[],
-        %(costs_usd)s::numeric[], %(request_ids)s::text[])
+--
+-- The written stories arrive as one JSON array: one parameter to encode,
+-- however many stories the round carries. Rows are reached by id through
+-- `id = ANY (ARRAY(...))`, an index lookup whatever the planner guesses of
+-- how many there are: the statement is prepared once and runs on a generic
+-- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
+WITH done AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
+        job_id bigint, client_id bigint, call_id bigint, title text, body text, model text,
+        prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
 ),
 stories_inserted AS (
     INSERT INTO stories (job_id, client_id, title, body, model, prompt_version,
                          input_tokens, output_tokens, cost_usd)
-    SELECT done.job_id, j.client_id, done.title, done.body, done.model,
-           done.prompt_version, done.input_tokens, done.output_tokens, done.cost_usd
-    FROM done JOIN story_jobs j ON j.id = done.job_id
+    SELECT job_id, client_id, title, body, model, prompt_version,
+           input_tokens, output_tokens, cost_usd
+    FROM done
     ON CONFLICT (job_id) DO NOTHING
     RETURNING id, job_id
 ),
@@ -245,7 +248,7 @@ calls_finished AS (
         input_tokens = done.input_tokens, output_tokens = done.output_tokens,
         cost_usd = done.cost_usd, request_id = done.request_id
     FROM done
-    WHERE c.id = done.call_id
+    WHERE c.id = ANY (ARRAY(SELECT call_id FROM done)) AND c.id = done.call_id
     RETURNING c.id
 ),
 completed AS (
@@ -253,7 +256,8 @@ completed AS (
     SET status = 'completed', completed_at = now(), story_id = s.id,
         progress = done.output_tokens
     FROM done JOIN stories_inserted s ON s.job_id = done.job_id
-    WHERE j.id = done.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done)) AND j.id = done.job_id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id
 ),
 claimable AS MATERIALIZED (
@@ -267,9 +271,8 @@ claimed AS (
     UPDATE story_jobs j
     SET status = 'running', started_at = now(), heartbeat_at = now(),
         worker_id = %(worker_id)s
-    FROM claimable
-    WHERE j.id = claimable.id AND j.status = 'pending'
-    RETURNING j.id, j.public_id, j.request, j.created_at, j.started_at
+    WHERE j.id = ANY (ARRAY(SELECT id FROM claimable)) AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at
 ),
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
@@ -281,13 +284,14 @@ SELECT
     -- by this worker; the caller treats every other done job as a lost race
     coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
     coalesce((
-        SELECT array_agg(j.id) FROM story_jobs j JOIN done ON done.job_id = j.id
-        WHERE j.status = 'completed' AND j.worker_id = %(worker_id)s
+        SELECT array_agg(j.id) FROM story_jobs j
+        WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
+          AND j.status = 'completed' AND j.worker_id = %(worker_id)s
     ), '{}') AS already_completed_ids,
     (SELECT count(*) FROM calls_finished) AS calls_finished,
     coalesce((
         SELECT json_agg(json_build_object(
-            'id', c.id, 'public_id', c.public_id, 'request', c.request,
+            'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
             'created_at', c.created_at, 'started_at', c.started_at, 'call_id', f.id)
             ORDER BY c.id)
         FROM claimed c JOIN first_calls f ON f.job_id = c.id
@@ -296,13 +300,12 @@ SELECT
 -- name: job_fail_running
 -- The worker gives up on jobs it owns (LLM error, rejected request): running ->
 -- failed, guarded by status and worker_id, with the ledger row closed in the
--- same statement. Returns the jobs that were still ours.
-WITH failing (job_id, call_id, error_code, error_text, call_outcome, billed,
-              input_tokens, output_tokens, cost_usd) AS (
-    SELECT * FROM unnest(
-        %(job_ids)s::bigint[], %(call_ids)s::bigint[], %(error_codes)s::text[],
-        %(error_texts)s::text[], %(call_outcomes)s::text[], %(billed)s::boolean[],
-        %(input_tokens)s::int[], %(output_tokens)s::int[], %(costs_usd)s::numeric[])
+-- same statement. Returns the jobs that were still ours. Rows are reached by
+-- id as in job_settle_and_claim, to keep a good generic plan.
+WITH failing AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
+        job_id bigint, call_id bigint, error_code text, error_text text, call_outcome text,
+        billed boolean, input_tokens int, output_tokens int, cost_usd numeric)
 ),
 calls_finished AS (
     UPDATE llm_calls c
@@ -310,7 +313,7 @@ calls_finished AS (
         input_tokens = failing.input_tokens, output_tokens = failing.output_tokens,
         cost_usd = failing.cost_usd, error_text = failing.error_text
     FROM failing
-    WHERE c.id = failing.call_id
+    WHERE c.id = ANY (ARRAY(SELECT call_id FROM failing)) AND c.id = failing.call_id
     RETURNING c.id
 ),
 failed AS (
@@ -318,7 +321,8 @@ failed AS (
     SET status = 'failed', completed_at = now(), error_code = failing.error_code,
         error_text = failing.error_text, progress = failing.output_tokens
     FROM failing
-    WHERE j.id = failing.job_id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM failing)) AND j.id = failing.job_id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id
 )
 SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids,
@@ -329,19 +333,20 @@ SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids,
 -- refresh heartbeat_at and progress where the job is still ours. It touches no
 -- indexed column, so it is a HOT update. A job missing from alive_ids was
 -- failed by the sweeper or cancelled: its worker stops paying for the stream.
-WITH beat (id, progress) AS (
-    SELECT * FROM unnest(%(job_ids)s::bigint[], %(progress)s::int[])
+WITH beat AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb) AS b(id bigint, progress int)
 ),
 refreshed AS (
     UPDATE story_jobs j
     SET heartbeat_at = now(), progress = beat.progress
     FROM beat
-    WHERE j.id = beat.id AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT id FROM beat)) AND j.id = beat.id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id
 )
-SELECT beat.id, j.status, j.error_code,
-       EXISTS (SELECT 1 FROM refreshed r WHERE r.id = beat.id) AS alive
-FROM beat LEFT JOIN story_jobs j ON j.id = beat.id;
+SELECT j.id, j.status, j.error_code, EXISTS (SELECT 1 FROM refreshed r WHERE r.id = j.id) AS alive
+FROM story_jobs j
+WHERE j.id = ANY (ARRAY(SELECT id FROM beat));
 
 -- name: job_listen_pending
 -- The api's insert sends NOTIFY storyjobs_pending at commit: an idle worker
@@ -352,7 +357,7 @@ LISTEN storyjobs_pending;
 -- After a claim statement failed without an answer (connection lost around
 -- its commit), the claims it may have made belong to this worker but never
 -- reached it: no LLM call was sent for them, so the worker runs them now.
-SELECT j.id, j.public_id, j.request, j.created_at, j.started_at, c.id AS call_id
+SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at, c.id AS call_id
 FROM story_jobs j
 JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
 WHERE j.status = 'running' AND j.worker_id = %(worker_id)s

@@ -8,6 +8,7 @@ import signal
 import time
 
 import structlog
+import uvloop
 from prometheus_client import start_http_server
 
 from shared import db, logs
@@ -49,6 +50,7 @@ async def serve(settings: SweeperSettings) -> None:
         min_size=1,
         max_size=1,
         wait_timeout_s=2.0,
+        generic_plans=True,
     )
     await pool.open(wait=False)
     stop = asyncio.Event()
@@ -70,7 +72,7 @@ def main() -> None:
     logs.configure(settings.log_level, settings.log_format, process="sweeper")
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="0.0.0.0")
-    asyncio.run(serve(settings))
+    uvloop.run(serve(settings))
 
 
 if __name__ == "__main__":

@@ -7,6 +7,7 @@ import signal
 import sys
 
 import structlog
+import uvloop
 from prometheus_client import start_http_server
 
 from shared import db, logs
@@ -48,6 +49,7 @@ async def serve(settings: WorkerSettings) -> int:
         max_size=3,
         # short: during an outage the runner backs off and retries itself
         wait_timeout_s=2.0,
+        generic_plans=True,
     )
     await pool.open(wait=False)
     worker = Worker(settings, pool, writer, listen_url=url)
@@ -67,7 +69,7 @@ def main() -> None:
     logs.configure(settings.log_level, settings.log_format, process="worker")
     if settings.metrics_port:
         start_http_server(settings.metrics_port, addr="0.0.0.0")
-    sys.exit(asyncio.run(serve(settings)))
+    sys.exit(uvloop.run(serve(settings)))
 
 
 if __name__ == "__main__":

@@ -10,16 +10,19 @@ from shared.status import LlmOutcome
 JOB_TRANSITIONS = Counter(
     "storyjobs_job_transitions_total", "Job status changes made by this worker, by new status.", ["to"]
 )
-for _to in ("running", "completed", "failed"):
-    JOB_TRANSITIONS.labels(to=_to)
+# children bound once: a worker touches these for every job
+CLAIMED = JOB_TRANSITIONS.labels(to="running")
+COMPLETED = JOB_TRANSITIONS.labels(to="completed")
+FAILED = JOB_TRANSITIONS.labels(to="failed")
 
 LOST_RACES = Counter(
     "storyjobs_lost_races_total",
     "Guarded updates that found the job no longer in the expected state, by transition.",
     ["transition"],
 )
-for _transition in ("running_to_completed", "running_to_failed", "heartbeat"):
-    LOST_RACES.labels(transition=_transition)
+LOST_COMPLETION = LOST_RACES.labels(transition="running_to_completed")
+LOST_FAILURE = LOST_RACES.labels(transition="running_to_failed")
+LOST_OWNERSHIP = LOST_RACES.labels(transition="heartbeat")
 
 _WAIT_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.5, 1, 5, 15, 60, 300, 900, 1800)
 JOB_QUEUE_WAIT = Histogram(
@@ -34,13 +37,15 @@ JOB_RUN = Histogram(
 LLM_REQUESTS = Counter(
     "storyjobs_llm_requests_total", "Requests sent to the LLM provider, by how they ended.", ["outcome"]
 )
-for _outcome in LlmOutcome:
-    if _outcome not in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED):
-        LLM_REQUESTS.labels(outcome=_outcome.value)
+LLM_REQUESTS_BY_OUTCOME = {
+    outcome: LLM_REQUESTS.labels(outcome=outcome.value)
+    for outcome in LlmOutcome
+    if outcome not in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED)
+}
 
 LLM_TOKENS = Counter("storyjobs_llm_tokens_total", "Tokens billed by the provider.", ["direction"])
-for _direction in ("input", "output"):
-    LLM_TOKENS.labels(direction=_direction)
+INPUT_TOKENS = LLM_TOKENS.labels(direction="input")
+OUTPUT_TOKENS = LLM_TOKENS.labels(direction="output")
 
 LLM_COST = Counter("storyjobs_llm_cost_usd_total", "LLM spend in US dollars, from the price table.")
 

@@ -58,7 +58,7 @@ class Phase(enum.Enum):
 
 
 class HeldJob:
-    __slots__ = ("job", "call", "task", "phase", "stop_reason", "claimed_at")
+    __slots__ = ("job", "call", "task", "phase", "stop_reason", "claimed_at", "progress")
 
     def __init__(self, job: ClaimedJob, call: JobCall, claimed_at: float) -> None:
         self.job = job
@@ -68,6 +68,9 @@ class HeldJob:
         # why its stream was stopped: None while it runs normally
         self.stop_reason: str | None = None
         self.claimed_at = claimed_at
+        # output tokens as reported to clients: never goes back, although the
+        # estimate made while streaming may exceed the provider's final count
+        self.progress = 0
 
 
 class Worker:
@@ -167,9 +170,10 @@ class Worker:
                     await asyncio.sleep(backoff)
                     backoff = min(backoff * 2, _MAX_BACKOFF_S)
                 continue
-            timeout = max(next_poll - self._clock(), 0.0)
+            timeout = max(next_poll - self._clock(), 0.0) if not self._stopping else 1.0
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout if not self._stopping else 1.0)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
             except TimeoutError:
                 if self._clock() >= next_poll:
                     self._maybe_work = True
@@ -206,11 +210,11 @@ class Worker:
             held = self._jobs.pop(completion.job_id, None)
             public_id = str(held.job.public_id) if held else None
             if completion.job_id in completed:
-                metrics.JOB_TRANSITIONS.labels(to="completed").inc()
+                metrics.COMPLETED.inc()
                 log.info("job.completed", job_id=public_id, output_tokens=completion.output_tokens,
                          cost_usd=str(completion.cost_usd))
             else:
-                metrics.LOST_RACES.labels(transition="running_to_completed").inc()
+                metrics.LOST_COMPLETION.inc()
                 log.warning("job.lost_race", job_id=public_id, transition="running_to_completed",
                             detail="sweeper raced, story orphaned")
         for job in result.claimed:
@@ -247,11 +251,11 @@ class Worker:
             held = self._jobs.pop(failure.job_id, None)
             public_id = str(held.job.public_id) if held else None
             if failure.job_id in failed_ids:
-                metrics.JOB_TRANSITIONS.labels(to="failed").inc()
+                metrics.FAILED.inc()
                 log.warning("job.failed", job_id=public_id, error_code=failure.error_code,
                             error=failure.error_text)
             else:
-                metrics.LOST_RACES.labels(transition="running_to_failed").inc()
+                metrics.LOST_FAILURE.inc()
                 log.info("job.lost_race", job_id=public_id, transition="running_to_failed",
                          detail="the job had already been failed elsewhere")
         metrics.WORKER_BUSY.set(len(self._jobs))
@@ -260,7 +264,7 @@ class Worker:
 
     def _job_call(self, job: ClaimedJob) -> JobCall:
         async def next_attempt(previous: LlmOutcome, error: str) -> int:
-            metrics.LLM_REQUESTS.labels(outcome=previous.value).inc()
+            metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
             async with self._pool.connection() as conn:
                 return await store.llm_call_start(
                     conn,
@@ -275,7 +279,7 @@ class Worker:
 
     def _start(self, job: ClaimedJob) -> None:
         self.claims += 1
-        metrics.JOB_TRANSITIONS.labels(to="running").inc()
+        metrics.CLAIMED.inc()
         metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
         held = HeldJob(job, self._job_call(job), self._clock())
         self._jobs[job.id] = held
@@ -312,6 +316,7 @@ class Worker:
             self._completions.append(
                 Completion(
                     job_id=job.id,
+                    client_id=job.client_id,
                     call_id=call.call_id,
                     title=draft.title,
                     body=draft.body,
@@ -367,10 +372,10 @@ class Worker:
             log.warning("llm.ledger_write_failed", call_id=call.call_id, error=str(exc).strip()[:200])
 
     def _record_call(self, outcome: LlmOutcome, call: JobCall, *, billed: bool = True) -> None:
-        metrics.LLM_REQUESTS.labels(outcome=outcome.value).inc()
+        metrics.LLM_REQUESTS_BY_OUTCOME[outcome].inc()
         if billed:
-            metrics.LLM_TOKENS.labels(direction="input").inc(call.input_tokens)
-            metrics.LLM_TOKENS.labels(direction="output").inc(call.output_tokens)
+            metrics.INPUT_TOKENS.inc(call.input_tokens)
+            metrics.OUTPUT_TOKENS.inc(call.output_tokens)
             metrics.LLM_COST.inc(float(call.cost_usd))
 
     # -- heartbeats ------------------------------------------------------------------
@@ -381,7 +386,9 @@ class Worker:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
             if not self._jobs:
                 continue
-            progress = {job_id: held.call.output_tokens for job_id, held in self._jobs.items()}
+            for held in self._jobs.values():
+                held.progress = max(held.progress, held.call.output_tokens)
+            progress = {job_id: held.progress for job_id, held in self._jobs.items()}
             try:
                 async with self._pool.connection() as conn:
                     rows = await store.job_heartbeat(conn, worker_id=self.worker_id, progress=progress)
@@ -393,9 +400,10 @@ class Worker:
             if failing:
                 log.info("worker.heartbeat_recovered", jobs=len(progress))
                 failing = False
-            for row in rows:
-                if not row.alive:
-                    self._lost(row.id, row.error_code or row.status or "gone")
+            alive = {row.id for row in rows if row.alive}
+            reasons = {row.id: row.error_code or row.status for row in rows}
+            for job_id in progress.keys() - alive:
+                self._lost(job_id, reasons.get(job_id) or "gone")
 
     def _lost(self, job_id: int, reason: str) -> None:
         """The job is no longer ours (swept or cancelled): stop paying for it."""
@@ -403,7 +411,7 @@ class Worker:
         if held is None or held.phase is Phase.SETTLING or held.stop_reason is not None:
             return
         held.stop_reason = reason
-        metrics.LOST_RACES.labels(transition="heartbeat").inc()
+        metrics.LOST_OWNERSHIP.inc()
         log.warning("job.lost_ownership", job_id=str(held.job.public_id), reason=reason)
         if held.task is not None:
             held.task.cancel()

@@ -11,11 +11,7 @@ import pytest
 
 from shared.queries import QUERIES
 
-CLAIM_PARAMS = {
-    "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m",
-    "job_ids": [], "call_ids": [], "titles": [], "bodies": [], "models": [], "prompt_versions": [],
-    "input_tokens": [], "output_tokens": [], "costs_usd": [], "request_ids": [],
-}
+CLAIM_PARAMS = {"worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m", "completions": "[]"}
 ADMISSION_PARAMS = {"client_id": 1, "idempotency_key": "new", "request_fingerprint": b"\x00",
                     "request": '{"prompt": "x"}', "queue_max": 1000, "client_queue_max": 1000}
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,

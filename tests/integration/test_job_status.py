@@ -8,34 +8,31 @@ import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
+import httpx
 import psycopg
-from litestar.testing import AsyncTestClient
+import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from api.app import create_app
+from tests.api_helpers import api_client
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import api_settings, count, job_rows, running_worker, wait_until, worker_settings
+from tests.helpers import count, job_rows, running_worker, wait_until, worker_settings
 from worker.anthropic_writer import AnthropicWriter
-
-import pytest
 
 
 @pytest.fixture
-async def client(pool: AsyncConnectionPool, api_key: str) -> AsyncIterator[AsyncTestClient[Any]]:
-    app = create_app(api_settings(), pool)
-    async with AsyncTestClient(app=app) as test_client:
-        test_client.headers["Authorization"] = f"Bearer {api_key}"
+async def client(pool: AsyncConnectionPool, api_key: str) -> AsyncIterator[httpx.AsyncClient]:
+    async with api_client(pool, api_key) as test_client:
         yield test_client
 
 
-async def _post(client: AsyncTestClient[Any], prompt: str) -> str:
+async def _post(client: httpx.AsyncClient, prompt: str) -> str:
     answer = await client.post("/stories/generate", json={"prompt": prompt},
                                headers={"Idempotency-Key": str(uuid.uuid4())})
     assert answer.status_code == 202, answer.text
     return str(answer.json()["job_id"])
 
 
-async def test_queue_position_counts_the_jobs_ahead(client: AsyncTestClient[Any]) -> None:
+async def test_queue_position_counts_the_jobs_ahead(client: httpx.AsyncClient) -> None:
     """Three pending jobs are at positions 1, 2 and 3, with Retry-After and no caching."""
     job_ids = [await _post(client, f"story {n}") for n in range(3)]
     positions = []
@@ -49,7 +46,7 @@ async def test_queue_position_counts_the_jobs_ahead(client: AsyncTestClient[Any]
     assert positions == [1, 2, 3]
 
 
-async def test_cancelling_a_pending_job_fails_it_at_once(client: AsyncTestClient[Any]) -> None:
+async def test_cancelling_a_pending_job_fails_it_at_once(client: httpx.AsyncClient) -> None:
     """DELETE on a pending job answers it failed as cancelled; a second DELETE is 409."""
     job_id = await _post(client, "a fox")
     answer = await client.delete(f"/stories/jobs/{job_id}")
@@ -60,7 +57,7 @@ async def test_cancelling_a_pending_job_fails_it_at_once(client: AsyncTestClient
 
 
 async def test_cancelling_another_clients_job_is_not_found(
-    client: AsyncTestClient[Any], conn: psycopg.AsyncConnection[Any]
+    client: httpx.AsyncClient, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """A client cannot cancel (or see) another client's job: the same 404 as an unknown id."""
     from tests.conftest import create_key
@@ -76,7 +73,7 @@ async def test_cancelling_another_clients_job_is_not_found(
 
 
 async def test_cancelling_a_running_job_closes_its_stream_and_stores_no_story(
-    client: AsyncTestClient[Any], conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    client: httpx.AsyncClient, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
 ) -> None:
     """A running job cancelled by its client: the worker closes the provider stream within two
     heartbeat intervals, the job reads cancelled, and no story is stored."""
@@ -111,7 +108,7 @@ async def _ledger_closed(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 async def test_a_completed_job_links_its_story(
-    client: AsyncTestClient[Any], conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    client: httpx.AsyncClient, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
 ) -> None:
     """The final answer carries the story and its story_url, which serves the same story."""
     from worker.offline import OfflineWriter

@@ -32,7 +32,7 @@ async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
 
 
 def _completion(job_id: int, call_id: int) -> Completion:
-    return Completion(job_id=job_id, call_id=call_id, title="T", body="B", model="m", prompt_version="v",
+    return Completion(job_id=job_id, client_id=1, call_id=call_id, title="T", body="B", model="m", prompt_version="v",
                       input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
 
