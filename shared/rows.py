@@ -91,7 +91,7 @@ class DrainStats(msgspec.Struct, frozen=True):
 
 
 class ClaimedJob(msgspec.Struct, frozen=True):
-    """A job this worker now owns; call_id is its first ledger row."""
+    """A job this worker now owns; its claim wrote ledger row (id, attempt 1)."""
 
     id: int
     public_id: uuid.UUID
@@ -99,7 +99,6 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     request: dict[str, Any]
     created_at: datetime
     started_at: datetime
-    call_id: int
 
 
 class Completion(msgspec.Struct, frozen=True):
@@ -107,7 +106,7 @@ class Completion(msgspec.Struct, frozen=True):
 
     job_id: int
     client_id: int
-    call_id: int
+    attempt: int
     title: str
     body: str
     model: str
@@ -122,7 +121,7 @@ class Failure(msgspec.Struct, frozen=True):
     """A job its worker gives up on, with how its last LLM call ended."""
 
     job_id: int
-    call_id: int
+    attempt: int
     error_code: str
     error_text: str
     call_outcome: str

@@ -269,26 +269,29 @@ async def job_list_running_for_worker(conn: Conn, *, worker_id: str, known_ids: 
 
 
 async def llm_call_start(
-    conn: Conn, *, previous_call_id: int, previous_outcome: str, previous_billed: bool, previous_error: str | None
+    conn: Conn, *, job_id: int, previous_attempt: int, previous_outcome: str, previous_billed: bool,
+    previous_error: str | None,
 ) -> int:
-    """Closes the previous attempt's ledger row and opens the next; returns its id."""
-    (call_id,) = await _scalars(
+    """Closes the previous attempt's ledger row and opens the next; returns its attempt."""
+    (attempt,) = await _scalars(
         conn,
         "llm_call_start",
         {
-            "previous_call_id": previous_call_id,
+            "job_id": job_id,
+            "previous_attempt": previous_attempt,
             "previous_outcome": previous_outcome,
             "previous_billed": previous_billed,
             "previous_error": previous_error,
         },
     )
-    return call_id
+    return attempt
 
 
 async def llm_call_finish(
     conn: Conn,
     *,
-    call_id: int,
+    job_id: int,
+    attempt: int,
     outcome: str,
     billed: bool,
     input_tokens: int,
@@ -299,7 +302,8 @@ async def llm_call_finish(
     await conn.execute(
         Q["llm_call_finish"],
         {
-            "call_id": call_id,
+            "job_id": job_id,
+            "attempt": attempt,
             "outcome": outcome,
             "billed": billed,
             "input_tokens": input_tokens,

@@ -46,7 +46,6 @@ CREATE TABLE story_jobs (
     heartbeat_at         timestamptz,
     -- when the job reached a terminal state, completed or failed
     completed_at         timestamptz,
-    CONSTRAINT story_jobs_idempotency_key_unique UNIQUE (client_id, idempotency_key),
     CONSTRAINT story_jobs_terminal_has_completed_at
         CHECK ((status IN ('completed', 'failed')) = (completed_at IS NOT NULL)),
     CONSTRAINT story_jobs_failed_has_error_code
@@ -83,6 +82,19 @@ WITH (
 CREATE INDEX story_jobs_active_idx ON story_jobs (status, created_at, id)
     WHERE status IN ('pending', 'running');
 
+-- UNIQUE (client_id, idempotency_key) of story_jobs, kept in a table of its
+-- own: every status change of a job rewrites an entry in every index of
+-- story_jobs, and this wide one is only needed when a job is created. Only
+-- the api inserts here, under the admission lock, after looking the key up;
+-- the primary key is the backstop that makes a second job for one key an
+-- error, never a second bill.
+CREATE TABLE job_idempotency_keys (
+    client_id        bigint NOT NULL,
+    idempotency_key  text NOT NULL,
+    job_id           bigint NOT NULL,
+    PRIMARY KEY (client_id, idempotency_key)
+);
+
 CREATE TABLE stories (
     id              uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     -- a story whose job lost a race to the sweeper is kept (it was paid for),
@@ -106,7 +118,6 @@ CREATE TABLE stories (
 -- before the request leaves and completed when it ends. It deliberately has no
 -- foreign key to story_jobs, so that pruning old jobs keeps the money trail.
 CREATE TABLE llm_calls (
-    id             bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
     job_id         bigint NOT NULL,
     attempt        smallint NOT NULL CHECK (attempt >= 1),
     worker_id      text NOT NULL,
@@ -124,7 +135,7 @@ CREATE TABLE llm_calls (
     cost_usd       numeric(14, 6) NOT NULL DEFAULT 0,
     request_id     text,
     error_text     text,
-    CONSTRAINT llm_calls_one_row_per_attempt UNIQUE (job_id, attempt)
+    PRIMARY KEY (job_id, attempt)
 )
 -- each row is written before its request and updated once after it: room on
 -- the page makes that update HOT

@@ -85,8 +85,9 @@ WHERE k.key_prefix = %(key_prefix)s;
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        j.public_id, j.status, j.request_fingerprint, j.created_at
 FROM api_keys k
-LEFT JOIN story_jobs j
-       ON j.client_id = k.client_id AND j.idempotency_key = %(idempotency_key)s
+LEFT JOIN job_idempotency_keys i
+       ON i.client_id = k.client_id AND i.idempotency_key = %(idempotency_key)s
+LEFT JOIN story_jobs j ON j.id = i.job_id
 WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: job_admission_lock
@@ -102,9 +103,9 @@ SELECT pg_advisory_xact_lock(%(lock_key)s);
 -- entries however long the queue. The NOTIFY is delivered at commit and wakes
 -- an idle worker at once.
 WITH existing AS (
-    SELECT public_id, status, request_fingerprint, created_at
-    FROM story_jobs
-    WHERE client_id = %(client_id)s AND idempotency_key = %(idempotency_key)s
+    SELECT j.public_id, j.status, j.request_fingerprint, j.created_at
+    FROM job_idempotency_keys i JOIN story_jobs j ON j.id = i.job_id
+    WHERE i.client_id = %(client_id)s AND i.idempotency_key = %(idempotency_key)s
 ),
 queue AS (
     SELECT count(*) AS depth FROM (
@@ -126,8 +127,11 @@ inserted AS (
     WHERE NOT EXISTS (SELECT 1 FROM existing)
       AND queue.depth < %(queue_max)s
       AND client_queue.depth < %(client_queue_max)s
-    ON CONFLICT ON CONSTRAINT story_jobs_idempotency_key_unique DO NOTHING
-    RETURNING public_id, status, request_fingerprint, created_at
+    RETURNING id, public_id, status, request_fingerprint, created_at
+),
+key_recorded AS (
+    INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
+    SELECT %(client_id)s, %(idempotency_key)s, id FROM inserted
 ),
 notified AS (
     SELECT pg_notify('storyjobs_pending', '') FROM inserted
@@ -230,7 +234,7 @@ FROM (
 -- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
 WITH done AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
-        job_id bigint, client_id bigint, call_id bigint, title text, body text, model text,
+        job_id bigint, client_id bigint, attempt smallint, title text, body text, model text,
         prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
 ),
 stories_inserted AS (
@@ -248,8 +252,9 @@ calls_finished AS (
         input_tokens = done.input_tokens, output_tokens = done.output_tokens,
         cost_usd = done.cost_usd, request_id = done.request_id
     FROM done
-    WHERE c.id = ANY (ARRAY(SELECT call_id FROM done)) AND c.id = done.call_id
-    RETURNING c.id
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM done))
+      AND c.job_id = done.job_id AND c.attempt = done.attempt
+    RETURNING c.job_id
 ),
 completed AS (
     UPDATE story_jobs j
@@ -277,7 +282,7 @@ claimed AS (
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
     SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
-    RETURNING id, job_id
+    RETURNING job_id
 )
 SELECT
     -- done jobs: completed now, or (after an ambiguous commit) already completed
@@ -292,7 +297,7 @@ SELECT
     coalesce((
         SELECT json_agg(json_build_object(
             'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
-            'created_at', c.created_at, 'started_at', c.started_at, 'call_id', f.id)
+            'created_at', c.created_at, 'started_at', c.started_at)
             ORDER BY c.id)
         FROM claimed c JOIN first_calls f ON f.job_id = c.id
     )::text, '[]') AS claimed;
@@ -304,7 +309,7 @@ SELECT
 -- id as in job_settle_and_claim, to keep a good generic plan.
 WITH failing AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
-        job_id bigint, call_id bigint, error_code text, error_text text, call_outcome text,
+        job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
         billed boolean, input_tokens int, output_tokens int, cost_usd numeric)
 ),
 calls_finished AS (
@@ -313,8 +318,9 @@ calls_finished AS (
         input_tokens = failing.input_tokens, output_tokens = failing.output_tokens,
         cost_usd = failing.cost_usd, error_text = failing.error_text
     FROM failing
-    WHERE c.id = ANY (ARRAY(SELECT call_id FROM failing)) AND c.id = failing.call_id
-    RETURNING c.id
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
+      AND c.job_id = failing.job_id AND c.attempt = failing.attempt
+    RETURNING c.job_id
 ),
 failed AS (
     UPDATE story_jobs j
@@ -357,7 +363,7 @@ LISTEN storyjobs_pending;
 -- After a claim statement failed without an answer (connection lost around
 -- its commit), the claims it may have made belong to this worker but never
 -- reached it: no LLM call was sent for them, so the worker runs them now.
-SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at, c.id AS call_id
+SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at
 FROM story_jobs j
 JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
 WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
@@ -371,12 +377,12 @@ WITH previous AS (
     UPDATE llm_calls
     SET finished_at = now(), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
         error_text = %(previous_error)s
-    WHERE id = %(previous_call_id)s
+    WHERE job_id = %(job_id)s AND attempt = %(previous_attempt)s
     RETURNING job_id, attempt, worker_id, provider, model
 )
 INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
 SELECT job_id, attempt + 1, worker_id, provider, model FROM previous
-RETURNING id;
+RETURNING attempt;
 
 -- name: llm_call_finish
 -- Closes a ledger row outside a job transition: a stream stopped because the
@@ -385,7 +391,7 @@ UPDATE llm_calls
 SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
     input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
     cost_usd = %(cost_usd)s, error_text = %(error_text)s
-WHERE id = %(call_id)s;
+WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
 
 
 -- name: job_fail_stale
@@ -446,7 +452,7 @@ calls_closed AS (
         error_text = 'the job was failed by the sweeper (' || swept.reason || ') while this call was open'
     FROM swept, now_
     WHERE c.job_id = swept.id AND c.outcome = 'started'
-    RETURNING c.id
+    RETURNING c.job_id
 )
 SELECT id, public_id, reason, worker_id FROM swept
 
@@ -465,9 +471,10 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        )), 0)::float8 AS oldest_pending_age_seconds;
 
 -- name: job_prune_finished
--- Deletes finished jobs past retention, and their stories, looking only at
--- the oldest rows of the table: jobs finish within their timeouts, so the
--- oldest ids are the first to expire, and no index on completed_at is needed.
+-- Deletes finished jobs past retention, with their stories and idempotency
+-- keys (a key can then be used again), looking only at the oldest rows of the
+-- table: jobs finish within their timeouts, so the oldest ids are the first to
+-- expire, and no index on completed_at is needed. The ledger is kept.
 WITH oldest AS (
     SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
 ),
@@ -477,10 +484,14 @@ pruned AS (
     WHERE j.id = oldest.id
       AND oldest.status IN ('completed', 'failed')
       AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
-    RETURNING j.id
+    RETURNING j.id, j.client_id, j.idempotency_key
 ),
 stories_pruned AS (
     DELETE FROM stories s USING pruned WHERE s.job_id = pruned.id
+),
+keys_pruned AS (
+    DELETE FROM job_idempotency_keys k USING pruned
+    WHERE k.client_id = pruned.client_id AND k.idempotency_key = pruned.idempotency_key
 )
 SELECT id FROM pruned;
 

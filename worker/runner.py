@@ -263,19 +263,19 @@ class Worker:
     # -- one job ------------------------------------------------------------------
 
     def _job_call(self, job: ClaimedJob) -> JobCall:
-        async def next_attempt(previous: LlmOutcome, error: str) -> int:
+        async def next_attempt(attempt: int, previous: LlmOutcome, error: str) -> int:
             metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
             async with self._pool.connection() as conn:
                 return await store.llm_call_start(
                     conn,
-                    previous_call_id=call.call_id,
+                    job_id=job.id,
+                    previous_attempt=attempt,
                     previous_outcome=previous.value,
                     previous_billed=not previous.certainly_unbilled,
                     previous_error=error,
                 )
 
-        call = JobCall(job.call_id, self._writer.price, next_attempt)
-        return call
+        return JobCall(self._writer.price, next_attempt)
 
     def _start(self, job: ClaimedJob) -> None:
         self.claims += 1
@@ -317,7 +317,7 @@ class Worker:
                 Completion(
                     job_id=job.id,
                     client_id=job.client_id,
-                    call_id=call.call_id,
+                    attempt=call.attempt,
                     title=draft.title,
                     body=draft.body,
                     model=draft.model,
@@ -338,7 +338,7 @@ class Worker:
         self._failures.append(
             Failure(
                 job_id=held.job.id,
-                call_id=call.call_id,
+                attempt=call.attempt,
                 error_code=code.value,
                 error_text=message,
                 call_outcome=outcome.value,
@@ -364,12 +364,12 @@ class Worker:
         try:
             async with self._pool.connection() as conn:
                 await store.llm_call_finish(
-                    conn, call_id=call.call_id, outcome=LlmOutcome.STOPPED.value, billed=True,
+                    conn, job_id=held.job.id, attempt=call.attempt, outcome=LlmOutcome.STOPPED.value, billed=True,
                     input_tokens=call.input_tokens, output_tokens=call.output_tokens,
                     cost_usd=call.cost_usd, error_text=f"stream stopped: job {held.stop_reason}",
                 )
         except DB_ERRORS as exc:
-            log.warning("llm.ledger_write_failed", call_id=call.call_id, error=str(exc).strip()[:200])
+            log.warning("llm.ledger_write_failed", attempt=call.attempt, error=str(exc).strip()[:200])
 
     def _record_call(self, outcome: LlmOutcome, call: JobCall, *, billed: bool = True) -> None:
         metrics.LLM_REQUESTS_BY_OUTCOME[outcome].inc()

@@ -60,17 +60,17 @@ class WriteFailed(Exception):
         self.billed = billed
 
 
-NextAttempt = Callable[[LlmOutcome, str], Awaitable[int]]
+NextAttempt = Callable[[int, LlmOutcome, str], Awaitable[int]]
 
 
 class JobCall:
-    """One job's LLM call as it happens: the current ledger row and the usage
-    so far (what heartbeats report as progress)."""
+    """One job's LLM call as it happens: which attempt (ledger row) is under
+    way, and the usage so far (what heartbeats report as progress)."""
 
-    __slots__ = ("call_id", "input_tokens", "output_tokens", "price", "_next_attempt", "attempt")
+    __slots__ = ("attempt", "input_tokens", "output_tokens", "price", "_next_attempt")
 
-    def __init__(self, call_id: int, price: Price, next_attempt: NextAttempt) -> None:
-        self.call_id = call_id
+    def __init__(self, price: Price, next_attempt: NextAttempt) -> None:
+        # attempt 1's ledger row was written by the claim
         self.attempt = 1
         self.input_tokens = 0
         self.output_tokens = 0
@@ -80,8 +80,7 @@ class JobCall:
     async def retry(self, previous: LlmOutcome, error: str) -> None:
         """Closes the current ledger row as certainly unbilled and writes the
         next attempt's row, before its request is sent."""
-        self.call_id = await self._next_attempt(previous, error)
-        self.attempt += 1
+        self.attempt = await self._next_attempt(self.attempt, previous, error)
         self.input_tokens = 0
         self.output_tokens = 0
 

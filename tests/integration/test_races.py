@@ -31,8 +31,8 @@ async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
     return result.claimed[0].id
 
 
-def _completion(job_id: int, call_id: int) -> Completion:
-    return Completion(job_id=job_id, client_id=1, call_id=call_id, title="T", body="B", model="m", prompt_version="v",
+def _completion(job_id: int) -> Completion:
+    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
                       input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
 
@@ -46,7 +46,7 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
             settled = await store.job_settle_and_claim(
-                worker_conn, worker_id="w1", completions=[_completion(job.id, job.call_id)], claim_limit=0,
+                worker_conn, worker_id="w1", completions=[_completion(job.id)], claim_limit=0,
                 provider="offline", model="offline-writer")
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
@@ -135,8 +135,7 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "owner")
-    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
-    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[_completion(job_id, call_id)],
+    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[_completion(job_id)],
                                               claim_limit=0, provider="offline", model="offline-writer")
     assert result.completed_ids == [] and result.already_completed_ids == []
     (row,) = await job_rows(conn)
@@ -148,8 +147,7 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
-    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
-    done = [_completion(job_id, call_id)]
+    done = [_completion(job_id)]
     first = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
                                              provider="offline", model="offline-writer")
     again = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
@@ -165,15 +163,14 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
-    (call_id,) = [r[0] for r in await (await conn.execute("SELECT id FROM llm_calls")).fetchall()]
     if status == "completed":
-        await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(job_id, call_id)],
+        await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(job_id)],
                                          claim_limit=0, provider="offline", model="offline-writer")
     else:
         from shared.rows import Failure
 
         await store.job_fail_running(conn, worker_id="w1", failures=[Failure(
-            job_id=job_id, call_id=call_id, error_code="llm_error", error_text="x", call_outcome="failed",
+            job_id=job_id, attempt=1, error_code="llm_error", error_text="x", call_outcome="failed",
             billed=True)])
     assert await store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
     (row,) = await job_rows(conn)

@@ -105,7 +105,8 @@ async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout
 async def test_finished_jobs_are_pruned_after_retention(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
 ) -> None:
-    """Jobs finished longer ago than JOB_RETENTION_S are deleted; younger and live ones stay; the ledger stays."""
+    """Jobs finished longer ago than JOB_RETENTION_S are deleted with their keys; younger and live ones
+    stay; the ledger stays."""
     client = await client_id_of(conn)
     for n in range(4):
         await enqueue(conn, client, f"story {n}")
@@ -119,6 +120,9 @@ async def test_finished_jobs_are_pruned_after_retention(
     assert [r.id for r in await job_rows(conn)] == [2, 3, 4]
     cur = await conn.execute("SELECT count(*) FROM llm_calls")
     assert await cur.fetchone() == (3,)
+    # the pruned job's Idempotency-Key is free again; the others still name their jobs
+    cur = await conn.execute("SELECT job_id FROM job_idempotency_keys ORDER BY job_id")
+    assert [row[0] for row in await cur.fetchall()] == [2, 3, 4]
 
 
 async def test_the_database_clock_can_be_overridden(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:

@@ -110,8 +110,8 @@ def test_chaos_kills_never_bill_a_job_twice(system: System, fake_llm: FakeAnthro
     with psycopg.connect(database_url, autocommit=True) as conn:
         rows = conn.execute(
             "SELECT j.request->>'prompt', j.status::text, "
-            "       count(c.id) FILTER (WHERE c.billed), "
-            "       count(c.id) FILTER (WHERE c.outcome = 'succeeded'), "
+            "       count(c.job_id) FILTER (WHERE c.billed), "
+            "       count(c.job_id) FILTER (WHERE c.outcome = 'succeeded'), "
             "       array_remove(array_agg(c.request_id) FILTER (WHERE c.billed), NULL) "
             "FROM story_jobs j LEFT JOIN llm_calls c ON c.job_id = j.id GROUP BY j.id"
         ).fetchall()
