@@ -96,6 +96,9 @@ def create_app(
         on_startup=list(on_startup),
         on_shutdown=list(on_shutdown),
         request_max_body_size=MAX_BODY_BYTES,
+        # logging is structlog's (shared/logs.py); Litestar's default set-up
+        # would add a queue-listener thread of its own
+        logging_config=None,
         openapi_config=OpenAPIConfig(
             title="storyjobs",
             version="1",

@@ -33,8 +33,9 @@ class ApiKey:
         return f"ApiKey(prefix={self.prefix!r})"
 
 
-def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
-    """Guard: a well-formed ``Authorization: Bearer sj_...`` header, else 401."""
+async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+    """Guard: a well-formed ``Authorization: Bearer sj_...`` header, else 401.
+    Async, so that Litestar runs it on the event loop instead of in a thread."""
     header = connection.headers.get("authorization")
     if not header:
         raise unauthorized("send your API key as `Authorization: Bearer <key>`", invalid_key=False)
