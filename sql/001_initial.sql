@@ -95,6 +95,15 @@ CREATE TABLE job_idempotency_keys (
     PRIMARY KEY (client_id, idempotency_key)
 );
 
+-- For each queue (client_id 0: all clients), a number never below its count
+-- of pending jobs, so that admissions need not count the queue each time;
+-- written only by job_insert_if_admitted, under the admission lock.
+CREATE TABLE job_admission (
+    client_id        bigint PRIMARY KEY,
+    pending_at_most  integer NOT NULL CHECK (pending_at_most >= 0)
+)
+WITH (fillfactor = 50);
+
 CREATE TABLE stories (
     id              uuid PRIMARY KEY DEFAULT gen_random_uuid(),
     -- a story whose job lost a race to the sweeper is kept (it was paid for),

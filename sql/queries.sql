@@ -99,26 +99,44 @@ SELECT pg_advisory_xact_lock(%(lock_key)s);
 
 -- name: job_insert_if_admitted
 -- Inserts a pending job unless the key was used meanwhile or a queue is full.
--- Counting stops at the bound, so its cost never exceeds QUEUE_MAX index
--- entries however long the queue. The NOTIFY is delivered at commit and wakes
--- an idle worker at once.
+-- Runs under the admission lock (job_admission_lock), which makes it exact.
+--
+-- job_admission keeps, per queue, a number never below its pending count:
+-- every admission adds one, and claims, cancellations and the sweeper only
+-- ever lower the true count. While that bound is under the queue's maximum
+-- the job is admitted without counting anything. Only when it reaches the
+-- maximum are the pending jobs counted, stopping at the maximum (so a count
+-- never costs more than QUEUE_MAX index entries), and the bound reset to the
+-- truth. A burst of admissions therefore costs O(1) each, not O(queue).
+--
+-- The NOTIFY is delivered at commit and wakes an idle worker at once.
 WITH existing AS (
     SELECT j.public_id, j.status, j.request_fingerprint, j.created_at
     FROM job_idempotency_keys i JOIN story_jobs j ON j.id = i.job_id
     WHERE i.client_id = %(client_id)s AND i.idempotency_key = %(idempotency_key)s
 ),
+bounds AS (
+    SELECT coalesce((SELECT pending_at_most FROM job_admission WHERE client_id = 0),
+                    %(queue_max)s) AS queue_bound,
+           coalesce((SELECT pending_at_most FROM job_admission WHERE client_id = %(client_id)s),
+                    %(client_queue_max)s) AS client_bound
+),
 queue AS (
-    SELECT count(*) AS depth FROM (
-        SELECT 1 FROM story_jobs WHERE status = 'pending'
-        ORDER BY created_at, id LIMIT %(queue_max)s
-    ) q
+    SELECT CASE WHEN bounds.queue_bound < %(queue_max)s THEN bounds.queue_bound
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs WHERE status = 'pending'
+                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
+           END AS depth
+    FROM bounds
 ),
 client_queue AS (
-    SELECT count(*) AS depth FROM (
-        SELECT 1 FROM story_jobs
-        WHERE status = 'pending' AND client_id = %(client_id)s
-        ORDER BY created_at, id LIMIT %(client_queue_max)s
-    ) q
+    SELECT CASE WHEN bounds.client_bound < %(client_queue_max)s THEN bounds.client_bound
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs
+                          WHERE status = 'pending' AND client_id = %(client_id)s
+                          ORDER BY created_at, id LIMIT %(client_queue_max)s) q)
+           END AS depth
+    FROM bounds
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
@@ -132,6 +150,13 @@ inserted AS (
 key_recorded AS (
     INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
     SELECT %(client_id)s, %(idempotency_key)s, id FROM inserted
+),
+bounds_kept AS (
+    INSERT INTO job_admission (client_id, pending_at_most)
+    SELECT 0, queue.depth + (SELECT count(*) FROM inserted) FROM queue
+    UNION ALL
+    SELECT %(client_id)s, client_queue.depth + (SELECT count(*) FROM inserted) FROM client_queue
+    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
 ),
 notified AS (
     SELECT pg_notify('storyjobs_pending', '') FROM inserted

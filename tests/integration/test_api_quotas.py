@@ -11,6 +11,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tests.api_helpers import api_client, assert_problem, new_key
+from tests.helpers import count
 from tests.conftest import create_key
 
 
@@ -83,3 +84,23 @@ async def test_a_full_client_queue_leaves_room_for_another_client(
         accepted = await client.post("/stories/generate", json={"prompt": "a fox"},
                                      headers={"Authorization": f"Bearer {bob}", **new_key()})
     assert refused.status_code == 429 and accepted.status_code == 202
+
+
+async def test_admission_counts_again_once_jobs_have_left_the_queue(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any], api_key: str
+) -> None:
+    """With QUEUE_MAX=3, a full queue answers 429; once two jobs are claimed the next two are
+    admitted (a fresh count corrects the kept upper bound), then the queue is full again."""
+    from shared import store
+
+    async with api_client(pool, api_key, queue_max=3) as client:
+        async def post() -> int:
+            answer = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())
+            return answer.status_code
+
+        assert [await post() for _ in range(4)] == [202, 202, 202, 429]
+        claimed = await store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=2,
+                                                   provider="offline", model="m")
+        assert len(claimed.claimed) == 2
+        assert [await post() for _ in range(3)] == [202, 202, 429]
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'pending'") == 3
