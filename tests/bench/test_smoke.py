@@ -1,0 +1,50 @@
+"""The benchmark harness end to end, in quick mode, on the test Postgres.
+
+No timing is asserted: the machine is shared and noisy. What is checked is
+that the harness runs the real processes, measures, and writes its results.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.bench.harness import REPO
+
+pytestmark = [pytest.mark.system, pytest.mark.slow]
+
+EXPECTED_POSITIVE = {
+    "drain": {"procs1_conc1", "procs1_conc10", "procs4_conc1", "procs4_conc10"},
+    "pickup": {"p50_ms", "p99_ms"},
+}
+
+
+def test_quick_drain_and_pickup_write_json_with_positive_figures(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only drain,pickup` exits 0 and writes a JSON result in
+    which every expected figure has a positive median, min and max, and a Markdown table."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "drain,pickup",
+         "--out", str(tmp_path), "--quiet"],
+        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
+        capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+
+    document = json.loads((tmp_path / "latest.json").read_text())
+    assert document["quick"] is True
+    assert set(document["benchmarks"]) == set(EXPECTED_POSITIVE)
+    for name, keys in EXPECTED_POSITIVE.items():
+        bench = document["benchmarks"][name]
+        assert bench["error"] is None
+        assert keys <= set(bench["figures"])
+        for key in keys:
+            figure = bench["figures"][key]
+            assert {"label", "unit", "median", "min", "max", "samples"} <= set(figure)
+            assert figure["min"] > 0 and figure["median"] > 0 and figure["max"] > 0, (name, key, figure)
+    assert {row["benchmark"] for row in document["table"]} == set(EXPECTED_POSITIVE)
+    assert (tmp_path / "latest.md").read_text().startswith("# storyjobs benchmarks")
