@@ -1,12 +1,21 @@
 """``python -m api``: serve the api with uvicorn (uvloop, httptools with the
-request head bounded: api/server.py)."""
+request head bounded: api/server.py).
+
+API_WORKERS > 1 runs that many processes on one port (uvicorn's workers);
+their Prometheus metrics are then shared through PROMETHEUS_MULTIPROC_DIR, so
+/metrics answers for all of them whichever one serves it.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import os
+import shutil
+import tempfile
 
 import structlog
 import uvicorn
+from litestar import Litestar
 
 from api.app import create_app
 from api.server import BoundedHttpToolsProtocol
@@ -17,13 +26,12 @@ from shared.startup import wait_for_schema
 log = structlog.get_logger()
 
 
-def main() -> None:
+def build_app() -> Litestar:
+    """The app of one api process, with its own pool (opened by the lifespan)."""
     settings = load_or_exit(ApiSettings)
     logs.configure(settings.log_level, settings.log_format, process="api")
-    url = db.database_url(settings)
-    asyncio.run(wait_for_schema(url, settings, process="api"))
     pool = db.make_pool(
-        url,
+        db.database_url(settings),
         application_name="storyjobs-api",
         connect_timeout_s=settings.db_connect_timeout_s,
         statement_timeout_s=settings.api_statement_timeout_s,
@@ -38,21 +46,38 @@ def main() -> None:
     async def close_pool() -> None:
         await pool.close()
 
-    app = create_app(settings, pool, on_startup=[open_pool], on_shutdown=[close_pool])
-    log.info("api.starting", host=settings.api_host, port=settings.api_port,
+    return create_app(settings, pool, on_startup=[open_pool], on_shutdown=[close_pool])
+
+
+def main() -> None:
+    settings = load_or_exit(ApiSettings)
+    logs.configure(settings.log_level, settings.log_format, process="api")
+    url = db.database_url(settings)
+    asyncio.run(wait_for_schema(url, settings, process="api"))
+    log.info("api.starting", host=settings.api_host, port=settings.api_port, workers=settings.api_workers,
              queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max)
-    uvicorn.run(
-        app,
-        host=settings.api_host,
-        port=settings.api_port,
-        loop="uvloop",
-        http=BoundedHttpToolsProtocol,
-        lifespan="on",
-        access_log=False,
-        log_level="warning",
-        server_header=False,
-        timeout_graceful_shutdown=10,
-    )
+    server_options = {
+        "host": settings.api_host,
+        "port": settings.api_port,
+        "loop": "uvloop",
+        "http": BoundedHttpToolsProtocol,
+        "lifespan": "on",
+        "access_log": False,
+        "log_level": "warning",
+        "server_header": False,
+        "timeout_graceful_shutdown": 10,
+    }
+    if settings.api_workers == 1:
+        uvicorn.run(build_app(), **server_options)
+        return
+    # the worker processes read these from the environment they inherit
+    os.environ["DATABASE_URL"] = url
+    metrics_dir = tempfile.mkdtemp(prefix="storyjobs-api-metrics-")
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = metrics_dir
+    try:
+        uvicorn.run("api.__main__:build_app", factory=True, workers=settings.api_workers, **server_options)
+    finally:
+        shutil.rmtree(metrics_dir, ignore_errors=True)
 
 
 if __name__ == "__main__":

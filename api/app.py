@@ -7,6 +7,7 @@ any number of replicas can serve behind a load balancer.
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -16,10 +17,11 @@ from litestar import Litestar, MediaType, Request, Response, get
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, LifespanHook, Message, Receive, Scope, Send
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, generate_latest
+from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, openapi, pacing, page
+from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
@@ -77,9 +79,19 @@ async def readyz(request: Request[Any, Any, Any]) -> Response[Health]:
     return Response(Health(status="ok"))
 
 
+def _metrics_registry() -> CollectorRegistry:
+    """This process's metrics, or every api process's when several share a
+    port (API_WORKERS > 1 sets PROMETHEUS_MULTIPROC_DIR)."""
+    if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
+        return REGISTRY
+    registry = CollectorRegistry()
+    multiprocess.MultiProcessCollector(registry)
+    return registry
+
+
 @get("/metrics", media_type=MediaType.TEXT, include_in_schema=False)
 async def prometheus_metrics() -> Response[bytes]:
-    return Response(generate_latest(REGISTRY), media_type=CONTENT_TYPE_LATEST)
+    return Response(generate_latest(_metrics_registry()), media_type=CONTENT_TYPE_LATEST)
 
 
 def create_app(
@@ -111,6 +123,14 @@ def create_app(
         ),
         debug=False,
     )
-    app.state.storyjobs = ApiState(settings=settings, pool=pool, drain_stats=pacing.DrainStatsCache(pool))
+    app.state.storyjobs = ApiState(
+        settings=settings,
+        pool=pool,
+        drain_stats=pacing.DrainStatsCache(pool),
+        admissions=AdmissionBatcher(
+            pool, queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max,
+            connection_wait_s=settings.api_db_wait_s,
+        ),
+    )
     openapi.refine(app.openapi_schema)
     return app

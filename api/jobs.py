@@ -31,12 +31,13 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
+from api.admission import AdmissionBatcher
 from api.auth import api_key_of, require_bearer_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
 from shared.config import ApiSettings
-from shared.rows import JobView
+from shared.rows import Admission, JobView
 from shared.story_request import InvalidStoryRequest, StoryRequest, canonical_json, decode, fingerprint
 
 if TYPE_CHECKING:
@@ -66,6 +67,7 @@ class ApiState:
     settings: ApiSettings
     pool: AsyncConnectionPool
     drain_stats: pacing.DrainStatsCache
+    admissions: AdmissionBatcher
 
 
 def _state(request: Request[Any, Any, Any]) -> ApiState:
@@ -187,23 +189,19 @@ async def generate_story(
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
     requested = fingerprint(data)
-    async with database(state) as conn:
-        found = await store.job_get_by_idempotency_key_for_key(
-            conn, key_prefix=api_key.prefix, idempotency_key=key
-        )
+    async with asyncio.timeout(state.settings.api_request_timeout_s):
+        async with state.pool.connection() as conn:
+            found = await store.job_get_by_idempotency_key_for_key(
+                conn, key_prefix=api_key.prefix, idempotency_key=key
+            )
         verify(found, api_key)
         assert found is not None
         if found.public_id is not None:
             assert found.status is not None and found.request_fingerprint is not None
             return _replay(found.public_id, found.status, found.request_fingerprint, requested)
-        result = await store.job_insert_if_admitted(
-            conn,
-            client_id=found.client_id,
-            idempotency_key=key,
-            request_fingerprint=requested,
-            request_json=canonical_json(data).decode(),
-            queue_max=state.settings.queue_max,
-            client_queue_max=state.settings.effective_client_queue_max,
+        result = await state.admissions.admit(
+            Admission(client_id=found.client_id, idempotency_key=key, request_fingerprint=requested,
+                      request_json=canonical_json(data).decode())
         )
     if result.outcome in ("queue_full", "client_queue_full"):
         stats = await state.drain_stats.get()

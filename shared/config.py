@@ -72,6 +72,9 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # queries), then 503: a hung network cannot hold a request for long
     api_request_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=120)] = 6.0
     api_pool_size: Annotated[int, msgspec.Meta(ge=1, le=100)] = 10
+    # processes serving the api on one port (uvicorn workers); in containers,
+    # prefer one per container and more replicas
+    api_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
 
     @property
     def effective_client_queue_max(self) -> int:

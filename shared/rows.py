@@ -28,7 +28,17 @@ class IdempotentLookup(msgspec.Struct, frozen=True):
     created_at: datetime | None
 
 
+class Admission(msgspec.Struct, frozen=True):
+    """One new job asked of job_insert_if_admitted."""
+
+    client_id: int
+    idempotency_key: str
+    request_fingerprint: bytes
+    request_json: str
+
+
 class EnqueueResult(msgspec.Struct, frozen=True):
+    ord: int
     # inserted | existing | queue_full | client_queue_full
     outcome: str
     public_id: uuid.UUID | None

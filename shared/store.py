@@ -20,6 +20,7 @@ from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
 from shared.rows import (
+    Admission,
     CancelResult,
     ClaimedJob,
     Completion,
@@ -144,33 +145,29 @@ async def job_get_by_idempotency_key_for_key(
 
 
 async def job_insert_if_admitted(
-    conn: Conn,
-    *,
-    client_id: int,
-    idempotency_key: str,
-    request_fingerprint: bytes,
-    request_json: str,
-    queue_max: int,
-    client_queue_max: int,
-) -> EnqueueResult:
-    """Takes the admission lock, then inserts unless a queue is full, in one
-    transaction sent as a single pipelined round trip."""
-    params = {
-        "client_id": client_id,
-        "idempotency_key": idempotency_key,
-        "request_fingerprint": request_fingerprint,
-        "request": request_json,
-        "queue_max": queue_max,
-        "client_queue_max": client_queue_max,
-    }
+    conn: Conn, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int
+) -> list[EnqueueResult]:
+    """Takes the admission lock, then admits the batch in order while the
+    queues have room, in one transaction sent as a single pipelined round
+    trip. One result per admission, in the same order. The batch must not
+    hold one (client, key) twice."""
+    requests = [
+        {
+            "ord": ord_,
+            "client_id": a.client_id,
+            "idempotency_key": a.idempotency_key,
+            "request_fingerprint": a.request_fingerprint.hex(),
+            "request": msgspec.Raw(a.request_json.encode()),
+        }
+        for ord_, a in enumerate(admissions)
+    ]
+    params = {"requests": _json(requests), "queue_max": queue_max, "client_queue_max": client_queue_max}
     async with conn.pipeline():
         async with conn.transaction():
             await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
             cur = conn.cursor(row_factory=class_row(EnqueueResult))
             await cur.execute(Q["job_insert_if_admitted"], params)
-    row = await cur.fetchone()
-    assert row is not None  # the statement always answers one row
-    return row
+    return await cur.fetchall()
 
 
 async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:

@@ -98,83 +98,110 @@ WHERE k.key_prefix = %(key_prefix)s;
 SELECT pg_advisory_xact_lock(%(lock_key)s);
 
 -- name: job_insert_if_admitted
--- Inserts a pending job unless the key was used meanwhile or a queue is full.
--- Runs under the admission lock (job_admission_lock), which makes it exact.
+-- Admits a batch of new jobs (the POSTs an api process received while its
+-- previous batch was being written): one admission lock, one statement, one
+-- commit for all of them. Runs under the admission lock (job_admission_lock),
+-- which makes the bounds exact. Requests are taken in order: a request whose
+-- key was used meanwhile answers the existing job; the others are admitted
+-- while their client's queue (CLIENT_QUEUE_MAX) and then the whole queue
+-- (QUEUE_MAX) have room, and refused otherwise.
 --
 -- job_admission keeps, per queue, a number never below its pending count:
--- every admission adds one, and claims, cancellations and the sweeper only
--- ever lower the true count. While that bound is under the queue's maximum
--- the job is admitted without counting anything. Only when it reaches the
--- maximum are the pending jobs counted, stopping at the maximum (so a count
--- never costs more than QUEUE_MAX index entries), and the bound reset to the
--- truth. A burst of admissions therefore costs O(1) each, not O(queue).
+-- every admission adds to it, and claims, cancellations and the sweeper only
+-- ever lower the true count. While that bound leaves room for the batch, no
+-- counting is done. Otherwise the pending jobs are counted, stopping at the
+-- maximum (a count never costs more than QUEUE_MAX index entries), and the
+-- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
 --
 -- The NOTIFY is delivered at commit and wakes an idle worker at once.
-WITH existing AS (
-    SELECT j.public_id, j.status, j.request_fingerprint, j.created_at
-    FROM job_idempotency_keys i JOIN story_jobs j ON j.id = i.job_id
-    WHERE i.client_id = %(client_id)s AND i.idempotency_key = %(idempotency_key)s
+WITH req AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
+        ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb)
 ),
-bounds AS (
-    SELECT coalesce((SELECT pending_at_most FROM job_admission WHERE client_id = 0),
-                    %(queue_max)s) AS queue_bound,
-           coalesce((SELECT pending_at_most FROM job_admission WHERE client_id = %(client_id)s),
-                    %(client_queue_max)s) AS client_bound
+-- LATERAL: one primary-key lookup per request, never a join over the table
+existing AS MATERIALIZED (
+    SELECT r.ord, j.public_id, j.status, j.request_fingerprint, j.created_at
+    FROM req r
+    CROSS JOIN LATERAL (
+        SELECT job_id FROM job_idempotency_keys i
+        WHERE i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
+    ) i
+    CROSS JOIN LATERAL (
+        SELECT public_id, status, request_fingerprint, created_at FROM story_jobs j WHERE j.id = i.job_id
+    ) j
 ),
-queue AS (
-    SELECT CASE WHEN bounds.queue_bound < %(queue_max)s THEN bounds.queue_bound
+fresh AS MATERIALIZED (
+    SELECT r.*, row_number() OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_rank
+    FROM req r
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
+),
+client_depth AS MATERIALIZED (
+    SELECT c.client_id,
+           CASE WHEN coalesce(a.pending_at_most, %(client_queue_max)s) + c.asks <= %(client_queue_max)s
+                THEN a.pending_at_most
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.status = 'pending' AND s.client_id = c.client_id
+                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
+           END AS depth
+    FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
+    LEFT JOIN job_admission a ON a.client_id = c.client_id
+),
+client_ok AS MATERIALIZED (
+    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
+    WHERE d.depth + f.client_rank <= %(client_queue_max)s
+),
+queue AS MATERIALIZED (
+    SELECT CASE WHEN coalesce(a.pending_at_most, %(queue_max)s) + (SELECT count(*) FROM client_ok)
+                     <= %(queue_max)s
+                THEN a.pending_at_most
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs WHERE status = 'pending'
                           ORDER BY created_at, id LIMIT %(queue_max)s) q)
            END AS depth
-    FROM bounds
+    FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
 ),
-client_queue AS (
-    SELECT CASE WHEN bounds.client_bound < %(client_queue_max)s THEN bounds.client_bound
-                ELSE (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs
-                          WHERE status = 'pending' AND client_id = %(client_id)s
-                          ORDER BY created_at, id LIMIT %(client_queue_max)s) q)
-           END AS depth
-    FROM bounds
+admitted AS MATERIALIZED (
+    SELECT c.* FROM client_ok c, queue WHERE queue.depth + c.queue_rank <= %(queue_max)s
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
-    SELECT %(client_id)s, %(idempotency_key)s, %(request_fingerprint)s, %(request)s::jsonb
-    FROM queue, client_queue
-    WHERE NOT EXISTS (SELECT 1 FROM existing)
-      AND queue.depth < %(queue_max)s
-      AND client_queue.depth < %(client_queue_max)s
-    RETURNING id, public_id, status, request_fingerprint, created_at
+    SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request
+    FROM admitted ORDER BY ord
+    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
-key_recorded AS (
+keys_recorded AS (
     INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
-    SELECT %(client_id)s, %(idempotency_key)s, id FROM inserted
+    SELECT client_id, idempotency_key, id FROM inserted
 ),
 bounds_kept AS (
     INSERT INTO job_admission (client_id, pending_at_most)
-    SELECT 0, queue.depth + (SELECT count(*) FROM inserted) FROM queue
+    SELECT 0, queue.depth + (SELECT count(*) FROM admitted) FROM queue
     UNION ALL
-    SELECT %(client_id)s, client_queue.depth + (SELECT count(*) FROM inserted) FROM client_queue
+    SELECT d.client_id, d.depth + (SELECT count(*) FROM admitted a WHERE a.client_id = d.client_id)
+    FROM client_depth d
     ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
 ),
 notified AS (
-    SELECT pg_notify('storyjobs_pending', '') FROM inserted
+    SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM admitted)
 )
-SELECT CASE
-           WHEN EXISTS (SELECT 1 FROM inserted) THEN 'inserted'
-           WHEN EXISTS (SELECT 1 FROM existing) THEN 'existing'
-           WHEN (SELECT depth FROM queue) >= %(queue_max)s THEN 'queue_full'
-           ELSE 'client_queue_full'
+SELECT r.ord,
+       CASE WHEN i.id IS NOT NULL THEN 'inserted'
+            WHEN e.ord IS NOT NULL THEN 'existing'
+            WHEN c.ord IS NOT NULL THEN 'queue_full'
+            ELSE 'client_queue_full'
        END AS outcome,
        coalesce(i.public_id, e.public_id) AS public_id,
        coalesce(i.status, e.status) AS status,
        coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
        coalesce(i.created_at, e.created_at) AS created_at,
        (SELECT count(*) FROM notified) AS notified
-FROM (SELECT 1) one
-LEFT JOIN inserted i ON true
-LEFT JOIN existing e ON true;
+FROM req r
+LEFT JOIN existing e ON e.ord = r.ord
+LEFT JOIN client_ok c ON c.ord = r.ord
+LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
+ORDER BY r.ord;
 
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
+from shared.rows import Admission
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 from worker.runner import Worker
 from worker.writing import StoryWriter
@@ -53,12 +54,11 @@ async def enqueue(
 ) -> uuid.UUID:
     """Stores a pending job the way the api does; returns its job_id."""
     request = StoryRequest(prompt=prompt)
-    result = await store.job_insert_if_admitted(
+    (result,) = await store.job_insert_if_admitted(
         conn,
-        client_id=client_id,
-        idempotency_key=key or uuid.uuid4().hex,
-        request_fingerprint=fingerprint(request),
-        request_json=canonical_json(request).decode(),
+        admissions=[Admission(client_id=client_id, idempotency_key=key or uuid.uuid4().hex,
+                              request_fingerprint=fingerprint(request),
+                              request_json=canonical_json(request).decode())],
         queue_max=queue_max,
         client_queue_max=queue_max,
     )

@@ -12,8 +12,11 @@ import pytest
 from shared.queries import QUERIES
 
 CLAIM_PARAMS = {"worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m", "completions": "[]"}
-ADMISSION_PARAMS = {"client_id": 1, "idempotency_key": "new", "request_fingerprint": b"\x00",
-                    "request": '{"prompt": "x"}', "queue_max": 1000, "client_queue_max": 1000}
+ADMISSION_PARAMS = {
+    "requests": '[{"ord": 0, "client_id": 1, "idempotency_key": "new", "request_fingerprint": "00", '
+                '"request": {"prompt": "x"}}]',
+    "queue_max": 1000, "client_queue_max": 1000,
+}
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
                 "check_heartbeats": True, "batch_size": 100, "now": None}
 

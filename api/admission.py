@@ -1,0 +1,101 @@
+"""Admitting new jobs in batches.
+
+A strict QUEUE_MAX needs one lock around every admission, and with one
+commit per admission the api could admit no faster than the disk flushes.
+So each api process sends the POSTs that arrived while its previous batch was
+being written as one batch: one admission lock, one statement, one commit
+(shared.store.job_insert_if_admitted). Under light load a batch is a single
+POST and waits for nothing; under heavy load the batches grow.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Callable
+
+from psycopg_pool import AsyncConnectionPool
+
+from shared import store
+from shared.rows import Admission, EnqueueResult
+
+# the most POSTs one transaction carries
+MAX_BATCH = 256
+
+_Key = tuple[int, str]
+
+
+class AdmissionBatcher:
+    def __init__(
+        self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int,
+        connection_wait_s: float,
+    ) -> None:
+        self._pool = pool
+        self._queue_max = queue_max
+        self._client_queue_max = client_queue_max
+        self._connection_wait_s = connection_wait_s
+        self._waiting: list[tuple[Admission, asyncio.Future[EnqueueResult]]] = []
+        # runs only while there is something to admit, so nothing outlives its loop
+        self._writer: asyncio.Task[None] | None = None
+        self.batches_written = 0
+
+    async def admit(self, admission: Admission) -> EnqueueResult:
+        """The admission's result once its batch is committed. A caller that
+        gives up (its deadline) does not stop the batch: a retry with the same
+        key then finds the job."""
+        future: asyncio.Future[EnqueueResult] = asyncio.get_running_loop().create_future()
+        self._waiting.append((admission, future))
+        if self._writer is None or self._writer.done():
+            self._writer = asyncio.create_task(self._write_batches(), name="admissions")
+        return await future
+
+    async def _write_batches(self) -> None:
+        while self._waiting:
+            batch, self._waiting = self._waiting[:MAX_BATCH], self._waiting[MAX_BATCH:]
+            try:
+                results = await self._write(batch)
+            except BaseException as exc:  # noqa: BLE001 - every waiting request must hear of it
+                # a database error reaches each request (a 503); a cancelled
+                # writer (the app stopping) must not leave requests waiting
+                failure = exc if isinstance(exc, Exception) else RuntimeError("the api is stopping")
+                for _, future in batch:
+                    _settle(future, lambda f, e=failure: f.set_exception(e))
+                if not isinstance(exc, Exception):
+                    raise
+                continue
+            for (_, future), result in zip(batch, results, strict=True):
+                _settle(future, lambda f, r=result: f.set_result(r))
+
+    async def _write(self, batch: list[tuple[Admission, asyncio.Future[EnqueueResult]]]) -> list[EnqueueResult]:
+        # the same (client, key) twice in one batch is one job: the first asks,
+        # the others answer as replays of it
+        first: dict[_Key, int] = {}
+        unique: list[Admission] = []
+        for admission, _ in batch:
+            key = (admission.client_id, admission.idempotency_key)
+            if key not in first:
+                first[key] = len(unique)
+                unique.append(admission)
+        async with self._pool.connection(timeout=self._connection_wait_s) as conn:
+            answered = await store.job_insert_if_admitted(
+                conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
+            )
+        self.batches_written += 1
+        results = []
+        seen: set[_Key] = set()
+        for admission, _ in batch:
+            key = (admission.client_id, admission.idempotency_key)
+            result = answered[first[key]]
+            if key in seen and result.outcome == "inserted":
+                result = EnqueueResult(
+                    ord=result.ord, outcome="existing", public_id=result.public_id, status=result.status,
+                    request_fingerprint=result.request_fingerprint, created_at=result.created_at,
+                    notified=result.notified,
+                )
+            seen.add(key)
+            results.append(result)
+        return results
+
+
+def _settle(future: asyncio.Future[EnqueueResult], settle: Callable[[asyncio.Future[EnqueueResult]], None]) -> None:
+    if not future.done():  # its request may have given up already
+        settle(future)

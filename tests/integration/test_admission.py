@@ -1,0 +1,63 @@
+"""Admissions are written in batches, strictly bounded and deduplicated."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from api.admission import AdmissionBatcher
+from shared.rows import Admission
+from shared.story_request import StoryRequest, canonical_json, fingerprint
+from tests.helpers import client_id_of, count
+
+
+def _admission(client_id: int, key: str, prompt: str = "a fox") -> Admission:
+    request = StoryRequest(prompt=prompt)
+    return Admission(client_id=client_id, idempotency_key=key, request_fingerprint=fingerprint(request),
+                     request_json=canonical_json(request).decode())
+
+
+async def test_concurrent_admissions_share_transactions(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """40 admissions at once are all stored, in fewer transactions than admissions."""
+    client = await client_id_of(conn)
+    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000, connection_wait_s=5)
+    results = await asyncio.gather(*(batcher.admit(_admission(client, f"key-{n}")) for n in range(40)))
+    assert [r.outcome for r in results] == ["inserted"] * 40
+    assert len({r.public_id for r in results}) == 40
+    assert 1 <= batcher.batches_written < 40
+    assert await count(conn, "SELECT count(*) FROM story_jobs") == 40
+
+
+async def test_one_key_twice_in_a_batch_is_one_job(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The same key sent twice at once makes one job; the second answer is a replay of it."""
+    client = await client_id_of(conn)
+    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000, connection_wait_s=5)
+    first, second = await asyncio.gather(batcher.admit(_admission(client, "same")),
+                                         batcher.admit(_admission(client, "same")))
+    assert (first.outcome, second.outcome) == ("inserted", "existing")
+    assert first.public_id == second.public_id
+    assert await count(conn, "SELECT count(*) FROM story_jobs") == 1
+
+
+async def test_a_batch_is_admitted_in_order_up_to_each_bound(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """With room for 3 per client and 4 in all, a batch from two clients admits each client's first
+    three, then stops at four in all; the refusals say which queue was full."""
+    alice = await client_id_of(conn, "alice")
+    bob = await client_id_of(conn, "bob")
+    batcher = AdmissionBatcher(pool, queue_max=4, client_queue_max=3, connection_wait_s=5)
+    asked = [(alice, "a1"), (alice, "a2"), (alice, "a3"), (alice, "a4"), (bob, "b1"), (bob, "b2")]
+    results = await asyncio.gather(*(batcher.admit(_admission(c, k)) for c, k in asked))
+    outcomes = [r.outcome for r in results]
+    assert outcomes.count("inserted") == 4
+    assert outcomes[3] == "client_queue_full"
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'pending'") == 4
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE client_id = %s", alice) <= 3
