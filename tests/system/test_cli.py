@@ -1,0 +1,96 @@
+"""The operators' commands, run as the installed CLI against a real database."""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from decimal import Decimal
+
+import psycopg
+import pytest
+
+from shared import store
+from shared.rows import Completion, Failure
+from tests.helpers import client_id_of, enqueue
+from tests.system.procs import REPO
+
+pytestmark = pytest.mark.system
+
+
+def storyjobs(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "shared.cli", *args], cwd=REPO, capture_output=True, text=True,
+                          env={"PATH": "", "DATABASE_URL": database_url}, timeout=60)
+
+
+@pytest.fixture
+def history(database_url: str) -> dict[str, str]:
+    """One completed job, one failed job and one pending job, with their ledger rows."""
+
+    async def make() -> dict[str, str]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            client = await client_id_of(conn, "ops")
+            done = await enqueue(conn, client, "a story that gets written")
+            failed = await enqueue(conn, client, "a story the provider refuses")
+            claimed = await store.job_settle_and_claim(conn, worker_id="w-1", completions=[], claim_limit=2,
+                                                       provider="anthropic", model="claude-sonnet-5-5")
+            ids = {job.public_id: job.id for job in claimed.claimed}
+            await store.job_settle_and_claim(conn, worker_id="w-1", completions=[Completion(
+                job_id=ids[done], client_id=client, attempt=1, title="T", body="B", model="claude-sonnet-5-5",
+                prompt_version="bedtime-v1", input_tokens=1000, output_tokens=2000, cost_usd=Decimal("0.022"),
+                request_id="req_1")], claim_limit=0, provider="anthropic", model="claude-sonnet-5-5")
+            await store.job_fail_running(conn, worker_id="w-1", failures=[Failure(
+                job_id=ids[failed], attempt=1, error_code="llm_rejected", error_text="the provider said no",
+                call_outcome="rejected", billed=False)])
+            waiting = await enqueue(conn, client, "a story still waiting")
+        return {"done": str(done), "failed": str(failed), "waiting": str(waiting)}
+
+    return asyncio.run(make())
+
+
+def test_jobs_list_filters_by_status(database_url: str, history: dict[str, str]) -> None:
+    """`jobs list --status failed` lists the failed job with its error code and nothing else."""
+    result = storyjobs(database_url, "jobs", "list", "--status", "failed")
+    assert result.returncode == 0, result.stderr
+    assert history["failed"] in result.stdout and "llm_rejected" in result.stdout
+    assert history["done"] not in result.stdout and history["waiting"] not in result.stdout
+    everything = storyjobs(database_url, "jobs", "list").stdout
+    assert all(job_id in everything for job_id in history.values())
+
+
+def test_jobs_show_gives_timings_and_the_ledger(database_url: str, history: dict[str, str]) -> None:
+    """`jobs show ID` prints the status, timings, worker and every ledger row of the job."""
+    result = storyjobs(database_url, "jobs", "show", history["done"])
+    assert result.returncode == 0, result.stderr
+    for expected in ("status     completed", "worker     w-1", "waited", "ran", "LLM calls (1; billed: 1)",
+                     "succeeded", "0.022000", "anthropic/claude-sonnet-5-5"):
+        assert expected in result.stdout, expected
+    refused = storyjobs(database_url, "jobs", "show", history["failed"]).stdout
+    assert "llm_rejected: the provider said no" in refused and "billed: 0" in refused
+
+
+def test_jobs_show_of_an_unknown_job_says_so(database_url: str, history: dict[str, str]) -> None:
+    """An unknown or malformed job id is one clear line and a non-zero exit."""
+    unknown = storyjobs(database_url, "jobs", "show", "00000000-0000-0000-0000-000000000000")
+    assert unknown.returncode == 1 and "no job" in unknown.stderr
+    malformed = storyjobs(database_url, "jobs", "show", "not-a-job")
+    assert malformed.returncode == 2 and "not a job id" in malformed.stderr
+
+
+def test_stats_sum_the_last_hour(database_url: str, history: dict[str, str]) -> None:
+    """`stats` shows the queue, the stories written, the billed requests, tokens and spend."""
+    result = storyjobs(database_url, "stats")
+    assert result.returncode == 0, result.stderr
+    assert "1 pending, 0 running" in result.stdout
+    assert "1 written" in result.stdout and "1 LLM calls failed" in result.stdout
+    assert "1 requests, 1000 input + 2000 output tokens" in result.stdout
+    assert "$0.022000" in result.stdout
+
+
+def test_a_database_that_is_behind_is_refused_with_one_line(database_url: str) -> None:
+    """The commands that need the schema name the fix when the database is behind."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("DELETE FROM schema_migrations")
+    result = storyjobs(database_url, "keys", "create", "someone")
+    assert result.returncode == 1
+    assert result.stderr.strip().count("\n") == 0 and "storyjobs migrate" in result.stderr
