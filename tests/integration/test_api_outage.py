@@ -21,18 +21,17 @@ async def test_a_blocked_database_answers_503_within_the_deadline_then_recovers(
     async with api_client(pool, api_key, api_request_timeout_s=1.0, api_db_wait_s=0.5) as client:
         accepted = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())
         job_url = accepted.headers["location"]
-        async with await psycopg.AsyncConnection.connect(database_url) as locker:
-            async with locker.transaction():
-                await locker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
-                started = time.monotonic()
-                answers = await asyncio.gather(
-                    client.post("/stories/generate", json={"prompt": "an owl"}, headers=new_key()),
-                    client.get(job_url),
-                    client.delete(job_url),
-                )
-                elapsed = time.monotonic() - started
-                # readiness asks the server, not the locked tables
-                assert (await client.get("/readyz")).status_code == 200
+        async with await psycopg.AsyncConnection.connect(database_url) as locker, locker.transaction():
+            await locker.execute("LOCK TABLE api_keys IN ACCESS EXCLUSIVE MODE")
+            started = time.monotonic()
+            answers = await asyncio.gather(
+                client.post("/stories/generate", json={"prompt": "an owl"}, headers=new_key()),
+                client.get(job_url),
+                client.delete(job_url),
+            )
+            elapsed = time.monotonic() - started
+            # readiness asks the server, not the locked tables
+            assert (await client.get("/readyz")).status_code == 200
         for answer in answers:
             assert_problem(answer, 503)
             assert int(answer.headers["retry-after"]) >= 1

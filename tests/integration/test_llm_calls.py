@@ -15,7 +15,14 @@ from structlog.testing import capture_logs
 
 from shared.config import WorkerSettings
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import client_id_of, enqueue, job_rows, running_worker, wait_until, worker_settings
+from tests.helpers import (
+    client_id_of,
+    enqueue,
+    job_rows,
+    running_worker,
+    wait_until,
+    worker_settings,
+)
 from worker.anthropic_writer import AnthropicWriter
 from worker.runner import Worker
 

@@ -16,7 +16,15 @@ from structlog.testing import capture_logs
 from shared import store
 from shared.rows import Completion
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import client_id_of, count, enqueue, job_rows, running_worker, wait_until, worker_settings
+from tests.helpers import (
+    client_id_of,
+    count,
+    enqueue,
+    job_rows,
+    running_worker,
+    wait_until,
+    worker_settings,
+)
 from worker.anthropic_writer import AnthropicWriter
 
 LATER = datetime.now(UTC) + timedelta(hours=2)
@@ -79,13 +87,13 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
         async with running_worker(settings, pool, writer, listen_url=database_url):
             job_id = await enqueue(conn, client, "a dragon who cannot sleep")
             await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
-            async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as sweeper_conn:
-                async with sweeper_conn.transaction():
-                    swept = await store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
-                    assert [s.public_id for s in swept] == [job_id]
-                    hold.set()  # the story finishes; its completion now waits for our row lock
-                    await wait_until(lambda: _backend_waiting_on_lock(conn), what="the completion to block")
-                # committed: the blocked completion re-checks status = 'running' and finds 'failed'
+            sweeper_conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+            async with sweeper_conn, sweeper_conn.transaction():
+                swept = await store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
+                assert [s.public_id for s in swept] == [job_id]
+                hold.set()  # the story finishes; its completion now waits for our row lock
+                await wait_until(lambda: _backend_waiting_on_lock(conn), what="the completion to block")
+            # committed: the blocked completion re-checks status = 'running' and finds 'failed'
             await wait_until(lambda: _has_event(logs, "job.lost_race"), what="the lost race to be logged")
         await writer.aclose()
     (row,) = await job_rows(conn)

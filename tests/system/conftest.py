@@ -27,7 +27,8 @@ def system(database_url: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     report = getattr(request.node, "rep_call", None)
     if report is not None and report.failed:
         for proc in started.procs:
-            print(f"----- {proc.log_path.name} -----\n{proc.output()[-4000:]}")
+            # pytest shows a failed test's output: the processes' last log lines
+            print(f"----- {proc.log_path.name} -----\n{proc.output()[-4000:]}")  # noqa: T201
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

@@ -71,7 +71,9 @@ def _tag(n: int) -> str:
     return f"chaos story #{n}#"
 
 
-def test_chaos_kills_never_bill_a_job_twice(system: System, fake_llm: FakeAnthropicServer, database_url: str) -> None:
+def test_chaos_kills_never_bill_a_job_twice(
+    system: System, fake_llm: FakeAnthropicServer, database_url: str, record_property: Any
+) -> None:
     """4 workers, 48 jobs of 2-3 s streams, 15 % of requests answered 529, a random worker SIGKILLed
     and replaced every few seconds for 24 s: every job finishes, none is billed twice, every
     completed job exactly once, and the ledger agrees with the provider's count."""
@@ -130,9 +132,13 @@ def test_chaos_kills_never_bill_a_job_twice(system: System, fake_llm: FakeAnthro
             assert billed_per_job[n] == 1 and succeeded == 1 and len(request_ids) == 1
     assert open_calls == (0,)
     completed = statuses.get("completed", 0)
-    print(f"\nchaos: jobs={total} kills={kills} completed={completed} failed={statuses.get('failed', 0)} "
-          f"provider_requests={len(fake_llm.fake.calls)} billed={len(fake_llm.fake.billed)} "
-          f"billed_twice={sum(1 for v in billed_per_job.values() if v > 1)}")
+    figures = {"jobs": total, "kills": kills, "completed": completed, "failed": statuses.get("failed", 0),
+               "provider_requests": len(fake_llm.fake.calls), "billed": len(fake_llm.fake.billed),
+               "billed_twice": sum(1 for v in billed_per_job.values() if v > 1)}
+    for name, value in figures.items():
+        record_property(name, value)
+    # the run's figures, for whoever runs it with -s
+    print("\nchaos: " + " ".join(f"{k}={v}" for k, v in figures.items()))  # noqa: T201
     assert kills >= 5
     assert completed >= total // 2  # kills fail at most the jobs in flight at each kill
 

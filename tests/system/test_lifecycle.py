@@ -5,14 +5,13 @@ from __future__ import annotations
 import asyncio
 import time
 import uuid
-from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import count, create_key_sync
+from tests.helpers import create_key_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
