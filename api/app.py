@@ -17,7 +17,13 @@ from litestar import Litestar, MediaType, Request, Response, get
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, LifespanHook, Message, Receive, Scope, Send
-from prometheus_client import CONTENT_TYPE_LATEST, REGISTRY, CollectorRegistry, generate_latest, multiprocess
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    REGISTRY,
+    CollectorRegistry,
+    generate_latest,
+    multiprocess,
+)
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, openapi, pacing, page

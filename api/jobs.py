@@ -38,7 +38,13 @@ from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
 from shared.config import ApiSettings
 from shared.rows import Admission, JobView
-from shared.story_request import InvalidStoryRequest, StoryRequest, canonical_json, decode, fingerprint
+from shared.story_request import (
+    InvalidStoryRequest,
+    StoryRequest,
+    canonical_json,
+    decode,
+    fingerprint,
+)
 
 if TYPE_CHECKING:
     from litestar._openapi.schema_generation import SchemaCreator

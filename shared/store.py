@@ -162,11 +162,10 @@ async def job_insert_if_admitted(
         for ord_, a in enumerate(admissions)
     ]
     params = {"requests": _json(requests), "queue_max": queue_max, "client_queue_max": client_queue_max}
-    async with conn.pipeline():
-        async with conn.transaction():
-            await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
-            cur = conn.cursor(row_factory=class_row(EnqueueResult))
-            await cur.execute(Q["job_insert_if_admitted"], params)
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
+        cur = conn.cursor(row_factory=class_row(EnqueueResult))
+        await cur.execute(Q["job_insert_if_admitted"], params)
     return await cur.fetchall()
 
 
