@@ -183,3 +183,35 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     assert await store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == status
+
+
+async def test_a_claim_whose_answer_was_lost_is_run_by_its_worker_once(
+    database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """A claim that committed but whose answer never reached the worker (the connection dropped around
+    the commit) leaves a job running under the worker's id: at its next round the worker adopts it and
+    writes its story, with no second ledger row and nothing claimed twice."""
+    from worker.offline import OfflineWriter
+    from worker.runner import Worker
+
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a story claimed in the dark")
+    worker = Worker(worker_settings(), pool, OfflineWriter(0), listen_url=None, worker_id="w-lost")
+    # the claim the worker sent before its connection dropped: committed, answer lost
+    await store.job_settle_and_claim(conn, worker_id="w-lost", completions=[], claim_limit=1,
+                                     provider="offline", model="offline-writer")
+    worker._claims_uncertain = True  # what the worker records when a claim's answer is lost
+    task = asyncio.create_task(worker.run())
+    try:
+        await wait_until(lambda: _completed(conn), what="the adopted job to complete")
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, 30)
+    (row,) = await job_rows(conn)
+    assert row.status == "completed" and row.worker_id == "w-lost"
+    assert await count(conn, "SELECT count(*) FROM llm_calls") == 1
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE outcome = 'succeeded'") == 1
+
+
+async def _completed(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'completed'") == 1
