@@ -359,8 +359,6 @@ class Worker:
                        LlmOutcome.STOPPED, billed=True)
             return
         self._record_call(LlmOutcome.STOPPED, call)
-        self._jobs.pop(held.job.id, None)
-        metrics.WORKER_BUSY.set(len(self._jobs))
         try:
             async with self._pool.connection() as conn:
                 await store.llm_call_finish(
@@ -369,7 +367,12 @@ class Worker:
                     cost_usd=call.cost_usd, error_text=f"stream stopped: job {held.stop_reason}",
                 )
         except DB_ERRORS as exc:
+            # the sweeper closed the row as interrupted; only the partial usage is lost
             log.warning("llm.ledger_write_failed", attempt=call.attempt, error=str(exc).strip()[:200])
+        finally:
+            # held until its ledger row says what it cost
+            self._jobs.pop(held.job.id, None)
+            metrics.WORKER_BUSY.set(len(self._jobs))
 
     def _record_call(self, outcome: LlmOutcome, call: JobCall, *, billed: bool = True) -> None:
         metrics.LLM_REQUESTS_BY_OUTCOME[outcome].inc()
