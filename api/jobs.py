@@ -1,8 +1,8 @@
 """The job endpoints: enqueue, poll, cancel, and read a story.
 
-Every answer comes from at most one database connection held for at most
-API_REQUEST_TIMEOUT_S (``database``): past it, or with the database
-unreachable, the answer is 503 with Retry-After, never a hang.
+All database work of an answer runs under one deadline, API_REQUEST_TIMEOUT_S
+(``database``; for POST, its lookup and its admission batch): past it, or with
+the database unreachable, the answer is 503 with Retry-After, never a hang.
 
 POST bodies are read as JSON whatever their Content-Type says (a client that
 forgets the header is not refused for it), strictly and with every field
