@@ -49,9 +49,7 @@ async def cmd_migrate(_: argparse.Namespace) -> int:
 async def cmd_keys_create(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
         await db.require_schema(conn)
-        client_id = await store.api_client_upsert(conn, name=args.name)
-        new = keys.generate()
-        await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+        new = await keys.create(conn, args.name)
     sys.stderr.write(f"API key {new.prefix} for client {args.name!r}; it is shown once, store it now:\n")
     _out(new.key)
     return 0

@@ -17,7 +17,7 @@ import time
 
 import httpx
 
-from shared import db, keys, migrate, store
+from shared import db, keys, migrate
 from shared.config import ApiSettings, ConfigError, load
 
 
@@ -30,9 +30,7 @@ async def _prepare(url: str) -> str:
     async with await db.connect(url, application_name="storyjobs-run", connect_timeout_s=10) as conn:
         for migration in await migrate.migrate(conn):
             _say(f"   applied migration {migration.version:03d}_{migration.name}")
-        client_id = await store.api_client_upsert(conn, name="dev")
-        new = keys.generate()
-        await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+        new = await keys.create(conn, "dev")
     return new.key
 
 

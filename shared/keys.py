@@ -14,8 +14,12 @@ import hashlib
 import hmac
 import re
 import secrets
+from typing import Any
 
 import msgspec
+from psycopg import AsyncConnection
+
+from shared import store
 
 _KEY = re.compile(r"sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
 # the hash of no key: what a key with an unknown prefix is compared against
@@ -52,3 +56,12 @@ def matches(key: str, stored_hash: bytes | None) -> bool:
     time that does not depend on where they differ."""
     equal = hmac.compare_digest(hash_key(key), stored_hash or _NO_KEY_HASH)
     return equal and stored_hash is not None
+
+
+async def create(conn: AsyncConnection[Any], client_name: str) -> NewKey:
+    """A new key for client ``client_name`` (created if new: a second key is
+    how a client's key is rotated). Only its hash is stored."""
+    client_id = await store.api_client_upsert(conn, name=client_name)
+    new = generate()
+    await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+    return new

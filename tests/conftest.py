@@ -19,7 +19,7 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, keys, store
+from shared import db, keys
 from tests import dbserver
 from tests.dbserver import with_dbname
 
@@ -88,7 +88,4 @@ async def api_key(conn: psycopg.AsyncConnection[Any]) -> str:
 
 
 async def create_key(conn: psycopg.AsyncConnection[Any], client_name: str) -> str:
-    client_id = await store.api_client_upsert(conn, name=client_name)
-    new = keys.generate()
-    await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
-    return new.key
+    return (await keys.create(conn, client_name)).key

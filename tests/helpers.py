@@ -70,15 +70,11 @@ def create_key_sync(database_url: str, client_name: str) -> str:
     """A new API key for client_name, from a test that is not async."""
     from shared import keys
 
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(
-            "INSERT INTO api_clients (name) VALUES (%s) ON CONFLICT (name) DO UPDATE SET name = excluded.name "
-            "RETURNING id", (client_name,)).fetchone()
-        assert row is not None
-        new = keys.generate()
-        conn.execute("INSERT INTO api_keys (client_id, key_prefix, key_hash) VALUES (%s, %s, %s)",
-                     (row[0], new.prefix, new.hash))
-    return new.key
+    async def create() -> str:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            return (await keys.create(conn, client_name)).key
+
+    return asyncio.run(create())
 
 
 class JobRow(msgspec.Struct):
