@@ -88,3 +88,18 @@ def create_database_from_template(url: str, name: str, template: str) -> str:
     with admin(url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {} TEMPLATE {}").format(sql.Identifier(name), sql.Identifier(template)))
     return with_dbname(url, name)
+
+
+@contextlib.contextmanager
+def database_refused(url: str, name: str) -> Iterator[None]:
+    """An outage of database ``name``: every connection to it is cut and new
+    ones are refused until the block ends."""
+    database = sql.Identifier(name)
+    with admin(url) as conn:
+        conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(database))
+        try:
+            conn.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                         "WHERE datname = %s AND pid <> pg_backend_pid()", (name,))
+            yield
+        finally:
+            conn.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(database))

@@ -3,17 +3,15 @@ then allowed again."""
 
 from __future__ import annotations
 
-import contextlib
 import time
 import uuid
-from collections.abc import Iterator
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from psycopg import sql
 
+from tests.dbserver import database_refused
 from tests.helpers import create_key_sync
 from tests.system.procs import System
 
@@ -21,20 +19,6 @@ pytestmark = pytest.mark.system
 
 # "within a few seconds": API_DB_WAIT_S (3) plus room for a loaded machine
 ANSWER_WITHIN_S = 8.0
-
-
-@contextlib.contextmanager
-def database_refused(server_url: str, database_name: str) -> Iterator[None]:
-    """Cuts every connection to the database and refuses new ones until the block ends."""
-    name = sql.Identifier(database_name)
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS false").format(name))
-        try:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND pid <> pg_backend_pid()", (database_name,))
-            yield
-        finally:
-            admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS true").format(name))
 
 
 def _timed(client: httpx.Client, method: str, path: str, **kwargs: Any) -> httpx.Response:

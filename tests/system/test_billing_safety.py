@@ -11,8 +11,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from psycopg import sql
 
+from tests.dbserver import database_refused
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.helpers import create_key_sync
 from tests.system.procs import System
@@ -183,15 +183,6 @@ def test_sigterm_past_the_grace_period_fails_the_job_and_closes_its_stream(
     assert call == ("stopped", True, True)
 
 
-def _set_connections_allowed(server_url: str, database_name: str, allowed: bool) -> None:
-    with psycopg.connect(server_url, autocommit=True) as admin:
-        admin.execute(sql.SQL("ALTER DATABASE {} WITH ALLOW_CONNECTIONS {}").format(
-            sql.Identifier(database_name), sql.SQL("true" if allowed else "false")))
-        if not allowed:
-            admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
-                          "WHERE datname = %s AND pid <> pg_backend_pid()", (database_name,))
-
-
 def test_a_database_outage_fails_no_job_and_every_process_recovers(
     system: System, fake_llm: FakeAnthropicServer, database_url: str, server_url: str, database_name: str
 ) -> None:
@@ -202,11 +193,8 @@ def test_a_database_outage_fails_no_job_and_every_process_recovers(
     sweeper = system.sweeper(**FAST_TIMINGS)
     _enqueue_direct(database_url, [f"outage story {n}" for n in range(4)])
     fake_llm.fake.wait_for(lambda f: len(f.calls) >= 2 and all(c.chunks_sent >= 1 for c in f.calls[:2]))
-    _set_connections_allowed(server_url, database_name, False)
-    try:
+    with database_refused(server_url, database_name):
         time.sleep(5)  # the outage itself: longer than HEARTBEAT_TIMEOUT_S (2 s)
-    finally:
-        _set_connections_allowed(server_url, database_name, True)
     statuses = _wait_all_finished(database_url, 4, timeout=60)
     assert statuses == {"completed": 4}
     assert all(proc.popen.poll() is None for proc in [*workers, sweeper])
