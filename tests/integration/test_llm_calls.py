@@ -115,24 +115,18 @@ async def test_a_read_timeout_mid_stream_fails_the_job_without_a_retry(
     assert (attempt, outcome, billed) == (1, "failed", True)
 
 
-async def test_a_dropped_stream_fails_the_job_without_a_retry(
+@pytest.mark.parametrize(
+    "plan",
+    [Plan(chunks=6, drop_after=3), Plan(chunks=6, error_event_after=2)],
+    ids=["dropped-connection", "overloaded-error-event"],
+)
+async def test_a_stream_that_breaks_after_it_started_fails_the_job_without_a_retry(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
-    provider: FakeAnthropicServer,
+    provider: FakeAnthropicServer, plan: Plan,
 ) -> None:
-    """The provider cutting the connection mid-stream fails the job as llm_error, with no retry."""
-    provider.fake.queue(Plan(chunks=6, drop_after=3))
-    await _run_one(conn, pool, database_url, _settings(provider))
-    (job,) = await job_rows(conn)
-    assert job.status == "failed" and job.error_code == "llm_error"
-    assert len(provider.fake.calls) == 1
-
-
-async def test_an_error_event_after_the_stream_started_is_not_retried(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
-    provider: FakeAnthropicServer,
-) -> None:
-    """An overloaded error sent inside a started stream may have billed: the job fails, no retry."""
-    provider.fake.queue(Plan(chunks=6, error_event_after=2))
+    """The provider cutting the connection, or sending an overloaded error, inside a started stream
+    may have billed: the job fails as llm_error, with no retry."""
+    provider.fake.queue(plan)
     await _run_one(conn, pool, database_url, _settings(provider))
     (job,) = await job_rows(conn)
     assert job.status == "failed" and job.error_code == "llm_error"
