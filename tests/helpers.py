@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import contextlib
 import time
 import uuid
@@ -74,7 +75,10 @@ def create_key_sync(database_url: str, client_name: str) -> str:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             return (await keys.create(conn, client_name)).key
 
-    return asyncio.run(create())
+    # a thread of its own: the caller's thread may already run an event loop
+    # (Playwright's sync API does)
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, create()).result()
 
 
 class JobRow(msgspec.Struct):
