@@ -9,8 +9,9 @@ sends it with every attempt of its POST: a retry after a dropped connection, a
 5xx or a 429 gets the job the first attempt stored, never a second story (nor
 a second bill). Waiting, it polls the job as often as Retry-After says (at most
 every POLL_INTERVAL_MAX_S, since a person is watching), rides out a lost
-connection with backoff, and shows where the job stands on stderr: one line
-rewritten in place on a terminal, a line per change otherwise.
+connection with backoff (stamina: in tests, its testing mode skips the
+waits), and shows where the job stands on stderr: one line rewritten in
+place on a terminal, a line per change otherwise.
 
 Without --wait it prints the job id; with --wait, the story (title, a blank
 line, the text). --json prints the api's JSON instead: the accepted job, or
@@ -36,12 +37,13 @@ import os
 import random
 import shutil
 import sys
-import time
 import uuid
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TextIO
 
 import httpx
+import stamina
 
 DEFAULT_URL = "http://127.0.0.1:8000"
 
@@ -176,66 +178,101 @@ def _wait_text(seconds: float | None) -> str:
     return f"(about {round(seconds / 60)} min left)"
 
 
+class _Retryable(Exception):
+    """One request's answer (or lack of one) that is worth retrying: what
+    went wrong, how long the api asked us to wait, and the error to end with
+    if no attempt is left."""
+
+    def __init__(self, trouble: str, final: ClientError, retry_after_s: float | None = None) -> None:
+        super().__init__(trouble)
+        self.trouble = trouble
+        self.final = final
+        self.retry_after_s = retry_after_s
+
+
+def _retry_hook(status: StatusLine, *, max_wait_s: float) -> Callable[[Exception], bool | float]:
+    """stamina's ``on``: retry a _Retryable after its Retry-After (at most
+    max_wait_s), else after a jittered backoff, saying so on the status line."""
+    failures = 0
+
+    def hook(exc: Exception) -> bool | float:
+        nonlocal failures
+        if not isinstance(exc, _Retryable):
+            return False
+        failures += 1
+        delay = min(exc.retry_after_s or _backoff_s(failures), max_wait_s)
+        status.show(f"{exc.trouble},", f"retrying in {delay:.1f} s")
+        return delay
+
+    return hook
+
+
 async def start_job(http: httpx.AsyncClient, body: dict[str, Any], status: StatusLine) -> dict[str, Any]:
-    """POST the story request; the accepted job ({job_id, status})."""
-    idempotency_key = str(uuid.uuid4())
-    for attempt in range(1, POST_ATTEMPTS + 1):
-        last_attempt = attempt == POST_ATTEMPTS
+    """POST the story request; the accepted job ({job_id, status}). Every
+    attempt carries the same Idempotency-Key."""
+    headers = {"Idempotency-Key": str(uuid.uuid4())}
+
+    async def post() -> dict[str, Any]:
         try:
-            response = await http.post("/stories/generate", json=body,
-                                       headers={"Idempotency-Key": idempotency_key})
+            response = await http.post("/stories/generate", json=body, headers=headers)
         except httpx.TransportError as exc:
-            if last_attempt:
-                raise ClientError(EXIT_UNAVAILABLE, f"cannot reach {http.base_url}: {_network(exc)}") from None
-            delay = _backoff_s(attempt)
-            status.show(f"no answer from the api ({_network(exc)}),", f"retrying in {delay:.1f} s")
-        else:
-            if response.status_code == 202:
-                accepted: dict[str, Any] = response.json()
-                return accepted
-            if not _retryable(response) or last_attempt:
-                raise _refusal(response)
-            delay = _retry_after_s(response) or _backoff_s(attempt)
-            if delay > RETRY_AFTER_MAX_S:
-                raise _refusal(response)
-            status.show(f"{_trouble(response)},", f"retrying in {delay:.1f} s")
-        await asyncio.sleep(delay)
-    raise AssertionError("unreachable: the last attempt returns or raises")
+            raise _Retryable(f"no answer from the api ({_network(exc)})",
+                             ClientError(EXIT_UNAVAILABLE, f"cannot reach {http.base_url}: {_network(exc)}")) from None
+        if response.status_code == 202:
+            accepted: dict[str, Any] = response.json()
+            return accepted
+        retry_after = _retry_after_s(response)
+        if not _retryable(response) or (retry_after or 0) > RETRY_AFTER_MAX_S:
+            raise _refusal(response)
+        raise _Retryable(_trouble(response), _refusal(response), retry_after)
+
+    try:
+        async for attempt in stamina.retry_context(
+            on=_retry_hook(status, max_wait_s=RETRY_AFTER_MAX_S), attempts=POST_ATTEMPTS, timeout=None,
+        ):
+            with attempt:
+                return await post()
+    except _Retryable as exc:
+        raise exc.final from None
+    raise AssertionError("unreachable: stamina either returns or raises")
 
 
 async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine) -> dict[str, Any]:
-    """Poll the job until it is completed or failed; that last answer."""
-    failures = 0
-    failing_since = 0.0
-    while True:
+    """Poll the job until it is completed or failed; that last answer. Polls
+    come as often as Retry-After says (at most every POLL_INTERVAL_MAX_S); a
+    failing poll is retried for up to POLL_OUTAGE_MAX_S."""
+
+    async def poll() -> httpx.Response:
         try:
             response = await http.get(f"/stories/jobs/{job_id}")
         except httpx.TransportError as exc:
             trouble = f"lost the connection to the api ({_network(exc)})"
-            retry_after = None
-        else:
-            if response.status_code == 200:
-                job: dict[str, Any] = response.json()
-                failures = 0
-                _show_job(job, status)
-                if job["status"] in TERMINAL:
-                    return job
-                await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S,
-                                        POLL_INTERVAL_MAX_S))
-                continue
-            if not _retryable(response):
-                raise _refusal(response)
-            trouble = _trouble(response)
-            retry_after = _retry_after_s(response)
-        failures += 1
-        if failures == 1:
-            failing_since = time.monotonic()
-        elif time.monotonic() - failing_since > POLL_OUTAGE_MAX_S:
-            raise ClientError(EXIT_UNAVAILABLE, f"gave up waiting for job {job_id}: {trouble}; "
-                                                "the job goes on, ask for it again later")
-        delay = min(retry_after or _backoff_s(failures), POLL_INTERVAL_MAX_S)
-        status.show(f"{trouble},", f"retrying in {delay:.1f} s")
-        await asyncio.sleep(delay)
+            raise _Retryable(trouble, _gave_up(job_id, trouble)) from None
+        if response.status_code == 200:
+            return response
+        if not _retryable(response):
+            raise _refusal(response)
+        raise _Retryable(_trouble(response), _gave_up(job_id, _trouble(response)), _retry_after_s(response))
+
+    while True:
+        try:
+            async for attempt in stamina.retry_context(
+                on=_retry_hook(status, max_wait_s=POLL_INTERVAL_MAX_S), attempts=None, timeout=POLL_OUTAGE_MAX_S,
+            ):
+                with attempt:
+                    response = await poll()
+        except _Retryable as exc:
+            raise exc.final from None
+        job: dict[str, Any] = response.json()
+        _show_job(job, status)
+        if job["status"] in TERMINAL:
+            return job
+        await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S, POLL_INTERVAL_MAX_S))
+
+
+def _gave_up(job_id: str, trouble: str) -> ClientError:
+    return ClientError(EXIT_UNAVAILABLE, f"gave up waiting for job {job_id}: {trouble}; "
+                                         "the job goes on, ask for it again later")
 
 
 def _show_job(job: dict[str, Any], status: StatusLine) -> None:
@@ -296,6 +333,9 @@ def _story_request(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_generate(args: argparse.Namespace) -> int:
+    # the status line says what is retried and when; stamina's own log lines
+    # would land in the story's output
+    stamina.instrumentation.set_on_retry_hooks([])
     status = StatusLine(sys.stderr)
     job_id = None
     try:
