@@ -12,11 +12,10 @@ import time
 from collections.abc import Callable
 from datetime import datetime
 
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from shared import store
+from shared import db, store
 from shared.rows import DrainStats
 
 log = structlog.get_logger()
@@ -53,7 +52,7 @@ class DrainStatsCache:
                 try:
                     async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
                         self._stats = await store.job_drain_stats(conn)
-                except (psycopg.OperationalError, TimeoutError) as exc:
+                except (*db.DB_ERRORS, TimeoutError) as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
                 self._read_at = self._clock()

@@ -25,6 +25,7 @@ from litestar.openapi.datastructures import ResponseSpec
 from psycopg_pool import PoolTimeout
 
 from api import metrics
+from shared import db
 
 log = structlog.get_logger()
 
@@ -157,6 +158,15 @@ def _on_database_unavailable(request: Request[Any, Any, Any], exc: Exception) ->
     )
 
 
+def _on_database_error(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
+    """A read-only database during a failover, a serialization failure, a
+    lock timeout: the same statement succeeds later, so 503 and Retry-After.
+    Anything else the database refuses is a bug: 500."""
+    if db.is_transient(exc):
+        return _on_database_unavailable(request, exc)
+    return _on_unexpected(request, exc)
+
+
 def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[bytes]:
     log.error("api.unhandled_error", route=_route(request), method=request.method, status=500,
               error=type(exc).__name__, raised_at=_raised_at(exc))
@@ -182,6 +192,7 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     ProblemError: _on_problem,
     HTTPException: _on_http_exception,
     psycopg.OperationalError: _on_database_unavailable,
+    psycopg.Error: _on_database_error,
     PoolTimeout: _on_database_unavailable,
     # the api's own deadline on database work (see api.jobs.database)
     TimeoutError: _on_database_unavailable,

@@ -3,10 +3,12 @@ own transaction unless a query function opens one on purpose."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
 import psycopg
+import structlog
 from psycopg import AsyncConnection
 from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
@@ -16,6 +18,68 @@ from shared.config import BaseSettings
 
 # msgspec decodes jsonb several times faster than the json module
 set_json_loads(msgspec.json.decode)
+
+
+# Every error a database call can raise: a lost connection, a pool that
+# cannot hand one out (PoolTimeout is an OperationalError), and every error
+# the server answers with (a read-only database during a failover, a
+# serialization failure, a lock timeout, data it cannot store). A loop that
+# talks to the database survives all of them.
+DB_ERRORS: tuple[type[Exception], ...] = (psycopg.Error,)
+
+# SQLSTATE classes of errors that go away by themselves: the same statement
+# succeeds once the connection, the server's role or the lock is back.
+_TRANSIENT_CLASSES = ("08", "25", "40", "53", "55", "57", "58")
+
+
+def describe(exc: BaseException) -> str:
+    """One short line for a log field: the error's first line, its SQLSTATE
+    first when the server sent one."""
+    lines = str(exc).strip().splitlines()
+    text = lines[0] if lines else type(exc).__name__
+    sqlstate = getattr(exc, "sqlstate", None)
+    return (f"{sqlstate}: {text}" if sqlstate else text)[:200]
+
+
+def is_transient(exc: BaseException) -> bool:
+    """Whether retrying the same statement later can succeed: connection and
+    pool errors, and server errors of the classes above. A data error or a
+    constraint violation fails again with the same input."""
+    sqlstate = getattr(exc, "sqlstate", None)
+    if sqlstate is None:
+        return isinstance(exc, (psycopg.OperationalError, psycopg.InterfaceError))
+    return sqlstate[:2] in _TRANSIENT_CLASSES
+
+
+class ErrorEpisode:
+    """Logs a run of database errors once, when it starts, and once more when
+    it ends: a loop that retries every second during an outage writes two
+    lines, not one per attempt."""
+
+    def __init__(self, event: str, *, clock: Callable[[], float], **fields: Any) -> None:
+        self._event = event
+        self._clock = clock
+        self._fields = fields
+        self.since: float | None = None
+
+    @property
+    def ongoing(self) -> bool:
+        return self.since is not None
+
+    def failed(self, exc: BaseException, **fields: Any) -> None:
+        if self.since is None:
+            self.since = self._clock()
+            _log.warning(f"{self._event}.database_error", sqlstate=getattr(exc, "sqlstate", None),
+                         error=describe(exc), **self._fields, **fields)
+
+    def succeeded(self) -> None:
+        if self.since is not None:
+            _log.info(f"{self._event}.database_recovered", down_s=round(self._clock() - self.since, 1),
+                      **self._fields)
+            self.since = None
+
+
+_log = structlog.get_logger()
 
 
 class SchemaBehind(RuntimeError):

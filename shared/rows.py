@@ -5,9 +5,11 @@ from __future__ import annotations
 import uuid
 from datetime import datetime
 from decimal import Decimal
-from typing import Any
+from typing import Any, Literal
 
 import msgspec
+
+from shared.status import ErrorCode, JobStatus, LlmOutcome
 
 
 class KeyAuth(msgspec.Struct, frozen=True):
@@ -23,7 +25,7 @@ class IdempotentLookup(msgspec.Struct, frozen=True):
     key_hash: bytes
     revoked: bool
     public_id: uuid.UUID | None
-    status: str | None
+    status: JobStatus | None
     request_fingerprint: bytes | None
     created_at: datetime | None
 
@@ -39,10 +41,9 @@ class Admission(msgspec.Struct, frozen=True):
 
 class EnqueueResult(msgspec.Struct, frozen=True):
     ord: int
-    # inserted | existing | queue_full | client_queue_full
-    outcome: str
+    outcome: Literal["inserted", "existing", "queue_full", "client_queue_full"]
     public_id: uuid.UUID | None
-    status: str | None
+    status: JobStatus | None
     request_fingerprint: bytes | None
     created_at: datetime | None
     notified: int
@@ -55,8 +56,8 @@ class JobView(msgspec.Struct, frozen=True):
     key_hash: bytes
     revoked: bool
     public_id: uuid.UUID | None
-    status: str | None
-    error_code: str | None
+    status: JobStatus | None
+    error_code: ErrorCode | None
     error_text: str | None
     progress: int | None
     created_at: datetime | None
@@ -73,7 +74,7 @@ class JobView(msgspec.Struct, frozen=True):
 
 
 class CancelResult(msgspec.Struct, frozen=True):
-    previous_status: str
+    previous_status: JobStatus
     cancelled: bool
 
 
@@ -111,12 +112,9 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     started_at: datetime
 
 
-class Completion(msgspec.Struct, frozen=True):
-    """A written story, waiting to complete its job."""
+class Draft(msgspec.Struct, frozen=True, kw_only=True):
+    """A story as a writer returns it, with what its call cost."""
 
-    job_id: int
-    client_id: int
-    attempt: int
     title: str
     body: str
     model: str
@@ -124,7 +122,15 @@ class Completion(msgspec.Struct, frozen=True):
     input_tokens: int
     output_tokens: int
     cost_usd: Decimal
-    request_id: str | None
+    request_id: str | None = None
+
+
+class Completion(Draft, frozen=True, kw_only=True):
+    """A written story, waiting to complete its job."""
+
+    job_id: int
+    client_id: int
+    attempt: int
 
 
 class Failure(msgspec.Struct, frozen=True):
@@ -132,9 +138,9 @@ class Failure(msgspec.Struct, frozen=True):
 
     job_id: int
     attempt: int
-    error_code: str
+    error_code: ErrorCode
     error_text: str
-    call_outcome: str
+    call_outcome: LlmOutcome
     billed: bool
     input_tokens: int = 0
     output_tokens: int = 0
@@ -149,15 +155,15 @@ class SettleResult(msgspec.Struct, frozen=True):
 
 class HeartbeatRow(msgspec.Struct, frozen=True):
     id: int
-    status: str | None
-    error_code: str | None
+    status: JobStatus | None
+    error_code: ErrorCode | None
     alive: bool
 
 
 class StaleJob(msgspec.Struct, frozen=True):
     id: int
     public_id: uuid.UUID
-    reason: str
+    reason: ErrorCode
     worker_id: str | None
 
 
@@ -177,8 +183,8 @@ class KeyListRow(msgspec.Struct, frozen=True):
 class JobListRow(msgspec.Struct, frozen=True):
     public_id: uuid.UUID
     client_name: str
-    status: str
-    error_code: str | None
+    status: JobStatus
+    error_code: ErrorCode | None
     progress: int
     created_at: datetime
     started_at: datetime | None
@@ -190,8 +196,8 @@ class JobAdminRow(msgspec.Struct, frozen=True):
     id: int
     public_id: uuid.UUID
     client_name: str
-    status: str
-    error_code: str | None
+    status: JobStatus
+    error_code: ErrorCode | None
     error_text: str | None
     progress: int
     worker_id: str | None
@@ -210,7 +216,7 @@ class LlmCallRow(msgspec.Struct, frozen=True):
     model: str
     started_at: datetime
     finished_at: datetime | None
-    outcome: str
+    outcome: LlmOutcome
     billed: bool
     input_tokens: int
     output_tokens: int

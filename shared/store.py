@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import class_row, scalar_row
+from psycopg.rows import BaseRowFactory, scalar_row
 from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
@@ -41,6 +41,7 @@ from shared.rows import (
     StaleJob,
     StoryView,
 )
+from shared.status import JobStatus, LlmOutcome
 
 Conn = AsyncConnection[Any]
 R = TypeVar("R")
@@ -50,14 +51,29 @@ ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
 MIGRATION_LOCK_KEY = 0x5354_4F52_594D_4947  # "STORYMIG"
 
 
+def struct_row(row_type: type[R]) -> BaseRowFactory[R]:
+    """Rows as msgspec Structs, converted by msgspec: a status arrives as a
+    JobStatus, an error code as an ErrorCode, not as the text Postgres sent."""
+
+    def factory(cursor: Any) -> Any:
+        names = [column.name for column in cursor.description or ()]
+
+        def make_row(values: Sequence[Any]) -> R:
+            return msgspec.convert(dict(zip(names, values, strict=True)), row_type)
+
+        return make_row
+
+    return factory
+
+
 async def _one(conn: Conn, row_type: type[R], query: str, params: dict[str, Any]) -> R | None:
-    async with conn.cursor(row_factory=class_row(row_type)) as cur:
+    async with conn.cursor(row_factory=struct_row(row_type)) as cur:
         await cur.execute(Q[query], params)
         return await cur.fetchone()
 
 
 async def _all(conn: Conn, row_type: type[R], query: str, params: dict[str, Any]) -> list[R]:
-    async with conn.cursor(row_factory=class_row(row_type)) as cur:
+    async with conn.cursor(row_factory=struct_row(row_type)) as cur:
         await cur.execute(Q[query], params)
         return await cur.fetchall()
 
@@ -164,7 +180,7 @@ async def job_insert_if_admitted(
     params = {"requests": _json(requests), "queue_max": queue_max, "client_queue_max": client_queue_max}
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
-        cur = conn.cursor(row_factory=class_row(EnqueueResult))
+        cur = conn.cursor(row_factory=struct_row(EnqueueResult))
         await cur.execute(Q["job_insert_if_admitted"], params)
     return await cur.fetchall()
 
@@ -174,8 +190,15 @@ async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> 
 
 
 async def job_cancel(conn: Conn, *, client_id: int, job_id: uuid.UUID) -> CancelResult | None:
-    """None: no such job for this client."""
-    return await _one(conn, CancelResult, "job_cancel", {"client_id": client_id, "job_id": job_id})
+    """pending or running -> failed (cancelled), and the ledger row of a call
+    left open closed, in one transaction sent as one round trip. None: no
+    such job for this client."""
+    params = {"client_id": client_id, "job_id": job_id}
+    async with conn.pipeline(), conn.transaction():
+        cur = conn.cursor(row_factory=struct_row(CancelResult))
+        await cur.execute(Q["job_cancel"], params)
+        await conn.execute(Q["llm_call_close_for_cancelled_job"], params)
+    return await cur.fetchone()
 
 
 async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:
@@ -222,7 +245,7 @@ async def job_settle_and_claim(
     cur = await conn.execute(Q["job_settle_and_claim"], params)
     row = await cur.fetchone()
     assert row is not None
-    completed_ids, already_completed_ids, _calls_finished, claimed_json = row
+    completed_ids, already_completed_ids, claimed_json = row
     return SettleResult(
         completed_ids=list(completed_ids),
         already_completed_ids=list(already_completed_ids),
@@ -265,14 +288,17 @@ async def job_list_running_for_worker(conn: Conn, *, worker_id: str, known_ids: 
 
 
 async def llm_call_start(
-    conn: Conn, *, job_id: int, previous_attempt: int, previous_outcome: str, previous_billed: bool,
-    previous_error: str | None,
-) -> int:
-    """Closes the previous attempt's ledger row and opens the next; returns its attempt."""
-    (attempt,) = await _scalars(
+    conn: Conn, *, worker_id: str, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome,
+    previous_billed: bool, previous_error: str | None,
+) -> int | None:
+    """Closes the previous attempt's ledger row and, if the job is still
+    running under this worker, opens the next: returns its attempt, or None
+    when the job is no longer ours (then no request may be sent)."""
+    attempts = await _scalars(
         conn,
         "llm_call_start",
         {
+            "worker_id": worker_id,
             "job_id": job_id,
             "previous_attempt": previous_attempt,
             "previous_outcome": previous_outcome,
@@ -280,7 +306,7 @@ async def llm_call_start(
             "previous_error": previous_error,
         },
     )
-    return attempt
+    return attempts[0] if attempts else None
 
 
 async def llm_call_finish(
@@ -288,7 +314,7 @@ async def llm_call_finish(
     *,
     job_id: int,
     attempt: int,
-    outcome: str,
+    outcome: LlmOutcome,
     billed: bool,
     input_tokens: int,
     output_tokens: int,
@@ -319,27 +345,47 @@ async def job_fail_stale(
     heartbeat_timeout_s: float,
     job_timeout_s: float,
     pending_timeout_s: float,
-    check_heartbeats: bool,
+    judge_running: bool,
     batch_size: int,
+    lock_timeout_s: float,
     now: datetime | None = None,
 ) -> list[StaleJob]:
-    return await _all(
-        conn,
-        StaleJob,
-        "job_fail_stale",
-        {
-            "heartbeat_timeout_s": heartbeat_timeout_s,
-            "job_timeout_s": job_timeout_s,
-            "pending_timeout_s": pending_timeout_s,
-            "check_heartbeats": check_heartbeats,
-            "batch_size": batch_size,
-            "now": now,
-        },
-    )
+    """One batch of the sweeper's rules, and the ledger rows its jobs left
+    open closed, in one transaction whose statements wait at most
+    lock_timeout_s for a lock."""
+    async with conn.transaction():
+        await _set_lock_timeout(conn, lock_timeout_s)
+        swept = await _all(
+            conn,
+            StaleJob,
+            "job_fail_stale",
+            {
+                "heartbeat_timeout_s": heartbeat_timeout_s,
+                "job_timeout_s": job_timeout_s,
+                "pending_timeout_s": pending_timeout_s,
+                "judge_running": judge_running,
+                "batch_size": batch_size,
+                "now": now,
+            },
+        )
+        if swept:
+            await conn.execute(Q["llm_call_close_for_swept_jobs"], {"job_ids": [job.id for job in swept]})
+    return swept
 
 
-async def server_started_at(conn: Conn) -> datetime:
-    (started_at,) = await _scalars(conn, "server_started_at")
+async def _set_lock_timeout(conn: Conn, lock_timeout_s: float) -> None:
+    await conn.execute(Q["transaction_lock_timeout_set"], {"lock_timeout_ms": max(1, round(lock_timeout_s * 1000))})
+
+
+async def sweeper_probe(conn: Conn, *, lock_timeout_s: float) -> datetime:
+    """Raises unless a heartbeat could be written right now (within
+    lock_timeout_s); returns the server's start time."""
+    async with conn.pipeline(), conn.transaction():
+        await _set_lock_timeout(conn, lock_timeout_s)
+        cur = await conn.execute(Q["sweeper_probe"])
+    row = await cur.fetchone()
+    assert row is not None
+    started_at: datetime = row[0]
     return started_at
 
 
@@ -361,7 +407,7 @@ async def job_prune_finished(
 # -- operators' commands ----------------------------------------------------------
 
 
-async def job_list(conn: Conn, *, status: str | None, limit: int) -> list[JobListRow]:
+async def job_list(conn: Conn, *, status: JobStatus | None, limit: int) -> list[JobListRow]:
     return await _all(conn, JobListRow, "job_list", {"status": status, "limit": limit})
 
 

@@ -135,35 +135,37 @@ fresh AS MATERIALIZED (
     FROM req r
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
 ),
+-- For each queue: `kept` is the bound job_admission keeps (NULL if its row is
+-- missing), and `counted` the pending jobs counted up to the maximum, only
+-- when the kept bound does not leave room for the batch (NULL otherwise).
 client_depth AS MATERIALIZED (
-    SELECT c.client_id,
-           CASE WHEN coalesce(a.pending_at_most, %(client_queue_max)s) + c.asks <= %(client_queue_max)s
-                THEN a.pending_at_most
+    SELECT c.client_id, a.pending_at_most AS kept,
+           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs s
                           WHERE s.status = 'pending' AND s.client_id = c.client_id
                           ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
-           END AS depth
+           END AS counted
     FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
     LEFT JOIN job_admission a ON a.client_id = c.client_id
 ),
 client_ok AS MATERIALIZED (
     SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
     FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE d.depth + f.client_rank <= %(client_queue_max)s
+    WHERE coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
 ),
 queue AS MATERIALIZED (
-    SELECT CASE WHEN coalesce(a.pending_at_most, %(queue_max)s) + (SELECT count(*) FROM client_ok)
-                     <= %(queue_max)s
-                THEN a.pending_at_most
+    SELECT a.pending_at_most AS kept,
+           CASE WHEN a.pending_at_most + (SELECT count(*) FROM client_ok) <= %(queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs WHERE status = 'pending'
                           ORDER BY created_at, id LIMIT %(queue_max)s) q)
-           END AS depth
+           END AS counted
     FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
 ),
 admitted AS MATERIALIZED (
-    SELECT c.* FROM client_ok c, queue WHERE queue.depth + c.queue_rank <= %(queue_max)s
+    SELECT c.* FROM client_ok c, queue
+    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
@@ -175,12 +177,29 @@ keys_recorded AS (
     INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
     SELECT client_id, idempotency_key, id FROM inserted
 ),
+-- The new bound of each queue, never below its pending count: the kept bound
+-- plus what was admitted; or an exact count (below this replica's maximum)
+-- plus what was admitted; or, when the count stopped at this replica's
+-- maximum, the truth may be higher (a replica with a larger maximum admitted
+-- more), so the kept bound stays as it is, and a missing one stays missing.
+new_bounds AS (
+    SELECT 0::bigint AS client_id, q.kept,
+           CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
+                WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
+                ELSE q.kept END AS bound
+    FROM queue q, (SELECT count(*) AS admitted FROM admitted) n
+    UNION ALL
+    SELECT d.client_id, d.kept,
+           CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
+                WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
+                ELSE d.kept END
+    FROM client_depth d
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted FROM admitted a WHERE a.client_id = d.client_id) n
+),
 bounds_kept AS (
     INSERT INTO job_admission (client_id, pending_at_most)
-    SELECT 0, queue.depth + (SELECT count(*) FROM admitted) FROM queue
-    UNION ALL
-    SELECT d.client_id, d.depth + (SELECT count(*) FROM admitted a WHERE a.client_id = d.client_id)
-    FROM client_depth d
+    SELECT client_id, bound FROM new_bounds
+    WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
     ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
 ),
 notified AS (
@@ -240,6 +259,20 @@ cancelled AS (
 )
 SELECT job.status AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
 FROM job;
+
+-- name: llm_call_close_for_cancelled_job
+-- Second statement of a cancellation, in its transaction: closes the ledger
+-- row of a call that was open when the job was cancelled, as interrupted
+-- (assumed billed; a live worker overwrites it with what it knows when it
+-- closes the stream). A statement of its own, because its snapshot must see
+-- a retry's row opened while the cancellation waited for the job's row lock
+-- (llm_call_start holds it while it opens one).
+UPDATE llm_calls c
+SET finished_at = now(), outcome = 'interrupted',
+    error_text = 'the job was cancelled while this call was open'
+FROM story_jobs j
+WHERE j.public_id = %(job_id)s AND j.client_id = %(client_id)s AND j.status = 'failed'
+  AND c.job_id = j.id AND c.outcome = 'started';
 
 -- name: story_get_for_key
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
@@ -306,7 +339,6 @@ calls_finished AS (
     FROM done
     WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM done))
       AND c.job_id = done.job_id AND c.attempt = done.attempt
-    RETURNING c.job_id
 ),
 completed AS (
     UPDATE story_jobs j
@@ -345,7 +377,6 @@ SELECT
         WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
           AND j.status = 'completed' AND j.worker_id = %(worker_id)s
     ), '{}') AS already_completed_ids,
-    (SELECT count(*) FROM calls_finished) AS calls_finished,
     coalesce((
         SELECT json_agg(json_build_object(
             'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
@@ -372,7 +403,6 @@ calls_finished AS (
     FROM failing
     WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
       AND c.job_id = failing.job_id AND c.attempt = failing.attempt
-    RETURNING c.job_id
 ),
 failed AS (
     UPDATE story_jobs j
@@ -383,8 +413,7 @@ failed AS (
       AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id
 )
-SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids,
-       (SELECT count(*) FROM calls_finished) AS calls_finished;
+SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids;
 
 -- name: job_heartbeat
 -- Every few seconds, one statement for all jobs a worker process holds:
@@ -423,9 +452,19 @@ WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
   AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1);
 
 -- name: llm_call_start
--- A retry's ledger row, written before the request is sent. The previous
--- attempt's row is closed in the same statement.
-WITH previous AS (
+-- A retry's ledger row, written before its request is sent, and only while
+-- the job is still running under this worker: no row (and so no request) for
+-- a job that was cancelled or swept meanwhile. The previous attempt's row is
+-- closed in the same statement either way. The job's row is locked while the
+-- new row is written, so a cancellation or a sweep either happens first (and
+-- no row is opened) or waits, and then closes the new row with a statement of
+-- its own (llm_call_close_*).
+WITH owned AS MATERIALIZED (
+    SELECT id FROM story_jobs
+    WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
+    FOR SHARE
+),
+previous AS (
     UPDATE llm_calls
     SET finished_at = now(), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
         error_text = %(previous_error)s
@@ -433,7 +472,8 @@ WITH previous AS (
     RETURNING job_id, attempt, worker_id, provider, model
 )
 INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
-SELECT job_id, attempt + 1, worker_id, provider, model FROM previous
+SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
+FROM previous p JOIN owned o ON o.id = p.job_id
 RETURNING attempt;
 
 -- name: llm_call_finish
@@ -451,8 +491,9 @@ WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
 -- whose heartbeat stopped (interrupted), one running too long (timed_out),
 -- one waiting too long (queue_timeout). SKIP LOCKED leaves a job whose
 -- worker is completing it right now alone: the next pass sees it finished.
--- %(check_heartbeats)s is false until the sweeper has been connected for a
--- whole heartbeat timeout, so that an outage is not taken for dead workers.
+-- %(judge_running)s is false until the sweeper has seen the database writable
+-- for a whole heartbeat timeout: while workers cannot write, neither their
+-- heartbeats nor their finished stories can be judged.
 -- Each rule's scan orders by (created_at, id), which only the active index
 -- provides, so the plan cannot drift to a walk of the whole table.
 WITH now_ AS (SELECT coalesce(%(now)s::timestamptz, now()) AS t),
@@ -470,10 +511,9 @@ stale_running AS MATERIALIZED (
            CASE WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
                 THEN 'timed_out' ELSE 'interrupted' END AS reason
     FROM story_jobs j, now_
-    WHERE j.status = 'running'
+    WHERE %(judge_running)s AND j.status = 'running'
       AND (j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
-        OR (%(check_heartbeats)s
-            AND j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8)))
+        OR j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8))
     ORDER BY j.created_at, j.id
     LIMIT %(batch_size)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
@@ -482,35 +522,45 @@ stale AS (
     SELECT id, reason FROM stale_pending
     UNION ALL
     SELECT id, reason FROM stale_running
-),
-swept AS (
-    UPDATE story_jobs j
-    SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
-        error_text = CASE stale.reason
-            WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
-            WHEN 'timed_out' THEN 'the story took longer than the job timeout'
-            ELSE 'the worker stopped sending heartbeats'
-        END
-    FROM stale, now_
-    WHERE j.id = stale.id AND j.status IN ('pending', 'running')
-    RETURNING j.id, j.public_id, stale.reason, j.worker_id
-),
--- A call whose worker died never reports how it ended: close it as
--- interrupted and keep counting it as billed, since it may have been. A live
--- worker that loses its job this way overwrites this with what it knows.
-calls_closed AS (
-    UPDATE llm_calls c
-    SET finished_at = now_.t, outcome = 'interrupted',
-        error_text = 'the job was failed by the sweeper (' || swept.reason || ') while this call was open'
-    FROM swept, now_
-    WHERE c.job_id = swept.id AND c.outcome = 'started'
-    RETURNING c.job_id
 )
-SELECT id, public_id, reason, worker_id FROM swept
+UPDATE story_jobs j
+SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+    error_text = CASE stale.reason
+        WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
+        WHEN 'timed_out' THEN 'the story took longer than the job timeout'
+        ELSE 'the worker stopped sending heartbeats'
+    END
+FROM stale, now_
+WHERE j.id = stale.id AND j.status IN ('pending', 'running')
+RETURNING j.id, j.public_id, stale.reason, j.worker_id;
 
--- name: server_started_at
--- The sweeper's probe: a changed answer means the server restarted, and with
--- it every worker lost its connection for a while.
+-- name: llm_call_close_for_swept_jobs
+-- Second statement of a sweep batch, in its transaction: a call whose worker
+-- died never reports how it ended, so close it as interrupted and keep
+-- counting it as billed, since it may have been. A live worker that lost its
+-- job this way overwrites this with what it knows. A statement of its own, so
+-- that its snapshot sees a retry's row opened while the sweep waited.
+UPDATE llm_calls c
+SET finished_at = now(), outcome = 'interrupted',
+    error_text = 'the job was failed by the sweeper (' || j.error_code || ') while this call was open'
+FROM story_jobs j
+WHERE j.id = ANY (%(job_ids)s::bigint[]) AND j.status = 'failed'
+  AND c.job_id = j.id AND c.outcome = 'started';
+
+-- name: transaction_lock_timeout_set
+-- How long the statements of this transaction may wait for a lock before
+-- they fail (SET LOCAL: nothing outlives the transaction, so this is safe on
+-- a pooled connection).
+SELECT set_config('lock_timeout', %(lock_timeout_ms)s::text, true);
+
+-- name: sweeper_probe
+-- Whether workers could write right now: the probe takes the table lock a
+-- heartbeat takes (and fails as one would on a read-only database), touching
+-- no row; it runs under a short lock timeout. A changed server start time
+-- means the server restarted, and every worker lost its connection for a while.
+WITH write_check AS (
+    UPDATE story_jobs SET heartbeat_at = heartbeat_at WHERE id = 0 RETURNING id
+)
 SELECT pg_postmaster_start_time();
 
 -- name: job_queue_gauges
@@ -572,7 +622,7 @@ FROM llm_calls WHERE job_id = %(job_id)s ORDER BY attempt;
 
 -- name: stats_last_hour
 -- `storyjobs stats`: queue depth, throughput and spend over the last hour.
--- The ledger is read by time; llm_calls_started_at_idx keeps that cheap.
+-- The ledger is read by time; llm_calls_started_at_brin keeps that cheap.
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
        count(*) FILTER (WHERE c.outcome = 'succeeded') AS succeeded_calls,

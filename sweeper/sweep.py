@@ -5,11 +5,15 @@ a running job whose heartbeat is older than HEARTBEAT_TIMEOUT_S fails as
 ``interrupted`` (its worker died); one running longer than JOB_TIMEOUT_S as
 ``timed_out``; one pending longer than PENDING_TIMEOUT_S as ``queue_timeout``.
 
-No false deaths after an outage: while the database was unreachable, live
-workers could not write heartbeats either. The heartbeat rule is therefore
-applied only once the sweeper itself has been connected without a break for
-a whole HEARTBEAT_TIMEOUT_S; its connection breaking, or the server having
-restarted, starts that wait again.
+No false deaths: while workers cannot write (the database unreachable or
+restarted, turned read-only, or a lock on story_jobs held by a careless
+migration), their heartbeats stop and their finished stories cannot be
+settled, yet they are alive. So the two rules about running jobs (heartbeat
+and job timeout) are applied only once the sweeper has seen the database
+writable for a whole HEARTBEAT_TIMEOUT_S: every pass and every probe between
+passes (at the heartbeat interval) takes the lock a heartbeat takes, under a
+lock timeout of one heartbeat interval, and fails as a heartbeat would on a
+read-only database. Any failure starts that wait again.
 """
 
 from __future__ import annotations
@@ -19,17 +23,16 @@ from collections.abc import Callable
 from datetime import datetime
 
 import msgspec
-import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from shared import store
 from shared.config import SweeperSettings
+from shared.status import ErrorCode
 from sweeper import metrics
 
 log = structlog.get_logger()
 
-DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # at most this many prune batches per pass, so one pass stays short
 _PRUNE_BATCHES_PER_PASS = 10
 
@@ -42,7 +45,8 @@ class SweepResult(msgspec.Struct, frozen=True):
     pending: int
     running: int
     oldest_pending_age_seconds: float
-    checked_heartbeats: bool
+    # whether the rules about running jobs were applied (see the module's doc)
+    judged_running: bool
 
     @property
     def reclaimed(self) -> int:
@@ -60,55 +64,58 @@ class Sweeper:
         self.settings = settings
         self._pool = pool
         self._clock = clock
-        self._healthy_since: float | None = None
+        self._writable_since: float | None = None
         self._server_started_at: datetime | None = None
 
     def connection_lost(self) -> None:
-        """Call when a database operation failed: heartbeats cannot be judged
-        until the connection has been healthy for a heartbeat timeout."""
-        if self._healthy_since is not None:
-            log.warning("sweeper.database_unavailable",
-                        detail="heartbeat checks paused until the connection is healthy again")
-        self._healthy_since = None
+        """Call when a database operation failed: running jobs cannot be
+        judged until the database has been writable for a heartbeat timeout."""
+        self._writable_since = None
         metrics.HEARTBEAT_CHECKS.set(0)
 
     async def probe(self) -> None:
-        """A cheap round trip between passes, so that an outage shorter than
-        SWEEPER_INTERVAL_S is noticed too."""
+        """A cheap check between passes that a heartbeat could be written now,
+        so that an outage, a read-only spell or a long lock shorter than
+        SWEEPER_INTERVAL_S is noticed too. Raises when it could not."""
         async with self._pool.connection() as conn:
-            started_at = await store.server_started_at(conn)
-        self._connected(started_at)
+            started_at = await store.sweeper_probe(conn, lock_timeout_s=self._lock_timeout_s)
+        self._writable(started_at)
 
-    def _connected(self, server_started_at: datetime) -> None:
+    @property
+    def _lock_timeout_s(self) -> float:
+        return self.settings.heartbeat_interval_s
+
+    def _writable(self, server_started_at: datetime) -> None:
         if self._server_started_at is not None and server_started_at != self._server_started_at:
-            log.warning("sweeper.server_restarted", detail="heartbeat checks paused for a heartbeat timeout")
-            self._healthy_since = None
+            log.warning("sweeper.server_restarted", detail="running jobs not judged for a heartbeat timeout")
+            self._writable_since = None
         self._server_started_at = server_started_at
-        if self._healthy_since is None:
-            self._healthy_since = self._clock()
+        if self._writable_since is None:
+            self._writable_since = self._clock()
 
-    def heartbeats_trustworthy(self) -> bool:
+    def running_jobs_judgeable(self) -> bool:
         return (
-            self._healthy_since is not None
-            and self._clock() - self._healthy_since >= self.settings.heartbeat_timeout_s
+            self._writable_since is not None
+            and self._clock() - self._writable_since >= self.settings.heartbeat_timeout_s
         )
 
     async def sweep_once(self, *, now: datetime | None = None) -> SweepResult:
         """One pass. ``now`` replaces the database's clock (tests)."""
-        counts = {reason.value: 0 for reason in metrics.REASONS}
+        counts = dict.fromkeys(metrics.REASONS, 0)
         pruned = 0
         async with self._pool.connection() as conn:
-            self._connected(await store.server_started_at(conn))
-            check_heartbeats = self.heartbeats_trustworthy()
-            metrics.HEARTBEAT_CHECKS.set(1 if check_heartbeats else 0)
+            self._writable(await store.sweeper_probe(conn, lock_timeout_s=self._lock_timeout_s))
+            judge_running = self.running_jobs_judgeable()
+            metrics.HEARTBEAT_CHECKS.set(1 if judge_running else 0)
             while True:
                 stale = await store.job_fail_stale(
                     conn,
                     heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
                     job_timeout_s=self.settings.job_timeout_s,
                     pending_timeout_s=self.settings.pending_timeout_s,
-                    check_heartbeats=check_heartbeats,
+                    judge_running=judge_running,
                     batch_size=self.settings.sweeper_batch_size,
+                    lock_timeout_s=self._lock_timeout_s,
                     now=now,
                 )
                 for job in stale:
@@ -133,14 +140,14 @@ class Sweeper:
         metrics.OLDEST_PENDING_AGE.set(gauges.oldest_pending_age_seconds)
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
-            interrupted=counts["interrupted"],
-            timed_out=counts["timed_out"],
-            queue_timeout=counts["queue_timeout"],
+            interrupted=counts[ErrorCode.INTERRUPTED],
+            timed_out=counts[ErrorCode.TIMED_OUT],
+            queue_timeout=counts[ErrorCode.QUEUE_TIMEOUT],
             pruned=pruned,
             pending=gauges.pending,
             running=gauges.running,
             oldest_pending_age_seconds=gauges.oldest_pending_age_seconds,
-            checked_heartbeats=check_heartbeats,
+            judged_running=judge_running,
         )
         if result.reclaimed or pruned:
             log.info("sweeper.pass", reclaimed=result.reclaimed, interrupted=result.interrupted,

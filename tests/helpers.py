@@ -18,7 +18,8 @@ from shared import store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
 from shared.rows import Admission
 from shared.story_request import StoryRequest, canonical_json, fingerprint
-from worker.runner import Worker
+from worker.runner import Worker, new_worker_id
+from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
 # fast timings for tests; each test states the ones it depends on
@@ -117,12 +118,22 @@ async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float = 1
         await asyncio.sleep(0.02)
 
 
+def worker_on(
+    settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
+    worker_id: str | None = None,
+) -> Worker:
+    """A Worker on the test's pool, as python -m worker builds one."""
+    store = PgWorkerStore(pool, worker_id=worker_id or new_worker_id(), provider=writer.provider,
+                          model=writer.model, listen_url=listen_url, connect_timeout_s=5)
+    return Worker(settings, store, writer, listen=listen_url is not None)
+
+
 @contextlib.asynccontextmanager
 async def running_worker(
     settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
 ) -> AsyncIterator[Worker]:
     """A Worker running in this event loop; stopped (gracefully) on exit."""
-    worker = Worker(settings, pool, writer, listen_url=listen_url)
+    worker = worker_on(settings, pool, writer, listen_url=listen_url)
     task = asyncio.create_task(worker.run())
     try:
         yield worker

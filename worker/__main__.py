@@ -2,21 +2,20 @@
 
 from __future__ import annotations
 
-import asyncio
-import signal
-import sys
-
 import structlog
-import uvloop
-from prometheus_client import start_http_server
 
-from shared import db, logs
-from shared.config import WorkerSettings, load_or_exit
-from shared.startup import wait_for_schema
-from worker.runner import Worker
+from shared import db, process
+from shared.config import WorkerSettings
+from worker.runner import Worker, WorkerCrashed, new_worker_id
+from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
 log = structlog.get_logger()
+
+# exit codes: 0 everything held was recorded; 1 shutdown left jobs to the
+# sweeper; 70 a helper task died (logged where it happened)
+EXIT_ABANDONED = 1
+EXIT_CRASHED = 70
 
 
 def make_writer(settings: WorkerSettings) -> StoryWriter:
@@ -30,46 +29,32 @@ def make_writer(settings: WorkerSettings) -> StoryWriter:
 
 
 async def serve(settings: WorkerSettings) -> int:
-    url = db.database_url(settings)
-    await wait_for_schema(url, settings, process="worker")
-    writer = make_writer(settings)
-    if settings.offline:
-        log.warning(
-            "worker.offline_writer",
-            detail="ANTHROPIC_API_KEY is not set: stories come from the built-in offline writer, "
-            "for demos and tests only; no LLM is called",
-            delay_s=settings.offline_delay_s,
+    async with process.database_pool(settings, process="worker", statement_timeout_s=30.0, max_size=3) as pool:
+        writer = make_writer(settings)
+        if settings.offline:
+            log.warning(
+                "worker.offline_writer",
+                detail="ANTHROPIC_API_KEY is not set: stories come from the built-in offline writer, "
+                "for demos and tests only; no LLM is called",
+                delay_s=settings.offline_delay_s,
+            )
+        store = PgWorkerStore(
+            pool, worker_id=new_worker_id(), provider=writer.provider, model=writer.model,
+            listen_url=db.database_url(settings), connect_timeout_s=settings.db_connect_timeout_s,
         )
-    pool = db.make_pool(
-        url,
-        application_name="storyjobs-worker",
-        connect_timeout_s=settings.db_connect_timeout_s,
-        statement_timeout_s=30.0,
-        min_size=1,
-        max_size=3,
-        # short: during an outage the runner backs off and retries itself
-        wait_timeout_s=2.0,
-        generic_plans=True,
-    )
-    await pool.open(wait=False)
-    worker = Worker(settings, pool, writer, listen_url=url)
-    loop = asyncio.get_running_loop()
-    for signum in (signal.SIGTERM, signal.SIGINT):
-        loop.add_signal_handler(signum, worker.stop)
-    try:
-        clean = await worker.run()
-    finally:
-        await writer.aclose()
-        await pool.close()
-    return 0 if clean else 1
+        worker = Worker(settings, store, writer, listen=settings.worker_listen)
+        process.on_stop_signal(worker.stop)
+        try:
+            clean = await worker.run()
+        except WorkerCrashed:
+            return EXIT_CRASHED
+        finally:
+            await writer.aclose()
+    return 0 if clean else EXIT_ABANDONED
 
 
 def main() -> None:
-    settings = load_or_exit(WorkerSettings)
-    logs.configure(settings.log_level, settings.log_format, process="worker")
-    if settings.metrics_port:
-        start_http_server(settings.metrics_port, addr="0.0.0.0")
-    sys.exit(uvloop.run(serve(settings)))
+    process.main(WorkerSettings, process="worker", serve=serve, metrics_port=lambda s: s.metrics_port)
 
 
 if __name__ == "__main__":

@@ -5,7 +5,9 @@ and 5xx, and a retried request after the provider started generating is a
 second bill). We retry only what was certainly not billed, decided where we
 know whether the stream had started:
 
-* 429 (rate limited) and 529 (overloaded) answered instead of a stream;
+* 429 (rate limited) and 529 (overloaded) answered instead of a stream,
+  unless the provider says ``x-should-retry: false`` (as it does when a spend
+  limit is reached): that answer is final;
 * a connection that could not be made, so nothing was sent.
 
 Everything else fails the job: a provider 4xx as ``llm_rejected`` (nothing was
@@ -63,7 +65,24 @@ def _retry_after_s(response: httpx2.Response) -> float | None:
 
 def _classify_before_stream(exc: anthropic.APIError) -> Exception:
     """An error raised before any event arrived: NotBilled if certainly
-    unbilled, else the WriteFailed that fails the job."""
+    unbilled and worth retrying, else the WriteFailed that fails the job."""
+    classified = _classify_status(exc)
+    if (
+        isinstance(classified, NotBilled)
+        and isinstance(exc, anthropic.APIStatusError)
+        and exc.response.headers.get("x-should-retry", "").strip().lower() == "false"
+    ):
+        return WriteFailed(
+            ErrorCode.LLM_REJECTED,
+            f"the LLM provider refused the request ({exc.status_code}) and asked not to retry it: "
+            f"{_provider_message(exc)}",
+            outcome=classified.outcome,
+            billed=False,
+        )
+    return classified
+
+
+def _classify_status(exc: anthropic.APIError) -> Exception:
     if isinstance(exc, anthropic.RateLimitError):
         return NotBilled(LlmOutcome.RATE_LIMITED, "429 rate limited", _retry_after_s(exc.response))
     if isinstance(exc, anthropic.APIStatusError) and exc.status_code == 529:

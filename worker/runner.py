@@ -1,12 +1,18 @@
-"""The worker's loop: claim pending jobs, write their stories, settle them.
+"""The worker: claim pending jobs, write their stories, settle them.
 
-One coordinator task owns every state change. Each round it sends one
-statement, job_settle_and_claim, that completes the stories written since
-the last round and claims as many pending jobs as there are free slots: one
-commit per round however many jobs it carries. Each claimed job runs in its
-own task; a heartbeat task refreshes every held job in one statement and
-stops the stream of any job that is no longer ours; a listener task turns
-NOTIFY into an immediate claim, with a slow poll as the fallback.
+The coordinator's decisions are one method, ``Worker.round_once()``, which
+writes what is waiting (failures, then written stories together with a claim
+for the free slots: one statement, one commit per round however many jobs it
+carries) and returns what it did; ``run()`` only repeats it and waits in
+between. Each claimed job runs in its own task; a heartbeat task refreshes
+every held job in one statement and stops the stream of any job that is no
+longer ours; a listener task turns NOTIFY into an immediate claim, with a poll
+every WORKER_POLL_INTERVAL_S as the fallback.
+
+Every database error, of any kind, is met the same way in every loop: logged
+once per episode with its SQLSTATE, waited out with backoff, never fatal. A
+helper task that dies of anything else takes the worker down (``WorkerCrashed``,
+a non-zero exit): a worker that claims but cannot heartbeat must not go on.
 
 Crash-only: killed at any line, a held job stays ``running`` until the sweeper
 fails it, and nobody calls the LLM for it again. On SIGTERM the worker stops
@@ -22,34 +28,41 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine, Sequence
+from dataclasses import dataclass, field
+from typing import Any
 
 import msgspec
-import psycopg
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
-from shared import db, store
+from shared import db
 from shared.config import WorkerSettings
-from shared.rows import ClaimedJob, Completion, Failure
+from shared.rows import ClaimedJob, Completion, Draft, Failure
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from shared.text import storable, storable_or_none
 from worker import metrics
-from worker.writing import JobCall, StoryWriter, WriteFailed
+from worker.store import WorkerStore
+from worker.writing import JobCall, LostOwnership, StoryWriter, WriteFailed
 
 log = structlog.get_logger()
 
-DB_ERRORS = (psycopg.OperationalError, psycopg.InterfaceError)
 # after the grace period, how long shutdown still tries to record the
 # interrupted jobs before it gives up and leaves them to the sweeper
-_SHUTDOWN_FLUSH_S = 10.0
-_MAX_BACKOFF_S = 5.0
+SHUTDOWN_FLUSH_S = 10.0
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 5.0
 
 
 def new_worker_id() -> str:
     """Unique per process start: a restarted pod with the same hostname is a
     new worker, and never mistakes its predecessor's jobs for its own."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
+
+
+class WorkerCrashed(RuntimeError):
+    """A helper task (heartbeat, listener) died of something other than a
+    database error; it was logged where it happened."""
 
 
 class Phase(enum.Enum):
@@ -73,44 +86,95 @@ class HeldJob:
         self.progress = 0
 
 
+@dataclass
+class Claiming:
+    """What the coordinator knows about claiming."""
+
+    # a NOTIFY or the fallback poll said there may be pending jobs; a claim
+    # that got fewer than it asked for says there are none
+    work_may_wait: bool
+    # when the next claim is due even without a NOTIFY: pushed back only by
+    # a claim, so a busy coordinator that only settles still polls
+    poll_due_at: float
+    # a claim statement failed without an answer: it may have committed, and
+    # the jobs it claimed are ours, with their first request never sent
+    answer_lost: bool = False
+
+
+@dataclass
+class Shutdown:
+    """Set by stop(): no more claims, held jobs finish within the grace."""
+
+    grace_ends_at: float
+    give_up_at: float
+    streams_stopped: bool = False
+
+
+@dataclass
+class RoundResult:
+    """What one round did, and how long the loop may wait before the next
+    (it wakes earlier when a job finishes or a NOTIFY comes)."""
+
+    completed: int = 0
+    lost_races: int = 0  # completions or failures whose job had been ended elsewhere
+    failed: int = 0
+    claimed: int = 0
+    adopted: int = 0
+    unstorable: int = 0  # completions the database refused, failed instead
+    database_error: str | None = None
+    wait_s: float = 0.0
+    finished: bool = False
+    # when finished: everything held was recorded (False: left for the sweeper)
+    clean: bool = True
+
+
+@dataclass
+class _Queues:
+    """Written by job tasks, emptied by rounds."""
+
+    completions: list[Completion] = field(default_factory=list)
+    failures: list[Failure] = field(default_factory=list)
+
+
 class Worker:
     def __init__(
         self,
         settings: WorkerSettings,
-        pool: AsyncConnectionPool,
+        store: WorkerStore,
         writer: StoryWriter,
         *,
-        listen_url: str | None,
-        worker_id: str | None = None,
+        listen: bool = True,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self.worker_id = worker_id or new_worker_id()
-        self._pool = pool
+        self.store = store
+        self.worker_id = store.worker_id
         self._writer = writer
-        self._listen_url = listen_url if settings.worker_listen else None
+        self._listen = listen and settings.worker_listen
         self._clock = clock
         self._jobs: dict[int, HeldJob] = {}
-        self._completions: list[Completion] = []
-        self._failures: list[Failure] = []
+        self._queues = _Queues()
+        self._claiming = Claiming(work_may_wait=True, poll_due_at=clock() + settings.worker_poll_interval_s)
+        self._shutdown: Shutdown | None = None
+        # after the database refused a batch for its data, write one at a
+        # time until the culprit is found
+        self._isolating = False
+        self._backoff_s = BACKOFF_FIRST_S
+        self._errors = db.ErrorEpisode("worker", clock=clock, task="coordinator")
         self._wake = asyncio.Event()
-        self._maybe_work = True
-        self._claims_uncertain = False
-        self._stopping = False
-        self._stopped = asyncio.Event()
-        self._db_down_since: float | None = None
-        self._grace_ends: float | None = None
-        self.claims = 0  # jobs claimed by this process, for tests and logs
+        self._crashed: str | None = None
+        self.claims = 0  # jobs claimed by this process, for logs
 
     # -- public -----------------------------------------------------------------
 
     def stop(self) -> None:
         """Stop claiming; finish what is held within the grace period."""
-        if self._stopping:
+        if self._shutdown is not None:
             return
-        self._stopping = True
-        log.info("worker.stopping", held=len(self._jobs), grace_s=self.settings.worker_shutdown_grace_s)
-        self._stopped.set()
+        now = self._clock()
+        grace = self.settings.worker_shutdown_grace_s
+        self._shutdown = Shutdown(grace_ends_at=now + grace, give_up_at=now + grace + SHUTDOWN_FLUSH_S)
+        log.info("worker.stopping", held=len(self._jobs), grace_s=grace)
         self._wake.set()
 
     @property
@@ -119,174 +183,250 @@ class Worker:
 
     async def run(self) -> bool:
         """Runs until stopped and drained. True when everything held was
-        recorded; False when shutdown left jobs for the sweeper."""
+        recorded; False when shutdown left jobs for the sweeper. Raises
+        WorkerCrashed when a helper task died."""
         structlog.contextvars.bind_contextvars(worker_id=self.worker_id)
         metrics.WORKER_SLOTS.set(self.settings.worker_concurrency)
         log.info("worker.started", concurrency=self.settings.worker_concurrency,
-                 provider=self._writer.provider, model=self._writer.model,
-                 listen=self._listen_url is not None)
-        helpers = [asyncio.create_task(self._heartbeat_loop(), name="heartbeat")]
-        if self._listen_url is not None:
-            helpers.append(asyncio.create_task(self._listen_loop(self._listen_url), name="listen"))
-        grace = asyncio.create_task(self._enforce_grace(), name="grace")
+                 provider=self._writer.provider, model=self._writer.model, listen=self._listen)
+        helpers = [self._helper(self._heartbeat_loop(), "heartbeat")]
+        if self._listen:
+            helpers.append(self._helper(self._listen_loop(), "listener"))
         try:
-            return await self._coordinate()
+            while True:
+                if self._crashed is not None:
+                    raise WorkerCrashed(f"the {self._crashed} task died")
+                result = await self.round_once()
+                if result.finished:
+                    return result.clean
+                await self._pause(result)
         finally:
-            for task in (*helpers, grace):
+            for task in helpers:
                 task.cancel()
-            await asyncio.gather(*helpers, grace, return_exceptions=True)
+            await asyncio.gather(*helpers, return_exceptions=True)
             metrics.WORKER_BUSY.set(0)
             log.info("worker.stopped", claimed=self.claims, left=len(self._jobs))
 
-    # -- coordinator --------------------------------------------------------------
+    async def _pause(self, result: RoundResult) -> None:
+        if result.database_error is not None:
+            # the whole backoff: a job finishing must not hammer a database that is down
+            await asyncio.sleep(result.wait_s)
+            return
+        if result.wait_s <= 0:
+            return
+        try:
+            async with asyncio.timeout(result.wait_s):
+                await self._wake.wait()
+        except TimeoutError:
+            pass
 
-    async def _coordinate(self) -> bool:
-        backoff = 0.5
-        give_up_at: float | None = None
-        next_poll = self._clock() + self.settings.worker_poll_interval_s
-        while True:
-            self._wake.clear()
-            if self._stopping and not self._jobs and not self._completions and not self._failures:
-                return True
-            if self._stopping and give_up_at is None and self._shutdown_deadline_passed():
-                give_up_at = self._clock() + _SHUTDOWN_FLUSH_S
-            if give_up_at is not None and self._clock() > give_up_at:
-                log.error("worker.shutdown_abandoned", job_ids=list(self._jobs),
+    # -- the round --------------------------------------------------------------------
+
+    async def round_once(self) -> RoundResult:
+        """One round of the coordinator: stop streams past the shutdown grace,
+        write failures, adopt the claims of a lost answer, settle written
+        stories and claim for free slots. Never raises for a database error:
+        the result carries it, with the backoff to wait."""
+        self._wake.clear()
+        now = self._clock()
+        shutdown = self._shutdown
+        if shutdown is not None:
+            if now >= shutdown.grace_ends_at and not shutdown.streams_stopped:
+                shutdown.streams_stopped = True
+                self._stop_streams("shutdown")
+            if now >= shutdown.give_up_at:
+                log.error("worker.shutdown_abandoned", job_ids=[str(h.job.public_id) for h in self._jobs.values()],
                           detail="could not record these jobs; the sweeper will fail them")
-                return False
-            claim_limit = 0 if self._stopping else self._free_slots()
-            want_claim = claim_limit > 0 and self._maybe_work
-            if self._failures or self._completions or want_claim or self._claims_uncertain:
-                try:
-                    if self._failures:
-                        await self._flush_failures()
-                    if self._completions or want_claim or self._claims_uncertain:
-                        await self._settle_and_claim(claim_limit if want_claim else 0)
-                    self._database_back()
-                    backoff = 0.5
-                    next_poll = self._clock() + self.settings.worker_poll_interval_s
-                except DB_ERRORS as exc:
-                    self._database_down(exc)
-                    await asyncio.sleep(backoff)
-                    backoff = min(backoff * 2, _MAX_BACKOFF_S)
-                continue
-            timeout = max(next_poll - self._clock(), 0.0) if not self._stopping else 1.0
-            try:
-                async with asyncio.timeout(timeout):
-                    await self._wake.wait()
-            except TimeoutError:
-                if self._clock() >= next_poll:
-                    self._maybe_work = True
-                    next_poll = self._clock() + self.settings.worker_poll_interval_s
+                return RoundResult(finished=True, clean=False)
+        if now >= self._claiming.poll_due_at:
+            self._claiming.work_may_wait = True
+        if not (self._queues.failures or self._queues.completions or self._claiming.answer_lost
+                or self._claim_limit() > 0):
+            if shutdown is not None and not self._jobs:
+                return RoundResult(finished=True)
+            return RoundResult(wait_s=self._idle_wait_s(now))
+        result = RoundResult()
+        try:
+            if self._queues.failures:
+                await self._write_failures(result)
+            if self._claiming.answer_lost:
+                await self._adopt_lost_claims(result)
+            claim_limit = self._claim_limit()
+            if self._queues.completions or claim_limit:
+                await self._settle_and_claim(claim_limit, result)
+                if claim_limit:
+                    self._claiming.poll_due_at = now + self.settings.worker_poll_interval_s
+        except db.DB_ERRORS as exc:
+            self._errors.failed(exc, held=len(self._jobs), unsaved_stories=len(self._queues.completions))
+            result.database_error = db.describe(exc)
+            result.wait_s = self._backoff_s
+            self._backoff_s = min(self._backoff_s * 2, BACKOFF_MAX_S)
+            return result
+        self._errors.succeeded()
+        self._backoff_s = BACKOFF_FIRST_S
+        metrics.WORKER_BUSY.set(len(self._jobs))
+        return result
 
     def _free_slots(self) -> int:
-        # a job whose story waits in _completions leaves in the same statement
-        # that claims, so its slot is already free for that claim
-        return self.settings.worker_concurrency - len(self._jobs) + len(self._completions)
+        """A job whose story waits to be settled leaves in the same statement
+        that claims, so its slot is already free for that claim."""
+        return max(0, self.settings.worker_concurrency - len(self._jobs) + len(self._queues.completions))
 
-    async def _settle_and_claim(self, claim_limit: int) -> None:
-        batch, self._completions = self._completions, []
+    def _claim_limit(self) -> int:
+        """How many jobs the next statement claims: none while stopping or
+        while no work may be waiting; else the free slots."""
+        if self._shutdown is not None or not self._claiming.work_may_wait:
+            return 0
+        return self._free_slots()
+
+    def _idle_wait_s(self, now: float) -> float:
+        """Until the next deadline: the poll (if a slot is free to claim
+        with), the end of the grace, the shutdown's last chance. Without
+        one, a job finishing or a NOTIFY wakes the loop first."""
+        deadlines = [self._claiming.poll_due_at] if self._shutdown is None and self._free_slots() else []
+        if self._shutdown is not None:
+            deadlines.append(self._shutdown.give_up_at)
+            if not self._shutdown.streams_stopped:
+                deadlines.append(self._shutdown.grace_ends_at)
+        future = [deadline - now for deadline in deadlines if deadline > now]
+        return min(future, default=self.settings.worker_poll_interval_s)
+
+    def _take(self, queue: list[Completion] | list[Failure]) -> int:
+        """How many of a queue the next statement carries: all of it, or one
+        while a batch refused for its data is being taken apart."""
+        return 1 if self._isolating else len(queue)
+
+    async def _write_failures(self, result: RoundResult) -> None:
+        queue = self._queues.failures
+        batch = queue[:self._take(queue)]
         try:
-            async with self._pool.connection() as conn:
-                if self._claims_uncertain:
-                    await self._adopt_lost_claims(conn)
-                    claim_limit = max(0, claim_limit - sum(1 for j in self._jobs.values() if j.task is None))
-                result = await store.job_settle_and_claim(
-                    conn,
-                    worker_id=self.worker_id,
-                    completions=batch,
-                    claim_limit=claim_limit,
-                    provider=self._writer.provider,
-                    model=self._writer.model,
-                )
-        except BaseException:
-            # keep the written stories: the next round completes them
-            self._completions = batch + self._completions
-            self._claims_uncertain = self._claims_uncertain or claim_limit > 0
-            raise
-        self._claims_uncertain = False
-        completed = set(result.completed_ids).union(result.already_completed_ids)
+            failed_ids = set(await self.store.fail_running(batch))
+        except db.DB_ERRORS as exc:
+            if db.is_transient(exc):
+                raise
+            if len(batch) > 1:
+                self._isolating = True
+                raise
+            # one failure the database will never take: leave the job to the
+            # sweeper, which fails it once its heartbeats stop
+            (failure,) = batch
+            del queue[0]
+            self._release(failure.job_id)
+            log.error("job.failure_unrecorded", job_id=self._public_id(failure.job_id), error=db.describe(exc))
+            return
+        del queue[:len(batch)]
+        for failure in batch:
+            public_id = self._release(failure.job_id)
+            if failure.job_id in failed_ids:
+                result.failed += 1
+                metrics.FAILED.inc()
+                log.warning("job.failed", job_id=public_id, error_code=failure.error_code, error=failure.error_text)
+            else:
+                result.lost_races += 1
+                metrics.LOST_FAILURE.inc()
+                log.info("job.lost_race", job_id=public_id, transition="running_to_failed",
+                         detail="the job had already been failed elsewhere")
+        if len(batch) == 1:
+            self._isolating = False
+
+    async def _adopt_lost_claims(self, result: RoundResult) -> None:
+        """A claim whose answer was lost (connection dropped around its
+        commit) left jobs running under our id that never reached us. Their
+        LLM call was certainly never sent, so they are ours to run now, also
+        while stopping: they are held like any other."""
+        for job in await self.store.claims_of_lost_answer(list(self._jobs)):
+            log.warning("job.adopted", job_id=str(job.public_id), detail="claimed by a statement whose answer was lost")
+            self._hold(job)
+            result.adopted += 1
+        self._claiming.answer_lost = False
+
+    async def _settle_and_claim(self, claim_limit: int, result: RoundResult) -> None:
+        queue = self._queues.completions
+        batch = queue[:self._take(queue)]
+        try:
+            settled = await self.store.settle_and_claim(batch, claim_limit)
+        except db.DB_ERRORS as exc:
+            self._claiming.answer_lost = self._claiming.answer_lost or (claim_limit > 0 and db.is_transient(exc))
+            if db.is_transient(exc) or not batch:
+                raise
+            if len(batch) > 1:
+                self._isolating = True
+                raise
+            # one story the database will not store: the job fails instead
+            # of holding the worker's every next round
+            (completion,) = batch
+            del queue[0]
+            self._queue_failure(self._jobs[completion.job_id], ErrorCode.INTERNAL_ERROR,
+                                f"the story could not be stored ({db.describe(exc)})", LlmOutcome.SUCCEEDED,
+                                billed=True)
+            result.unstorable += 1
+            log.error("job.completion_unstorable", job_id=self._public_id(completion.job_id), error=db.describe(exc))
+            return
+        del queue[:len(batch)]
+        if len(batch) <= 1:
+            self._isolating = False
+        completed = set(settled.completed_ids).union(settled.already_completed_ids)
         for completion in batch:
-            held = self._jobs.pop(completion.job_id, None)
-            public_id = str(held.job.public_id) if held else None
+            public_id = self._release(completion.job_id)
             if completion.job_id in completed:
+                result.completed += 1
                 metrics.COMPLETED.inc()
                 log.info("job.completed", job_id=public_id, output_tokens=completion.output_tokens,
                          cost_usd=str(completion.cost_usd))
             else:
+                result.lost_races += 1
                 metrics.LOST_COMPLETION.inc()
                 log.warning("job.lost_race", job_id=public_id, transition="running_to_completed",
                             detail="sweeper raced, story orphaned")
-        for job in result.claimed:
-            self._start(job)
-        for held in list(self._jobs.values()):
-            if held.task is None:  # adopted after an uncertain claim
-                self._start_task(held)
-        if result.claimed:
+        for job in settled.claimed:
+            self.claims += 1
+            metrics.CLAIMED.inc()
+            metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
+            self._hold(job)
+        result.claimed = len(settled.claimed)
+        if settled.claimed:
             metrics.WORKER_LAST_CLAIM.set_to_current_time()
-        if len(result.claimed) < claim_limit:
-            self._maybe_work = False
-        metrics.WORKER_BUSY.set(len(self._jobs))
+        if len(settled.claimed) < claim_limit:
+            self._claiming.work_may_wait = False
 
-    async def _adopt_lost_claims(self, conn: store.Conn) -> None:
-        """A claim whose answer was lost (connection dropped around its
-        commit) left jobs running under our id that never reached us. Their
-        LLM call was certainly never sent, so they are ours to run now."""
-        for job in await store.job_list_running_for_worker(
-            conn, worker_id=self.worker_id, known_ids=list(self._jobs)
-        ):
-            log.warning("job.adopted", job_id=str(job.public_id),
-                        detail="claimed by a statement whose answer was lost")
-            self._jobs[job.id] = HeldJob(job, self._job_call(job), self._clock())
+    def _release(self, job_id: int) -> str | None:
+        """Lets go of a job whose end was written; its public id, for logs."""
+        held = self._jobs.pop(job_id, None)
+        return str(held.job.public_id) if held else None
 
-    async def _flush_failures(self) -> None:
-        batch, self._failures = self._failures, []
-        try:
-            async with self._pool.connection() as conn:
-                failed_ids = set(await store.job_fail_running(conn, worker_id=self.worker_id, failures=batch))
-        except BaseException:
-            self._failures = batch + self._failures
-            raise
-        for failure in batch:
-            held = self._jobs.pop(failure.job_id, None)
-            public_id = str(held.job.public_id) if held else None
-            if failure.job_id in failed_ids:
-                metrics.FAILED.inc()
-                log.warning("job.failed", job_id=public_id, error_code=failure.error_code,
-                            error=failure.error_text)
-            else:
-                metrics.LOST_FAILURE.inc()
-                log.info("job.lost_race", job_id=public_id, transition="running_to_failed",
-                         detail="the job had already been failed elsewhere")
-        metrics.WORKER_BUSY.set(len(self._jobs))
+    def _public_id(self, job_id: int) -> str | None:
+        held = self._jobs.get(job_id)
+        return str(held.job.public_id) if held else None
 
     # -- one job ------------------------------------------------------------------
 
-    def _job_call(self, job: ClaimedJob) -> JobCall:
-        async def next_attempt(attempt: int, previous: LlmOutcome, error: str) -> int:
-            metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
-            async with self._pool.connection() as conn:
-                return await store.llm_call_start(
-                    conn,
-                    job_id=job.id,
-                    previous_attempt=attempt,
-                    previous_outcome=previous.value,
-                    previous_billed=not previous.certainly_unbilled,
-                    previous_error=error,
-                )
-
-        return JobCall(self._writer.price, next_attempt)
-
-    def _start(self, job: ClaimedJob) -> None:
-        self.claims += 1
-        metrics.CLAIMED.inc()
-        metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
+    def _hold(self, job: ClaimedJob) -> None:
+        """Holds a job and starts its task at once, so that the heartbeat
+        never sees a held job that is not running."""
         held = HeldJob(job, self._job_call(job), self._clock())
         self._jobs[job.id] = held
-        self._start_task(held)
+        held.task = asyncio.create_task(self._write(held), name=f"job-{job.id}")
+        held.task.add_done_callback(lambda _: self._cancelled_before_start(held))
 
-    def _start_task(self, held: HeldJob) -> None:
-        held.task = asyncio.create_task(self._write(held), name=f"job-{held.job.id}")
+    def _cancelled_before_start(self, held: HeldJob) -> None:
+        """A task stopped on purpose before its first step never runs its
+        body, so nothing was sent for its job: record that here."""
+        if not (held.task is not None and held.task.cancelled() and held.stop_reason is not None
+                and self._jobs.get(held.job.id) is held):
+            return
+        if held.stop_reason == "shutdown":
+            self._queue_failure(held, ErrorCode.INTERRUPTED, "the worker shut down before the story was started",
+                                LlmOutcome.NOT_SENT, billed=False)
+            self._wake.set()
+        else:
+            self._lost_ownership(held, f"{held.stop_reason} before its request was sent")
+
+    def _job_call(self, job: ClaimedJob) -> JobCall:
+        async def next_attempt(attempt: int, previous: LlmOutcome, error: str) -> int | None:
+            metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
+            return await self.store.call_retry(job.id, attempt, previous, storable(error))
+
+        return JobCall(self._writer.price, next_attempt)
 
     async def _write(self, held: HeldJob) -> None:
         job, call = held.job, held.call
@@ -302,6 +442,9 @@ class Worker:
             draft = await self._writer.write(request, call)
         except WriteFailed as exc:
             self._fail(held, exc.error_code, exc.message, exc.outcome, billed=exc.billed)
+        except LostOwnership:
+            # the guarded statement closed the previous attempt's row and sent nothing
+            self._lost_ownership(held, "ended elsewhere while a retry waited")
         except asyncio.CancelledError:
             if held.stop_reason is None:
                 raise
@@ -313,41 +456,38 @@ class Worker:
         else:
             self._record_call(LlmOutcome.SUCCEEDED, call)
             held.phase = Phase.SETTLING
-            self._completions.append(
-                Completion(
-                    job_id=job.id,
-                    client_id=job.client_id,
-                    attempt=call.attempt,
-                    title=draft.title,
-                    body=draft.body,
-                    model=draft.model,
-                    prompt_version=draft.prompt_version,
-                    input_tokens=draft.input_tokens,
-                    output_tokens=draft.output_tokens,
-                    cost_usd=draft.cost_usd,
-                    request_id=draft.request_id,
-                )
-            )
+            self._queues.completions.append(_completion(job, call.attempt, draft))
         finally:
             metrics.JOB_RUN.observe(self._clock() - held.claimed_at)
             self._wake.set()
 
     def _fail(self, held: HeldJob, code: ErrorCode, message: str, outcome: LlmOutcome, *, billed: bool) -> None:
+        self._record_call(outcome, held.call, billed=billed)
+        self._queue_failure(held, code, message, outcome, billed=billed)
+
+    def _queue_failure(
+        self, held: HeldJob, code: ErrorCode, message: str, outcome: LlmOutcome, *, billed: bool
+    ) -> None:
         call = held.call
-        self._record_call(outcome, call, billed=billed)
-        self._failures.append(
+        held.phase = Phase.SETTLING
+        self._queues.failures.append(
             Failure(
                 job_id=held.job.id,
                 attempt=call.attempt,
-                error_code=code.value,
-                error_text=message,
-                call_outcome=outcome.value,
+                error_code=code,
+                error_text=storable(message),
+                call_outcome=outcome,
                 billed=billed,
                 input_tokens=call.input_tokens,
                 output_tokens=call.output_tokens,
                 cost_usd=call.cost_usd,
             )
         )
+
+    def _lost_ownership(self, held: HeldJob, reason: str) -> None:
+        metrics.LOST_OWNERSHIP.inc()
+        log.warning("job.lost_ownership", job_id=str(held.job.public_id), reason=reason)
+        self._jobs.pop(held.job.id, None)
 
     async def _stopped_mid_call(self, held: HeldJob) -> None:
         """The stream was closed on purpose: record what it cost."""
@@ -360,15 +500,14 @@ class Worker:
             return
         self._record_call(LlmOutcome.STOPPED, call)
         try:
-            async with self._pool.connection() as conn:
-                await store.llm_call_finish(
-                    conn, job_id=held.job.id, attempt=call.attempt, outcome=LlmOutcome.STOPPED.value, billed=True,
-                    input_tokens=call.input_tokens, output_tokens=call.output_tokens,
-                    cost_usd=call.cost_usd, error_text=f"stream stopped: job {held.stop_reason}",
-                )
-        except DB_ERRORS as exc:
-            # the sweeper closed the row as interrupted; only the partial usage is lost
-            log.warning("llm.ledger_write_failed", attempt=call.attempt, error=str(exc).strip()[:200])
+            await self.store.call_finish(
+                held.job.id, call.attempt, outcome=LlmOutcome.STOPPED, billed=True,
+                input_tokens=call.input_tokens, output_tokens=call.output_tokens, cost_usd=call.cost_usd,
+                error_text=f"stream stopped: job {held.stop_reason}",
+            )
+        except db.DB_ERRORS as exc:
+            # whoever ended the job closed the row as interrupted; only the partial usage is lost
+            log.warning("llm.ledger_write_failed", attempt=call.attempt, error=db.describe(exc))
         finally:
             # held until its ledger row says what it cost
             self._jobs.pop(held.job.id, None)
@@ -381,89 +520,100 @@ class Worker:
             metrics.OUTPUT_TOKENS.inc(call.output_tokens)
             metrics.LLM_COST.inc(float(call.cost_usd))
 
+    def _stop_streams(self, reason: str) -> None:
+        for held in self._jobs.values():
+            if held.phase is Phase.WRITING and held.task is not None and held.stop_reason is None:
+                held.stop_reason = reason
+                held.task.cancel()
+
     # -- heartbeats ------------------------------------------------------------------
 
+    async def heartbeat_once(self) -> list[int]:
+        """Refreshes every held job in one statement; stops the stream of each
+        job that is no longer ours, and returns their ids."""
+        if not self._jobs:
+            return []
+        for held in self._jobs.values():
+            held.progress = max(held.progress, held.call.output_tokens)
+        progress = {job_id: held.progress for job_id, held in self._jobs.items()}
+        rows = await self.store.heartbeat(progress)
+        alive = {row.id for row in rows if row.alive}
+        reasons = {row.id: row.error_code or row.status for row in rows}
+        return [job_id for job_id in progress.keys() - alive if self._lost(job_id, reasons.get(job_id) or "gone")]
+
     async def _heartbeat_loop(self) -> None:
-        failing = False
+        errors = db.ErrorEpisode("worker", clock=self._clock, task="heartbeat")
         while True:
             await asyncio.sleep(self.settings.heartbeat_interval_s)
-            if not self._jobs:
-                continue
-            for held in self._jobs.values():
-                held.progress = max(held.progress, held.call.output_tokens)
-            progress = {job_id: held.progress for job_id, held in self._jobs.items()}
             try:
-                async with self._pool.connection() as conn:
-                    rows = await store.job_heartbeat(conn, worker_id=self.worker_id, progress=progress)
-            except DB_ERRORS as exc:
-                if not failing:
-                    log.warning("worker.heartbeat_failed", jobs=len(progress), error=str(exc).strip()[:200])
-                failing = True
+                await self.heartbeat_once()
+            except db.DB_ERRORS as exc:
+                errors.failed(exc, jobs=len(self._jobs))
                 continue
-            if failing:
-                log.info("worker.heartbeat_recovered", jobs=len(progress))
-                failing = False
-            alive = {row.id for row in rows if row.alive}
-            reasons = {row.id: row.error_code or row.status for row in rows}
-            for job_id in progress.keys() - alive:
-                self._lost(job_id, reasons.get(job_id) or "gone")
+            errors.succeeded()
 
-    def _lost(self, job_id: int, reason: str) -> None:
+    def _lost(self, job_id: int, reason: str) -> bool:
         """The job is no longer ours (swept or cancelled): stop paying for it."""
         held = self._jobs.get(job_id)
         if held is None or held.phase is Phase.SETTLING or held.stop_reason is not None:
-            return
+            return False
         held.stop_reason = reason
         metrics.LOST_OWNERSHIP.inc()
         log.warning("job.lost_ownership", job_id=str(held.job.public_id), reason=reason)
         if held.task is not None:
             held.task.cancel()
+        return True
 
-    # -- wake-ups ------------------------------------------------------------------
+    # -- wake-ups and helpers --------------------------------------------------------------
 
-    async def _listen_loop(self, url: str) -> None:
-        delay = 0.5
+    async def _listen_loop(self) -> None:
+        errors = db.ErrorEpisode("worker", clock=self._clock, task="listener")
+        delay = BACKOFF_FIRST_S
         while True:
             try:
-                conn = await db.connect(url, application_name="storyjobs-worker-listen",
-                                        connect_timeout_s=self.settings.db_connect_timeout_s)
-                async with conn:
-                    await store.job_listen_pending(conn)
-                    delay = 0.5
-                    # notifications sent while we were not listening are lost
+                async for _ in self.store.notifications():
+                    errors.succeeded()
+                    delay = BACKOFF_FIRST_S
                     self._notified()
-                    async for _ in conn.notifies():
-                        self._notified()
-            except DB_ERRORS as exc:
-                log.info("worker.listen_reconnecting", retry_in_s=delay, error=str(exc).strip()[:200])
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, _MAX_BACKOFF_S)
+            except db.DB_ERRORS as exc:
+                errors.failed(exc)
+            await asyncio.sleep(delay)
+            delay = min(delay * 2, BACKOFF_MAX_S)
 
     def _notified(self) -> None:
-        self._maybe_work = True
+        self._claiming.work_may_wait = True
         self._wake.set()
 
-    # -- shutdown and outages -------------------------------------------------------------
+    def _helper(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
+        task = asyncio.create_task(work, name=name)
+        task.add_done_callback(self._helper_done)
+        return task
 
-    async def _enforce_grace(self) -> None:
-        await self._stopped.wait()
-        self._grace_ends = self._clock() + self.settings.worker_shutdown_grace_s
-        await asyncio.sleep(self.settings.worker_shutdown_grace_s)
-        for held in self._jobs.values():
-            if held.phase is Phase.WRITING and held.task is not None and held.stop_reason is None:
-                held.stop_reason = "shutdown"
-                held.task.cancel()
+    def _helper_done(self, task: asyncio.Task[None]) -> None:
+        if task.cancelled():
+            return
+        exc = task.exception()
+        log.error("worker.task_crashed", task=task.get_name(), error=repr(exc),
+                  detail="the worker stops: it must not hold jobs it cannot heartbeat", exc_info=exc)
+        self._crashed = task.get_name()
+        self._wake.set()
 
-    def _shutdown_deadline_passed(self) -> bool:
-        return self._grace_ends is not None and self._clock() > self._grace_ends
 
-    def _database_down(self, exc: Exception) -> None:
-        if self._db_down_since is None:
-            self._db_down_since = self._clock()
-            log.warning("worker.database_unavailable", error=str(exc).strip()[:200],
-                        held=len(self._jobs), unsaved_stories=len(self._completions))
+def _completion(job: ClaimedJob, attempt: int, draft: Draft) -> Completion:
+    """The job's completion, with the provider's text made storable."""
+    return Completion(
+        job_id=job.id,
+        client_id=job.client_id,
+        attempt=attempt,
+        title=storable(draft.title),
+        body=storable(draft.body),
+        model=storable(draft.model),
+        prompt_version=draft.prompt_version,
+        input_tokens=draft.input_tokens,
+        output_tokens=draft.output_tokens,
+        cost_usd=draft.cost_usd,
+        request_id=storable_or_none(draft.request_id),
+    )
 
-    def _database_back(self) -> None:
-        if self._db_down_since is not None:
-            log.info("worker.database_recovered", down_s=round(self._clock() - self._db_down_since, 1))
-            self._db_down_since = None
+
+__all__: Sequence[str] = ["RoundResult", "Worker", "WorkerCrashed", "new_worker_id"]

@@ -4,7 +4,9 @@
 The runner owns the job and its ledger rows; a writer only turns a request
 into a Draft. It reports usage as it streams into its JobCall, so that a
 stream stopped half-way still records what was billed, and it asks the
-JobCall for a new ledger row before every retry.
+JobCall for a new ledger row before every retry: JobCall.retry raises
+LostOwnership instead when the job is no longer this worker's, and then no
+request may be sent.
 """
 
 from __future__ import annotations
@@ -15,8 +17,11 @@ from typing import Protocol
 
 import msgspec
 
+from shared.rows import Draft
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+
+__all__ = ["FREE", "Draft", "JobCall", "LostOwnership", "Price", "StoryWriter", "WriteFailed"]
 
 _MICRO_USD = Decimal("0.000001")
 
@@ -35,17 +40,6 @@ class Price(msgspec.Struct, frozen=True):
 FREE = Price(Decimal(0), Decimal(0))
 
 
-class Draft(msgspec.Struct, frozen=True):
-    title: str
-    body: str
-    model: str
-    prompt_version: str
-    input_tokens: int
-    output_tokens: int
-    cost_usd: Decimal
-    request_id: str | None = None
-
-
 class WriteFailed(Exception):
     """The writer gave up; the job fails with ``error_code``.
 
@@ -60,7 +54,14 @@ class WriteFailed(Exception):
         self.billed = billed
 
 
-NextAttempt = Callable[[int, LlmOutcome, str], Awaitable[int]]
+class LostOwnership(Exception):
+    """The job was cancelled or swept while its call waited to be retried:
+    the previous attempt's row is closed, and no further request may be sent."""
+
+
+# (previous attempt, how it ended, its error) -> the next attempt, or None
+# when the job is no longer this worker's
+NextAttempt = Callable[[int, LlmOutcome, str], Awaitable[int | None]]
 
 
 class JobCall:
@@ -79,8 +80,12 @@ class JobCall:
 
     async def retry(self, previous: LlmOutcome, error: str) -> None:
         """Closes the current ledger row as certainly unbilled and writes the
-        next attempt's row, before its request is sent."""
-        self.attempt = await self._next_attempt(self.attempt, previous, error)
+        next attempt's row, before its request is sent; raises LostOwnership
+        when the job is no longer ours."""
+        attempt = await self._next_attempt(self.attempt, previous, error)
+        if attempt is None:
+            raise LostOwnership(f"the job was ended elsewhere while attempt {self.attempt} waited to be retried")
+        self.attempt = attempt
         self.input_tokens = 0
         self.output_tokens = 0
 

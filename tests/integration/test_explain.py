@@ -18,7 +18,7 @@ ADMISSION_PARAMS = {
     "queue_max": 1000, "client_queue_max": 1000,
 }
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
-                "check_heartbeats": True, "batch_size": 100, "now": None}
+                "judge_running": True, "batch_size": 100, "now": None}
 
 
 async def _fill(conn: psycopg.AsyncConnection[Any], *, finished: int, pending: int, analyze_first: bool) -> None:

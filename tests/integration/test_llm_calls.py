@@ -231,7 +231,7 @@ async def test_a_swept_job_has_its_stream_closed_within_two_heartbeats(
                 await asyncio.to_thread(provider.fake.wait_for, lambda f: f.calls and f.calls[0].chunks_sent >= 2)
                 swept = await store.job_fail_stale(
                     conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
-                    check_heartbeats=True, batch_size=10, now=datetime.now(UTC) + timedelta(hours=1))
+                    judge_running=True, batch_size=10, lock_timeout_s=5, now=datetime.now(UTC) + timedelta(hours=1))
                 swept_at = time.monotonic()
                 assert len(swept) == 1
                 await asyncio.to_thread(provider.fake.wait_for, lambda f: f.calls[0].closed_early, 10)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -14,7 +15,8 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from shared import store
-from shared.rows import Completion
+from shared.rows import Completion, SettleResult
+from shared.status import ErrorCode, LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
     client_id_of,
@@ -26,10 +28,11 @@ from tests.helpers import (
     worker_settings,
 )
 from worker.anthropic_writer import AnthropicWriter
+from worker.store import PgWorkerStore
 
 LATER = datetime.now(UTC) + timedelta(hours=2)
 SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
-         "check_heartbeats": True, "batch_size": 100}
+         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
@@ -178,35 +181,52 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
         from shared.rows import Failure
 
         await store.job_fail_running(conn, worker_id="w1", failures=[Failure(
-            job_id=job_id, attempt=1, error_code="llm_error", error_text="x", call_outcome="failed",
-            billed=True)])
+            job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
+            call_outcome=LlmOutcome.FAILED, billed=True)])
     assert await store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == status
 
 
+class AnswerLosingStore(PgWorkerStore):
+    """The real store, except that the answer of its first claim is lost after
+    the claim committed, as when the connection drops around the commit."""
+
+    answers_lost = 0
+
+    async def settle_and_claim(self, completions: Sequence[Completion], claim_limit: int) -> SettleResult:
+        settled = await super().settle_and_claim(completions, claim_limit)
+        if claim_limit and not self.answers_lost:
+            self.answers_lost += 1
+            raise psycopg.OperationalError("server closed the connection unexpectedly")
+        return settled
+
+
+@pytest.mark.parametrize("stop_first", [False, True], ids=["running", "stopping"])
 async def test_a_claim_whose_answer_was_lost_is_run_by_its_worker_once(
-    database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, stop_first: bool
 ) -> None:
-    """A claim that committed but whose answer never reached the worker (the connection dropped around
-    the commit) leaves a job running under the worker's id: at its next round the worker adopts it and
-    writes its story, with no second ledger row and nothing claimed twice."""
+    """A claim that committed but whose answer never reached the worker leaves a job running under the
+    worker's id: the worker adopts it at its next round, also when it is stopping, and writes its story,
+    with one ledger row and nothing claimed twice."""
     from worker.offline import OfflineWriter
     from worker.runner import Worker
 
     client = await client_id_of(conn)
     await enqueue(conn, client, "a story claimed in the dark")
-    worker = Worker(worker_settings(), pool, OfflineWriter(0), listen_url=None, worker_id="w-lost")
-    # the claim the worker sent before its connection dropped: committed, answer lost
-    await store.job_settle_and_claim(conn, worker_id="w-lost", completions=[], claim_limit=1,
-                                     provider="offline", model="offline-writer")
-    worker._claims_uncertain = True  # what the worker records when a claim's answer is lost
-    task = asyncio.create_task(worker.run())
-    try:
-        await wait_until(lambda: _completed(conn), what="the adopted job to complete")
-    finally:
+    writer = OfflineWriter(0)
+    store_ = AnswerLosingStore(pool, worker_id="w-lost", provider=writer.provider, model=writer.model,
+                               listen_url=None, connect_timeout_s=5)
+    worker = Worker(worker_settings(), store_, writer, listen=False)
+    lost = await worker.round_once()
+    assert lost.database_error is not None and lost.claimed == 0
+    if stop_first:
         worker.stop()
-        await asyncio.wait_for(task, 30)
+    assert (await worker.round_once()).adopted == 1
+    task = asyncio.create_task(worker.run())
+    await wait_until(lambda: _completed(conn), what="the adopted job to complete")
+    worker.stop()
+    assert await asyncio.wait_for(task, 30), "the worker left jobs unrecorded"
     (row,) = await job_rows(conn)
     assert row.status == "completed" and row.worker_id == "w-lost"
     assert await count(conn, "SELECT count(*) FROM llm_calls") == 1

@@ -3,19 +3,50 @@
 from __future__ import annotations
 
 import asyncio
+import re
+from enum import StrEnum
 from typing import Any
 
 import psycopg
 import pytest
 
 from shared import db, migrate, store
-from shared.status import JobStatus
+from shared.status import ErrorCode, JobStatus, LlmOutcome
 from tests.conftest import with_dbname
 
 
 async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:
     """The Python JobStatus and the SQL job_status enum have the same values, in order."""
     assert await store.job_status_enum_values(conn) == [s.value for s in JobStatus]
+
+
+@pytest.mark.parametrize(("constraint", "vocabulary"), [
+    ("story_jobs_error_code_known", ErrorCode),
+    ("llm_calls_outcome_known", LlmOutcome),
+])
+async def test_error_codes_and_ledger_outcomes_match_sql(
+    conn: psycopg.AsyncConnection[Any], constraint: str, vocabulary: type[StrEnum]
+) -> None:
+    """The CHECK constraint that lists a column's values and the Python enum have the same values."""
+    cur = await conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", (constraint,))
+    row = await cur.fetchone()
+    assert row is not None, f"no constraint {constraint}"
+    assert sorted(re.findall(r"'(\w+)'::text", row[0])) == sorted(v.value for v in vocabulary)
+
+
+async def test_unknown_error_codes_and_outcomes_are_refused(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A value outside the vocabulary cannot be stored, nor an open ledger row with an end."""
+    from tests.helpers import client_id_of, enqueue
+
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await conn.execute("UPDATE story_jobs SET status = 'failed', completed_at = now(), error_code = 'oops'")
+    await conn.execute("INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model) VALUES (1, 1, 'w', 'p', 'm')")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await conn.execute("UPDATE llm_calls SET outcome = 'exploded', finished_at = now()")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await conn.execute("UPDATE llm_calls SET finished_at = now()")
 
 
 async def test_migrate_is_idempotent(conn: psycopg.AsyncConnection[Any]) -> None:

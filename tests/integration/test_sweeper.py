@@ -88,7 +88,7 @@ async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout
     clock = FakeClock()
     sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), pool, clock=clock)
     first = await sweeper.sweep_once()
-    assert not first.checked_heartbeats and first.reclaimed == 0
+    assert not first.judged_running and first.reclaimed == 0
     clock.now += 59
     assert (await sweeper.sweep_once()).reclaimed == 0
     # an outage: the wait starts again from the reconnection
@@ -99,7 +99,7 @@ async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout
     assert (await sweeper.sweep_once()).reclaimed == 0
     clock.now += 2
     result = await sweeper.sweep_once()
-    assert result.checked_heartbeats and result.interrupted == 1
+    assert result.judged_running and result.interrupted == 1
 
 
 async def test_finished_jobs_are_pruned_after_retention(

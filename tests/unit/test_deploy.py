@@ -19,7 +19,7 @@ import yaml
 from prometheus_client import REGISTRY
 
 from shared import config
-from worker.runner import _SHUTDOWN_FLUSH_S
+from worker.runner import SHUTDOWN_FLUSH_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
@@ -382,7 +382,7 @@ def test_compose_worker_stop_grace_exceeds_its_shutdown_grace() -> None:
     """Docker waits longer than the worker's own grace plus its final flush before SIGKILL."""
     worker = compose()["services"]["worker"]
     grace = float(compose_env(worker)["WORKER_SHUTDOWN_GRACE_S"])
-    assert duration_s(worker["stop_grace_period"]) > grace + _SHUTDOWN_FLUSH_S
+    assert duration_s(worker["stop_grace_period"]) > grace + SHUTDOWN_FLUSH_S
 
 
 def test_compose_settings_pass_the_processes_own_validation() -> None:
@@ -469,7 +469,7 @@ def test_worker_termination_grace_exceeds_its_shutdown_grace_and_llm_timeout() -
     env = container_env(only_container(worker))
     shutdown_grace = float(env["WORKER_SHUTDOWN_GRACE_S"])
     termination_grace = pod_spec(worker)["terminationGracePeriodSeconds"]
-    assert termination_grace > shutdown_grace + _SHUTDOWN_FLUSH_S
+    assert termination_grace > shutdown_grace + SHUTDOWN_FLUSH_S
     # a rollout lets every call in flight finish rather than cutting a billed stream
     assert shutdown_grace > float(env["LLM_TIMEOUT_S"])
 

@@ -1,0 +1,366 @@
+"""The worker's coordinator, one round at a time, on a recording store: claim
+limits, the fallback poll, shutdown and its grace, adoption after a lost
+answer, database errors of every kind, and text the database cannot store.
+No database and no waiting: the clock is the test's."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from structlog.testing import capture_logs
+
+from shared.config import WorkerSettings
+from shared.rows import Draft
+from shared.status import ErrorCode, JobStatus, LlmOutcome
+from shared.story_request import StoryRequest
+from tests.unit.recording_store import RecordingStore
+from worker.runner import BACKOFF_MAX_S, SHUTDOWN_FLUSH_S, Worker, WorkerCrashed
+from worker.writing import FREE, JobCall
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class GatedWriter:
+    """Writes each story when the test opens its gate; ``retry_first`` makes
+    every call ask for a retry (as after a 429) before it sends."""
+
+    provider = "gated"
+    model = "gated-model"
+    price = FREE
+
+    def __init__(self, *, open_all: bool = False, retry_first: bool = False, text: str = "Once upon a time.") -> None:
+        self.gates: dict[str, asyncio.Event] = {}
+        self.sent: list[str] = []
+        self.open_all = open_all
+        self.retry_first = retry_first
+        self.text = text
+
+    def gate(self, job_id: int) -> asyncio.Event:
+        return self.gates.setdefault(f"story {job_id}", asyncio.Event())
+
+    async def write(self, request: StoryRequest, call: JobCall) -> Draft:
+        if self.retry_first:
+            await call.retry(LlmOutcome.RATE_LIMITED, "429 rate limited")
+        self.sent.append(request.prompt)
+        gate = self.gates.setdefault(request.prompt, asyncio.Event())
+        if not self.open_all:
+            await gate.wait()
+        call.output_tokens = 7
+        return Draft(title=f"Title\x00 of {request.prompt}", body=self.text, model="m\ud800",
+                     prompt_version="v1", input_tokens=3, output_tokens=7, cost_usd=Decimal("0.001"))
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _settings(**overrides: Any) -> WorkerSettings:
+    values: dict[str, Any] = {"worker_concurrency": 2, "worker_poll_interval_s": 5.0, "heartbeat_interval_s": 1.0,
+                              "heartbeat_timeout_s": 3.0, "worker_shutdown_grace_s": 30.0, "metrics_port": 0,
+                              **overrides}
+    return WorkerSettings(**values)
+
+
+def _worker(store: RecordingStore, writer: GatedWriter, clock: FakeClock, **settings: Any) -> Worker:
+    return Worker(_settings(**settings), store, writer, listen=False, clock=clock)
+
+
+async def _let_tasks_run() -> None:
+    """Lets the job tasks take every step they can without waiting on anything."""
+    for _ in range(10):
+        await asyncio.sleep(0)
+
+
+def _read_only() -> psycopg.Error:
+    return psycopg.errors.ReadOnlySqlTransaction("cannot execute UPDATE in a read-only transaction")
+
+
+async def test_a_round_claims_only_as_many_jobs_as_there_are_free_slots() -> None:
+    """With 2 slots and 5 pending jobs, a round claims 2; the next round claims nothing while both run."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(5)
+    worker = _worker(store, GatedWriter(), clock)
+    assert (await worker.round_once()).claimed == 2
+    await _let_tasks_run()
+    second = await worker.round_once()
+    assert second.claimed == 0 and second.wait_s > 0
+    assert [limit for _, limit in store.named("settle_and_claim")] == [2]
+    assert sorted(worker.held_job_ids) == [1, 2]
+
+
+async def test_a_written_story_frees_its_slot_in_the_same_statement_that_claims() -> None:
+    """A round that settles one story claims one more job in the same statement."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(3)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    writer.gate(1).set()
+    await _let_tasks_run()
+    result = await worker.round_once()
+    assert (result.completed, result.claimed) == (1, 1)
+    (completions, limit) = store.named("settle_and_claim")[-1]
+    assert [c.job_id for c in completions] == [1] and limit == 1
+    assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.RUNNING, 3: JobStatus.RUNNING}
+
+
+async def test_an_empty_claim_waits_for_a_notify_or_the_poll() -> None:
+    """A claim that finds fewer jobs than slots stops claiming; the fallback poll (by the clock)
+    claims again, and a NOTIFY makes the next round claim at once."""
+    store, clock = RecordingStore(), FakeClock()
+    worker = _worker(store, GatedWriter(), clock, worker_poll_interval_s=5.0)
+    assert (await worker.round_once()).claimed == 0
+    store.add_pending(1)
+    idle = await worker.round_once()
+    assert idle.claimed == 0 and idle.wait_s == pytest.approx(5.0)
+    clock.now += 5.0
+    assert (await worker.round_once()).claimed == 1
+    store.add_pending(1)
+    worker._notified()
+    assert (await worker.round_once()).claimed == 1
+    assert len(store.named("settle_and_claim")) == 3
+
+
+async def test_busy_settling_rounds_do_not_push_the_poll_back() -> None:
+    """While rounds keep settling stories (and claim nothing, no work being announced), the fallback
+    poll still comes due: the round after the poll interval claims the job nobody announced."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(2)
+    worker = _worker(store, writer, clock, worker_concurrency=3, worker_poll_interval_s=5.0)
+    await worker.round_once()  # claims 2 of 3 slots: no more work is expected
+    unannounced = store.add_pending(1)[0]
+    for job_id in (1, 2):
+        clock.now += 3.0
+        writer.gate(job_id).set()
+        await _let_tasks_run()
+        await worker.round_once()
+    assert store.jobs[unannounced].status is JobStatus.RUNNING
+    limits = [limit for _, limit in store.named("settle_and_claim")]
+    assert limits[0] == 3 and limits[1] == 0 and limits[2] > 0
+
+
+async def test_the_claims_of_a_lost_answer_are_adopted_and_run() -> None:
+    """A claim that committed but whose answer was lost is adopted at the next round, and its job runs
+    with its first (never sent) request."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    worker = _worker(store, writer, clock)
+    lost = await worker.round_once()
+    assert lost.database_error is not None and lost.claimed == 0
+    adopted = await worker.round_once()
+    assert adopted.adopted == 1
+    await _let_tasks_run()
+    assert (await worker.round_once()).completed == 1
+    assert writer.sent == ["story 1"] and store.ledger == {(1, 1): LlmOutcome.SUCCEEDED}
+
+
+async def test_a_stopping_worker_adopts_the_claims_of_a_lost_answer_before_it_exits() -> None:
+    """Stopped right after a claim's answer was lost, the worker still adopts and finishes that job
+    within its grace, then exits clean: it is not left to the sweeper as billed."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    worker.stop()
+    assert (await worker.round_once()).adopted == 1
+    await _let_tasks_run()
+    assert (await worker.round_once()).completed == 1
+    done = await worker.round_once()
+    assert done.finished and done.clean
+    assert store.statuses() == {1: JobStatus.COMPLETED}
+
+
+async def test_stop_claims_nothing_and_finishes_when_held_jobs_are_written() -> None:
+    """After stop() no claim is made; the round after the last story is settled says finished."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(3)
+    worker = _worker(store, writer, clock, worker_concurrency=1)
+    await worker.round_once()
+    worker.stop()
+    assert not (await worker.round_once()).finished
+    writer.gate(1).set()
+    await _let_tasks_run()
+    settled = await worker.round_once()
+    assert settled.completed == 1 and settled.claimed == 0
+    assert (await worker.round_once()).finished
+    assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.PENDING, 3: JobStatus.PENDING}
+
+
+async def test_past_the_grace_period_streams_are_stopped_and_their_jobs_failed_as_interrupted() -> None:
+    """A held job still writing when the grace ends has its stream stopped and is failed as
+    interrupted, with its call recorded as stopped (billed); then the worker finishes clean."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    worker = _worker(store, writer, clock, worker_shutdown_grace_s=30.0)
+    await worker.round_once()
+    await _let_tasks_run()
+    worker.stop()
+    waiting = await worker.round_once()
+    assert 0 < waiting.wait_s <= 30.0
+    clock.now += 30.0
+    await worker.round_once()
+    await _let_tasks_run()
+    failed = await worker.round_once()
+    assert failed.failed == 1
+    (failure,) = store.named("fail_running")[0]
+    assert (failure.error_code, failure.call_outcome, failure.billed) == (
+        ErrorCode.INTERRUPTED, LlmOutcome.STOPPED, True)
+    assert (await worker.round_once()).finished
+
+
+async def test_shutdown_gives_up_when_the_database_stays_away_past_grace_and_flush() -> None:
+    """A written story that cannot be settled is given up SHUTDOWN_FLUSH_S after the grace: the run
+    ends unclean (the sweeper takes over)."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    worker = _worker(store, writer, clock, worker_shutdown_grace_s=1.0)
+    await worker.round_once()
+    await _let_tasks_run()
+    worker.stop()
+    for _ in range(3):
+        store.fail_next("settle_and_claim", psycopg.OperationalError("connection refused"))
+    assert (await worker.round_once()).database_error is not None
+    clock.now += 1.0 + SHUTDOWN_FLUSH_S
+    result = await worker.round_once()
+    assert result.finished and not result.clean
+
+
+async def test_every_database_error_is_backed_off_and_logged_once_per_episode() -> None:
+    """A read-only database (not a connection error) is survived like an outage: each failed round
+    backs off longer, up to a ceiling; one log line with the SQLSTATE when it starts, one when it ends."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(1)
+    worker = _worker(store, GatedWriter(), clock)
+    waits = []
+    with capture_logs() as logs:
+        for _ in range(6):
+            store.fail_next("settle_and_claim", _read_only())
+            result = await worker.round_once()
+            assert result.database_error is not None and "25006" in result.database_error
+            waits.append(result.wait_s)
+        recovered = await worker.round_once()
+    assert waits == sorted(waits) and waits[0] < waits[-1] == BACKOFF_MAX_S
+    assert recovered.claimed == 1 and recovered.database_error is None
+    errors = [e for e in logs if e["event"] == "worker.database_error"]
+    assert len(errors) == 1 and errors[0]["sqlstate"] == "25006"
+    assert [e["event"] for e in logs].count("worker.database_recovered") == 1
+
+
+async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -> None:
+    """When a batch of two stories is refused for its data, they are settled one at a time: the good
+    one completes, the refused one fails as internal_error, and the worker goes on."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(2)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
+    assert (await worker.round_once()).database_error is not None
+    store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
+    refused = await worker.round_once()
+    assert refused.unstorable == 1 and refused.database_error is None
+    rounds = [await worker.round_once() for _ in range(3)]
+    assert sum(r.completed for r in rounds) == 1 and sum(r.failed for r in rounds) == 1
+    assert store.jobs[1].error_code is ErrorCode.INTERNAL_ERROR
+    assert store.statuses() == {1: JobStatus.FAILED, 2: JobStatus.COMPLETED}
+    assert store.ledger[(1, 1)] is LlmOutcome.SUCCEEDED
+
+
+async def test_provider_text_is_made_storable_before_it_is_settled() -> None:
+    """NUL is dropped and an unpaired surrogate replaced in what the provider wrote."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(1)
+    worker = _worker(store, GatedWriter(open_all=True, text="Once\x00 upon a time \udc80."), clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    await worker.round_once()
+    story = store.jobs[1].story
+    assert story is not None
+    assert (story.title, story.body, story.model) == ("Title of story 1", "Once upon a time \ufffd.", "m\ufffd")
+
+
+async def test_a_retry_refused_for_a_job_no_longer_ours_sends_nothing() -> None:
+    """When the job was cancelled while its call waited to be retried, the retry's ledger row is not
+    opened, no request is sent, and the worker lets the job go."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(1)
+    writer = GatedWriter(retry_first=True, open_all=True)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    store.end_elsewhere(1)
+    with capture_logs() as logs:
+        await _let_tasks_run()
+    assert writer.sent == [] and worker.held_job_ids == []
+    assert store.ledger == {(1, 1): LlmOutcome.RATE_LIMITED}
+    events = [e["event"] for e in logs]
+    assert "job.lost_ownership" in events and not {"job.failed", "job.completed"} & set(events)
+
+
+async def test_a_heartbeat_that_finds_a_job_gone_stops_its_stream_and_records_what_it_cost() -> None:
+    """A job failed elsewhere is found by the next heartbeat: its stream is stopped, its call closed as
+    stopped (billed), and the job let go without a completion."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    store.end_elsewhere(1, ErrorCode.INTERRUPTED)
+    assert await worker.heartbeat_once() == [1]
+    await _let_tasks_run()
+    assert store.named("call_finish") == [(1, 1, LlmOutcome.STOPPED, True)]
+    assert worker.held_job_ids == [] and store.named("fail_running") == []
+
+
+async def test_a_helper_task_that_dies_takes_the_worker_down() -> None:
+    """A heartbeat that fails with something other than a database error ends run() with WorkerCrashed,
+    instead of leaving a worker that claims but cannot heartbeat."""
+    store = RecordingStore()
+    store.add_pending(1)
+    store.fail_next("heartbeat", RuntimeError("a bug"))
+    worker = Worker(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
+                    listen=False)
+    with capture_logs() as logs, pytest.raises(WorkerCrashed):
+        await asyncio.wait_for(worker.run(), 10)
+    assert [e["task"] for e in logs if e["event"] == "worker.task_crashed"] == ["heartbeat"]
+
+
+async def test_heartbeat_database_errors_are_survived() -> None:
+    """The heartbeat task meets a read-only database, logs it once, and beats again afterwards."""
+    store = RecordingStore()
+    store.add_pending(1)
+    for _ in range(3):
+        store.fail_next("heartbeat", _read_only())
+    worker = Worker(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
+                    listen=False)
+    with capture_logs() as logs:
+        task = asyncio.create_task(worker.run())
+        while len(store.named("heartbeat")) < 5:
+            await asyncio.sleep(0.01)
+        worker.stop()
+        store.end_elsewhere(1)
+        assert await asyncio.wait_for(task, 10)
+    errors = [e for e in logs if e["event"] == "worker.database_error"]
+    assert [(e["task"], e["sqlstate"]) for e in errors] == [("heartbeat", "25006")]
+
+
+async def test_a_worker_with_every_slot_busy_waits_for_a_job_to_finish() -> None:
+    """With no free slot and the poll overdue, an idle round waits (it does not spin) until a job
+    finishing wakes it."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(3)
+    worker = _worker(store, GatedWriter(), clock, worker_concurrency=2, worker_poll_interval_s=5.0)
+    await worker.round_once()
+    await _let_tasks_run()
+    clock.now += 60.0
+    idle = await worker.round_once()
+    assert idle.claimed == 0 and idle.wait_s > 0
