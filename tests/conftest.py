@@ -19,11 +19,9 @@ import pytest
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, keys
+from shared import db
 from tests import dbserver
-from tests.dbserver import with_dbname
-
-__all__ = ["with_dbname"]
+from tests.helpers import create_key
 
 _counter = itertools.count()
 
@@ -85,7 +83,3 @@ async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
 async def api_key(conn: psycopg.AsyncConnection[Any]) -> str:
     """A valid API key of client "tester"."""
     return await create_key(conn, "tester")
-
-
-async def create_key(conn: psycopg.AsyncConnection[Any], client_name: str) -> str:
-    return (await keys.create(conn, client_name)).key

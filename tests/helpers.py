@@ -5,16 +5,19 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import inspect
+import socket
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from shared import store
+from shared import keys, store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
 from shared.rows import Admission
 from shared.story_request import StoryRequest, canonical_json, fingerprint
@@ -68,13 +71,26 @@ async def enqueue(
     return result.public_id
 
 
+REPO = Path(__file__).resolve().parents[1]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+async def create_key(conn: psycopg.AsyncConnection[Any], client_name: str) -> str:
+    """A new API key of client client_name."""
+    return (await keys.create(conn, client_name)).key
+
+
 def create_key_sync(database_url: str, client_name: str) -> str:
     """A new API key for client_name, from a test that is not async."""
-    from shared import keys
 
     async def create() -> str:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
-            return (await keys.create(conn, client_name)).key
+            return await create_key(conn, client_name)
 
     # a thread of its own: the caller's thread may already run an event loop
     # (Playwright's sync API does)
@@ -108,14 +124,23 @@ async def count(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) ->
     return int(row[0])
 
 
-async def wait_until(check: Callable[[], Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition") -> None:
+async def wait_until(
+    check: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition",
+    interval: float = 0.02,
+) -> None:
+    """Returns once check() (a plain or an async function) is true; raises
+    TimeoutError naming ``what`` after ``timeout`` seconds. A test that is not
+    async runs it with asyncio.run."""
     deadline = time.monotonic() + timeout
     while True:
-        if await check():
+        answer = check()
+        if inspect.isawaitable(answer):
+            answer = await answer
+        if answer:
             return
         if time.monotonic() > deadline:
             raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
+        await asyncio.sleep(interval)
 
 
 def worker_on(

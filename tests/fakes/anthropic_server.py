@@ -39,6 +39,9 @@ class Plan:
     drop_after: int | None = None
     error_event_after: int | None = None
     retry_after_ms: int | None = None
+    # x-should-retry, as the provider sends it (e.g. false on a 429 when a
+    # spend limit is reached); None: no such header
+    should_retry: bool | None = None
     # text of the story, instead of generated filler
     text: str | None = None
     # the stream waits for this before its last event, so a test decides
@@ -66,9 +69,13 @@ class Call:
 
     @property
     def prompt(self) -> str:
-        messages = self.body.get("messages") or [{}]
-        content = messages[-1].get("content", "")
-        return content if isinstance(content, str) else json.dumps(content)
+        return _prompt_of(self.body)
+
+
+def _prompt_of(body: dict[str, Any]) -> str:
+    messages = body.get("messages") or [{}]
+    content = messages[-1].get("content", "")
+    return content if isinstance(content, str) else json.dumps(content)
 
 
 @dataclass
@@ -79,6 +86,7 @@ class FakeAnthropic:
     seed: int = 1234
     calls: list[Call] = field(default_factory=list)
     _queued: deque[Plan] = field(default_factory=deque)
+    _queued_for: dict[str, deque[Plan]] = field(default_factory=dict)
     _lock: threading.Lock = field(default_factory=threading.Lock)
 
     def __post_init__(self) -> None:
@@ -90,6 +98,12 @@ class FakeAnthropic:
         """The next requests get these plans, in order; then the default."""
         with self._lock:
             self._queued.extend(plans)
+
+    def queue_for(self, prompt_fragment: str, *plans: Plan) -> None:
+        """The next requests whose prompt holds prompt_fragment get these
+        plans, in order, before any plan queued for every request."""
+        with self._lock:
+            self._queued_for.setdefault(prompt_fragment, deque()).extend(plans)
 
     @property
     def billed(self) -> list[Call]:
@@ -111,8 +125,11 @@ class FakeAnthropic:
 
     # -- ASGI ---------------------------------------------------------------------------
 
-    def _next_plan(self) -> Plan:
+    def _next_plan(self, prompt: str) -> Plan:
         with self._lock:
+            for fragment, plans in self._queued_for.items():
+                if plans and fragment in prompt:
+                    return plans.popleft()
             if self._queued:
                 return self._queued.popleft()
             if self.overload_rate and self._random.random() < self.overload_rate:
@@ -138,7 +155,7 @@ class FakeAnthropic:
             if not message.get("more_body"):
                 break
         body = json.loads(b"".join(chunks) or b"{}")
-        plan = self._next_plan()
+        plan = self._next_plan(_prompt_of(body))
         with self._lock:
             number = len(self.calls) + 1
             call = Call(
@@ -158,6 +175,8 @@ class FakeAnthropic:
         extra = [(b"request-id", call.request_id.encode())]
         if plan.retry_after_ms is not None:
             extra.append((b"retry-after-ms", str(plan.retry_after_ms).encode()))
+        if plan.should_retry is not None:
+            extra.append((b"x-should-retry", b"true" if plan.should_retry else b"false"))
         if plan.status != 200:
             kind = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error",
                     401: "authentication_error"}.get(plan.status, "api_error")

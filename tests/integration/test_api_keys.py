@@ -64,7 +64,7 @@ async def test_a_second_key_of_a_client_survives_the_revocation_of_the_first(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any], api_key: str
 ) -> None:
     """Rotation: with the old key revoked, the client's new key still reads the client's jobs."""
-    from tests.conftest import create_key
+    from tests.helpers import create_key
 
     async with api_client(pool, api_key) as client:
         accepted = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())

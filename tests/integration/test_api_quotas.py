@@ -11,8 +11,7 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tests.api_helpers import api_client, assert_problem, new_key
-from tests.conftest import create_key
-from tests.helpers import count
+from tests.helpers import count, create_key
 
 
 async def _post_interleaved(pool: AsyncConnectionPool, keys: dict[str, int], **settings: Any

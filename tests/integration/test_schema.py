@@ -12,7 +12,7 @@ import pytest
 
 from shared import db, migrate, store
 from shared.status import ErrorCode, JobStatus, LlmOutcome
-from tests.conftest import with_dbname
+from tests.dbserver import with_dbname
 
 
 async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -6,6 +6,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
@@ -134,3 +135,78 @@ async def test_the_database_clock_can_be_overridden(conn: psycopg.AsyncConnectio
     later = await _db_now(conn) + timedelta(seconds=1801)
     assert (await sweeper.sweep_once(now=later)).queue_timeout == 1
     assert later.tzinfo is not None and later > datetime.now(UTC)
+
+
+async def test_a_long_lock_on_story_jobs_does_not_make_live_jobs_look_dead(
+    database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """A lock that blocks heartbeats (a careless migration) makes the sweeper's probe and pass fail
+    after a heartbeat interval; afterwards it judges no running job until the database has been
+    writable for a whole heartbeat timeout, however stale the heartbeats then look."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    await _claim(conn)
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_interval_s=0.2, heartbeat_timeout_s=60, job_timeout_s=480),
+                      pool, clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as migration:
+        async with migration.transaction():
+            await migration.execute("LOCK TABLE story_jobs IN SHARE MODE")
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await sweeper.probe()
+            sweeper.connection_lost()
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await sweeper.sweep_once()
+            sweeper.connection_lost()
+    # the lock is gone; the job's heartbeat looks five minutes old, but workers could not write
+    stale = await _db_now(conn) + timedelta(minutes=5)
+    result = await sweeper.sweep_once(now=stale)
+    assert not result.judged_running and result.reclaimed == 0
+    clock.now += 61
+    assert (await sweeper.sweep_once(now=stale)).interrupted == 1
+
+
+async def test_a_read_only_database_pauses_the_judging_of_running_jobs(
+    database_url: str, database_name: str, server_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """While the database is read-only (a failover, an operator's switch) the probe fails as a heartbeat
+    would; once writable again, running jobs wait a heartbeat timeout before they are judged, for the
+    job timeout as for heartbeats."""
+    from psycopg import sql
+
+    from shared import db
+
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    await _claim(conn)
+    await conn.execute("UPDATE story_jobs SET started_at = now() - interval '1 hour'")
+    clock = FakeClock()
+    sweeper_pool = db.make_pool(database_url, application_name="storyjobs-sweeper", connect_timeout_s=5,
+                                statement_timeout_s=10, min_size=1, max_size=1, wait_timeout_s=5)
+    name = sql.Identifier(database_name)
+    async with sweeper_pool, await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+
+        async def reconnect_sweeper() -> None:
+            # a database setting reaches new sessions only
+            await admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
+                                "WHERE application_name = 'storyjobs-sweeper' AND datname = %s", (database_name,))
+            await sweeper_pool.check()
+
+        sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480), sweeper_pool, clock=clock)
+        await sweeper.probe()
+        clock.now += 61
+        await admin.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(name))
+        try:
+            await reconnect_sweeper()
+            with pytest.raises(psycopg.errors.ReadOnlySqlTransaction):
+                await sweeper.probe()
+            sweeper.connection_lost()
+        finally:
+            await admin.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(name))
+        await reconnect_sweeper()
+        result = await sweeper.sweep_once()
+        assert not result.judged_running and result.timed_out == 0
+        clock.now += 61
+        assert (await sweeper.sweep_once()).timed_out == 1

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -15,13 +14,9 @@ from typing import Any
 
 import httpx
 
-REPO = Path(__file__).resolve().parents[2]
+from tests.helpers import REPO, free_port
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
+__all__ = ["REPO", "ApiProc", "Proc", "System", "free_port"]
 
 
 class Proc:

@@ -7,6 +7,7 @@ then drops the connection instead of relaying the answer.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
 import re
@@ -14,8 +15,6 @@ import socket
 import subprocess
 import sys
 import threading
-import time
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -24,7 +23,7 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.helpers import create_key_sync, wait_until
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -191,14 +190,6 @@ def start_client(tmp_path: Path, url: str, api_key: str, *args: str) -> ClientRu
     return ClientRun(popen, stdout_path, stderr_path)
 
 
-def wait_until(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def db_rows(database_url: str, query: str) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         return conn.execute(query).fetchall()
@@ -224,7 +215,8 @@ def test_generate_wait_shows_progress_then_prints_the_story(
     client = start_client(tmp_path, api.base_url, key, PROMPT, "--wait", "--child-name", "Mia", "--age", "5",
                           "--length", "short", "--language", "fr")
     try:
-        wait_until(lambda: "tokens so far" in client.stderr, "the client to show tokens written")
+        asyncio.run(wait_until(lambda: "tokens so far" in client.stderr, timeout=60,
+                               what="the client to show tokens written"))
         hold.set()
         assert client.finish() == 0, client.stderr
     finally:
@@ -253,9 +245,11 @@ def test_generate_wait_survives_a_dropped_connection_while_polling(
     with FlakyProxy(api.port) as proxy:
         client = start_client(tmp_path, proxy.url, key, PROMPT, "--wait")
         try:
-            wait_until(lambda: "writing" in client.stderr, "the client to see the job running")
+            asyncio.run(wait_until(lambda: "writing" in client.stderr, timeout=60,
+                                   what="the client to see the job running"))
             proxy.cut()
-            wait_until(lambda: proxy.turned_away >= 2, "the client to try again while cut off")
+            asyncio.run(wait_until(lambda: proxy.turned_away >= 2, timeout=60,
+                                   what="the client to try again while cut off"))
             proxy.restore()
             hold.set()
             assert client.finish() == 0, client.stderr

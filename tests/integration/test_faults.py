@@ -1,0 +1,172 @@
+"""Faults that real deployments meet, each forced on a real Postgres: provider
+answers that must end a job at once, text the database cannot store, a job
+ended elsewhere while its call waits to be retried, and the ledger rows such
+endings leave open. Orderings are forced with row locks, never with sleeps."""
+
+from __future__ import annotations
+
+import asyncio
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+
+from shared import store
+from shared.status import LlmOutcome
+from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
+from tests.helpers import client_id_of, count, enqueue, job_rows, running_worker, wait_until, worker_settings
+from worker.anthropic_writer import AnthropicWriter
+
+LATER = datetime.now(UTC) + timedelta(hours=2)
+SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
+         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
+
+
+async def _ledger(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
+    cur = await conn.execute("SELECT attempt, outcome, billed, finished_at IS NOT NULL FROM llm_calls "
+                             "ORDER BY job_id, attempt")
+    return await cur.fetchall()
+
+
+async def _finished(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return all(row.status in ("completed", "failed") for row in await job_rows(conn))
+
+
+async def _waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    return await count(conn, "SELECT count(*) FROM pg_stat_activity "
+                             "WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
+
+
+async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
+    result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
+                                              provider="anthropic", model="m")
+    (job,) = result.claimed
+    return job.id
+
+
+async def _run_one(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+                   provider: FakeAnthropicServer, **settings: Any) -> None:
+    worker = worker_settings(anthropic_api_key="test", anthropic_base_url=provider.base_url, **settings)
+    writer = AnthropicWriter(worker)
+    try:
+        async with running_worker(worker, pool, writer, listen_url=database_url):
+            await enqueue(conn, await client_id_of(conn), "a sleepy owl")
+            await wait_until(lambda: _finished(conn), timeout=20, what="the job to finish")
+    finally:
+        await writer.aclose()
+
+
+async def test_a_429_that_says_do_not_retry_fails_the_job_at_once(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str
+) -> None:
+    """A 429 with x-should-retry: false (a spend limit reached) is final: one request, the job fails
+    as llm_rejected with the provider's reason, and the ledger says rate_limited, not billed."""
+    fake = FakeAnthropic()
+    fake.queue(Plan(status=429, retry_after_ms=10, should_retry=False))
+    with FakeAnthropicServer(fake) as provider:
+        await _run_one(conn, pool, database_url, provider)
+    (job,) = await job_rows(conn)
+    assert (job.status, job.error_code) == ("failed", "llm_rejected")
+    assert len(fake.calls) == 1
+    assert await _ledger(conn) == [(1, "rate_limited", False, True)]
+
+
+async def test_a_story_holding_nul_and_stray_surrogates_is_stored(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str
+) -> None:
+    """Text Postgres cannot store, in the title and the story, does not fail the job: it completes,
+    with NUL removed."""
+    fake = FakeAnthropic(default=Plan(chunks=2, text="Title: The Owl\x00 Who Hooted\nOnce\x00 upon a time."))
+    with FakeAnthropicServer(fake) as provider:
+        await _run_one(conn, pool, database_url, provider)
+    (job,) = await job_rows(conn)
+    assert job.status == "completed"
+    cur = await conn.execute("SELECT title, body FROM stories")
+    assert await cur.fetchone() == ("The Owl Who Hooted", "Once upon a time.")
+
+
+async def test_a_job_cancelled_while_its_call_waits_to_be_retried_sends_no_request(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str
+) -> None:
+    """Cancelled during a 429's retry-after, well before the next heartbeat: the retry finds the job
+    gone, opens no ledger row and sends nothing; the 429's row is closed as not billed."""
+    fake = FakeAnthropic()
+    fake.queue(Plan(status=429, retry_after_ms=2000))
+    with FakeAnthropicServer(fake) as provider:
+        settings = worker_settings(anthropic_api_key="test", anthropic_base_url=provider.base_url,
+                                   heartbeat_interval_s=20, heartbeat_timeout_s=60)
+        writer = AnthropicWriter(settings)
+        try:
+            async with running_worker(settings, pool, writer, listen_url=database_url) as worker:
+                job_id = await enqueue(conn, await client_id_of(conn), "a sleepy owl")
+                await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
+                cancelled = await store.job_cancel(conn, client_id=await client_id_of(conn), job_id=job_id)
+                assert cancelled is not None and cancelled.cancelled
+                await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
+        finally:
+            await writer.aclose()
+    assert len(fake.calls) == 1
+    assert await _ledger(conn) == [(1, "rate_limited", False, True)]
+
+
+async def test_cancelling_a_job_whose_worker_died_closes_its_open_call(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A running job whose worker is gone, cancelled by its client: its open ledger row is closed as
+    interrupted (assumed billed) by the cancellation itself."""
+    client = await client_id_of(conn)
+    job_id = await enqueue(conn, client, "a fox")
+    await _claim(conn, "dead-worker")
+    result = await store.job_cancel(conn, client_id=client, job_id=job_id)
+    assert result is not None and result.cancelled
+    assert await _ledger(conn) == [(1, "interrupted", True, True)]
+
+
+@pytest.mark.parametrize("ender", ["cancel", "sweeper"])
+async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoever_ends_it(
+    database_url: str, conn: psycopg.AsyncConnection[Any], ender: str
+) -> None:
+    """The retry's row is written first and holds the job's row while a cancellation (or a sweep) waits
+    for it: once the retry commits, the job is ended and the new row closed in the same transaction;
+    no row stays open for a finished job."""
+    client = await client_id_of(conn)
+    job_id = await enqueue(conn, client, "a fox")
+    job = await _claim(conn)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
+        async with worker_conn.transaction():
+            attempt = await store.llm_call_start(worker_conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                                 previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
+                                                 previous_error="429")
+            assert attempt == 2
+            if ender == "cancel":
+                ending = asyncio.create_task(store.job_cancel(conn, client_id=client, job_id=job_id))
+                await wait_until(lambda: _waiting_on_lock(worker_conn), what="the cancellation to wait")
+            else:
+                # SKIP LOCKED: the sweeper passes over a job whose row is held
+                assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+        if ender == "cancel":
+            ended = await ending
+            assert ended is not None and ended.cancelled
+        else:
+            assert len(await store.job_fail_stale(conn, now=LATER, **SWEEP)) == 1
+    assert await _ledger(conn) == [(1, "rate_limited", False, True), (2, "interrupted", True, True)]
+
+
+async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
+    database_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The other ordering: the cancellation holds the job's row, the retry waits, then finds the job
+    no longer running and opens nothing (so nothing is sent)."""
+    client = await client_id_of(conn)
+    job_id = await enqueue(conn, client, "a fox")
+    job = await _claim(conn)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as api_conn:
+        async with api_conn.transaction():
+            cancelled = await store.job_cancel(api_conn, client_id=client, job_id=job_id)
+            assert cancelled is not None and cancelled.cancelled
+            retry = asyncio.create_task(store.llm_call_start(
+                conn, worker_id="w1", job_id=job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,
+                previous_billed=False, previous_error="429"))
+            await wait_until(lambda: _waiting_on_lock(api_conn), what="the retry to wait")
+        assert await retry is None
+    assert await _ledger(conn) == [(1, "rate_limited", False, True)]
