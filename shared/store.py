@@ -9,7 +9,7 @@ race, which the caller logs and counts, never raises.
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from typing import Any, TypeVar
 
@@ -89,7 +89,7 @@ async def _scalars(conn: Conn, query: str, params: dict[str, Any] | None = None)
 
 async def schema_version_get(conn: Conn) -> int | None:
     (version,) = await _scalars(conn, "schema_version_get")
-    return version
+    return None if version is None else int(version)
 
 
 async def schema_migrations_create(conn: Conn) -> None:
@@ -125,7 +125,7 @@ async def job_status_enum_values(conn: Conn) -> list[str]:
 
 async def api_client_upsert(conn: Conn, *, name: str) -> int:
     (client_id,) = await _scalars(conn, "api_client_upsert", {"name": name})
-    return client_id
+    return int(client_id)
 
 
 async def api_key_insert(conn: Conn, *, client_id: int, key_prefix: str, key_hash: bytes) -> None:
@@ -262,7 +262,7 @@ async def job_fail_running(conn: Conn, *, worker_id: str, failures: Sequence[Fai
     return list(row[0])
 
 
-async def job_heartbeat(conn: Conn, *, worker_id: str, progress: dict[int, int]) -> list[HeartbeatRow]:
+async def job_heartbeat(conn: Conn, *, worker_id: str, progress: Mapping[int, int]) -> list[HeartbeatRow]:
     return await _all(
         conn,
         HeartbeatRow,

@@ -110,8 +110,9 @@ def _provider_message(exc: anthropic.APIStatusError) -> str:
     body = exc.body
     if isinstance(body, dict):
         error = body.get("error")
-        if isinstance(error, dict) and isinstance(error.get("message"), str):
-            return error["message"][:500]
+        message = error.get("message") if isinstance(error, dict) else None
+        if isinstance(message, str):
+            return message[:500]
     return exc.message[:500]
 
 

@@ -37,7 +37,7 @@ JOB_RUN = Histogram(
 LLM_REQUESTS = Counter(
     "storyjobs_llm_requests_total", "Requests sent to the LLM provider, by how they ended.", ["outcome"]
 )
-LLM_REQUESTS_BY_OUTCOME = {
+LLM_REQUESTS_BY_OUTCOME: dict[LlmOutcome, Counter] = {
     outcome: LLM_REQUESTS.labels(outcome=outcome.value)
     for outcome in LlmOutcome
     if outcome not in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED)
