@@ -302,17 +302,11 @@ class Worker:
         try:
             failed_ids = set(await self.store.fail_running(batch))
         except db.DB_ERRORS as exc:
-            if db.is_transient(exc):
-                raise
-            if len(batch) > 1:
-                self._isolating = True
-                raise
+            self._reraise_unless_refused_alone(exc, batch)
             # one failure the database will never take: leave the job to the
             # sweeper, which fails it once its heartbeats stop
-            (failure,) = batch
             del queue[0]
-            self._release(failure.job_id)
-            log.error("job.failure_unrecorded", job_id=self._public_id(failure.job_id), error=db.describe(exc))
+            log.error("job.failure_unrecorded", job_id=self._release(batch[0].job_id), error=db.describe(exc))
             return
         del queue[:len(batch)]
         for failure in batch:
@@ -347,11 +341,7 @@ class Worker:
             settled = await self.store.settle_and_claim(batch, claim_limit)
         except db.DB_ERRORS as exc:
             self._claiming.answer_lost = self._claiming.answer_lost or (claim_limit > 0 and db.is_transient(exc))
-            if db.is_transient(exc) or not batch:
-                raise
-            if len(batch) > 1:
-                self._isolating = True
-                raise
+            self._reraise_unless_refused_alone(exc, batch)
             # one story the database will not store: the job fails instead
             # of holding the worker's every next round
             (completion,) = batch
@@ -388,6 +378,17 @@ class Worker:
             metrics.WORKER_LAST_CLAIM.set_to_current_time()
         if len(settled.claimed) < claim_limit:
             self._claiming.work_may_wait = False
+
+    def _reraise_unless_refused_alone(self, exc: Exception, batch: Sequence[Completion | Failure]) -> None:
+        """After a database error writing a batch: raise it again (a
+        transient error is waited out; a batch refused for its data is then
+        written one item at a time), unless the one item of a batch was
+        refused for good, which the caller then deals with."""
+        if db.is_transient(exc) or not batch:
+            raise exc
+        if len(batch) > 1:
+            self._isolating = True
+            raise exc
 
     def _release(self, job_id: int) -> str | None:
         """Lets go of a job whose end was written; its public id, for logs."""

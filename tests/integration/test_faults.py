@@ -16,7 +16,15 @@ from psycopg_pool import AsyncConnectionPool
 from shared import store
 from shared.status import LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import client_id_of, count, enqueue, job_rows, running_worker, wait_until, worker_settings
+from tests.helpers import (
+    client_id_of,
+    count,
+    enqueue,
+    job_rows,
+    running_worker,
+    wait_until,
+    worker_settings,
+)
 from worker.anthropic_writer import AnthropicWriter
 
 LATER = datetime.now(UTC) + timedelta(hours=2)

@@ -151,15 +151,15 @@ async def test_a_long_lock_on_story_jobs_does_not_make_live_jobs_look_dead(
                       pool, clock=clock)
     await sweeper.probe()
     clock.now += 61
-    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as migration:
-        async with migration.transaction():
-            await migration.execute("LOCK TABLE story_jobs IN SHARE MODE")
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                await sweeper.probe()
-            sweeper.connection_lost()
-            with pytest.raises(psycopg.errors.LockNotAvailable):
-                await sweeper.sweep_once()
-            sweeper.connection_lost()
+    migration = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
+    async with migration, migration.transaction():
+        await migration.execute("LOCK TABLE story_jobs IN SHARE MODE")
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            await sweeper.probe()
+        sweeper.connection_lost()
+        with pytest.raises(psycopg.errors.LockNotAvailable):
+            await sweeper.sweep_once()
+        sweeper.connection_lost()
     # the lock is gone; the job's heartbeat looks five minutes old, but workers could not write
     stale = await _db_now(conn) + timedelta(minutes=5)
     result = await sweeper.sweep_once(now=stale)
