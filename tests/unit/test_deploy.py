@@ -27,6 +27,7 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+ALERT_TESTS = DEPLOY / "prometheus" / "tests"
 DASHBOARD = DEPLOY / "grafana" / "storyjobs-dashboard.json"
 K8S = DEPLOY / "k8s"
 
@@ -309,12 +310,71 @@ def test_dashboard_shows_queue_workers_llm_sweeper_and_api() -> None:
     } <= used
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True, check=False, cwd=ROOT)
+
+
+def alert_rule_tests() -> dict[Path, dict[str, Any]]:
+    """The promtool unit test files under deploy/prometheus/tests/, parsed."""
+    return {path: yaml.safe_load(path.read_text()) for path in sorted(ALERT_TESTS.glob("*.yml"))}
+
+
+def alerts_tested(test_files: list[dict[str, Any]], *, firing: bool) -> set[str]:
+    """The alert names that some case expects to fire (firing=True) or to stay quiet."""
+    return {
+        case["alertname"]
+        for document in test_files
+        for group in document["tests"]
+        for case in group.get("alert_rule_test", [])
+        if bool(case.get("exp_alerts")) is firing
+    }
+
+
+def untested_alerts(rules: list[dict[str, Any]], test_files: list[dict[str, Any]]) -> set[str]:
+    """Alerts without both a firing and a quiet case in the unit tests."""
+    names = {rule["alert"] for rule in rules}
+    covered = alerts_tested(test_files, firing=True) & alerts_tested(test_files, firing=False)
+    return names - covered
+
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed "
+                                    "(Debian package prometheus; .ci/run installs it)")
+
+
+@needs_promtool
 def test_prometheus_config_and_rules_pass_promtool() -> None:
-    """promtool accepts the Prometheus config and the alert rules it loads."""
-    result = subprocess.run(["promtool", "check", "config", str(PROMETHEUS)],
-                            capture_output=True, text=True, check=False)
+    """promtool accepts the Prometheus config, with the rule file it loads, and the alert rules."""
+    config_check = promtool("check", "config", PROMETHEUS)
+    assert config_check.returncode == 0, config_check.stdout + config_check.stderr
+    rules_check = promtool("check", "rules", ALERTS)
+    assert rules_check.returncode == 0, rules_check.stdout + rules_check.stderr
+
+
+@needs_promtool
+def test_alert_rules_pass_their_promtool_unit_tests() -> None:
+    """`promtool test rules` passes on every file under deploy/prometheus/tests/."""
+    files = list(alert_rule_tests())
+    assert files
+    result = promtool("test", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_unit_tests_showing_it_firing_and_quiet() -> None:
+    """Each alert in alerts.yml is expected to fire in one test case and to stay quiet in another."""
+    tests = alert_rule_tests()
+    for path, document in tests.items():
+        rule_files = [(path.parent / name).resolve() for name in document["rule_files"]]
+        assert rule_files == [ALERTS], path.name
+    assert untested_alerts(alert_rules(), list(tests.values())) == set()
+
+
+def test_an_alert_without_a_firing_case_counts_as_untested() -> None:
+    """The coverage check names an alert that no unit test expects to fire."""
+    tests = list(alert_rule_tests().values())
+    new_rule = {"alert": "StoryjobsSomethingNew", "expr": "vector(1)"}
+    quiet_only = {"tests": [{"alert_rule_test": [
+        {"eval_time": "1m", "alertname": "StoryjobsSomethingNew", "exp_alerts": []}]}]}
+    assert untested_alerts([*alert_rules(), new_rule], [*tests, quiet_only]) == {"StoryjobsSomethingNew"}
 
 
 # -- YAML and entrypoints ------------------------------------------------------------
@@ -322,7 +382,7 @@ def test_prometheus_config_and_rules_pass_promtool() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [COMPOSE, ALERTS, PROMETHEUS, *k8s_files()],
+    [COMPOSE, ALERTS, PROMETHEUS, *k8s_files(), *sorted(ALERT_TESTS.glob("*.yml"))],
     ids=lambda p: str(p.relative_to(DEPLOY)),
 )
 def test_deploy_yaml_file_parses(path: Path) -> None:
