@@ -99,6 +99,8 @@ def start_prometheus(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator
         directory.mkdir()
         server = PrometheusServer(directory, scrape_configs)
         started.append(server)
+        # it listens before its storage is open, answering 503 until then
+        server.wait_until("itself ready", lambda: httpx.get(f"{server.base_url}/-/ready", timeout=5).is_success)
         return server
 
     yield start
