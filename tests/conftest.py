@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Callable, Iterator
 from typing import Any
 
 import psycopg
@@ -21,9 +21,20 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import db
 from tests import dbserver
-from tests.helpers import create_key
+from tests.helpers import create_key, failed_in_call
+from tests.pgbouncer import PgBouncer, PgBouncerUnavailable
 
 _counter = itertools.count()
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+    """Keeps the call phase's report on the test item, so that fixtures can show
+    what they saw (process logs) when the test failed."""
+    report = yield
+    if report.when == "call":
+        item.rep_call = report  # type: ignore[attr-defined]
+    return report
 
 
 @pytest.fixture(scope="session")
@@ -83,3 +94,34 @@ async def pool(database_url: str) -> AsyncIterator[AsyncConnectionPool]:
 async def api_key(conn: psycopg.AsyncConnection[Any]) -> str:
     """A valid API key of client "tester"."""
     return await create_key(conn, "tester")
+
+
+@pytest.fixture
+def pgbouncer_factory(server_url: str, request: pytest.FixtureRequest) -> Iterator[Callable[..., PgBouncer]]:
+    """Starts PgBouncers (transaction pooling) in front of the test server with the
+    options a test chooses, e.g. ``pgbouncer_factory(default_pool_size=2)``; all
+    stopped when the test ends, their logs shown if it failed. Skips the test
+    where PgBouncer cannot run."""
+    started: list[PgBouncer] = []
+
+    def start(**options: Any) -> PgBouncer:
+        try:
+            bouncer = PgBouncer(server_url, **options)
+        except PgBouncerUnavailable as exc:
+            pytest.skip(str(exc))
+        started.append(bouncer)
+        return bouncer
+
+    yield start
+    for bouncer in started:
+        if failed_in_call(request):
+            # pytest shows a failed test's output: the pooler's log
+            print(f"----- pgbouncer :{bouncer.port} -----\n{bouncer.log()[-4000:]}")  # noqa: T201
+        bouncer.stop()
+
+
+@pytest.fixture
+def pgbouncer(pgbouncer_factory: Callable[..., PgBouncer]) -> PgBouncer:
+    """A PgBouncer in transaction pooling with 4 server connections per database; ``pgbouncer.url(name)``
+    reaches database ``name`` through it."""
+    return pgbouncer_factory(default_pool_size=4)

@@ -165,3 +165,9 @@ async def running_worker(
     finally:
         worker.stop()
         await asyncio.wait_for(task, timeout=30)
+
+
+def failed_in_call(request: Any) -> bool:
+    """Whether the test of a fixture's ``request`` failed (set by the hook in tests/conftest.py)."""
+    report = getattr(request.node, "rep_call", None)
+    return report is not None and bool(report.failed)

@@ -1,13 +1,15 @@
 """The claim and the sweeper read only the live-jobs index, whatever the history
-and however stale the planner's statistics."""
+and however stale the planner's statistics; so does the autoscaler's count."""
 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import psycopg
 import pytest
+import yaml
 
 from shared.queries import QUERIES
 
@@ -95,3 +97,33 @@ async def test_the_sweeper_gauges_and_admission_use_the_active_index(
         for node in _plan_nodes(plan):
             if node.get("Index Name") not in (None, "story_jobs_active_idx"):
                 assert " = " in node.get("Index Cond", ""), (query, node)
+
+
+def _keda_query() -> str:
+    """The query KEDA's postgresql trigger runs to scale the workers (deploy/k8s/20-keda.yaml)."""
+    manifest = Path(__file__).resolve().parents[2] / "deploy" / "k8s" / "20-keda.yaml"
+    (scaled,) = [doc for doc in yaml.safe_load_all(manifest.read_text()) if doc and doc["kind"] == "ScaledObject"]
+    (trigger,) = scaled["spec"]["triggers"]
+    query: str = trigger["metadata"]["query"]
+    return query
+
+
+async def test_the_keda_trigger_counts_live_jobs_through_the_active_index(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The autoscaler's query counts pending and running jobs, reading story_jobs_active_idx and nothing
+    else, on a plain connection like KEDA's."""
+    await _fill(conn, finished=20_000, pending=50, analyze_first=False)
+    await conn.execute(
+        "UPDATE story_jobs SET status = 'running', started_at = now(), heartbeat_at = now(), worker_id = 'w' "
+        "WHERE id IN (SELECT id FROM story_jobs WHERE status = 'pending' ORDER BY id LIMIT 20)")
+    await conn.execute("VACUUM ANALYZE story_jobs")
+    query = _keda_query()
+    cur = await conn.execute(query)  # type: ignore[arg-type]
+    assert await cur.fetchone() == (50,)
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + query)  # type: ignore[arg-type]
+    row = await cur.fetchone()
+    assert row is not None
+    document = row[0] if isinstance(row[0], list) else json.loads(row[0])
+    (scan,) = _story_jobs_scans(document[0]["Plan"])
+    assert scan in ("Index Only Scan:story_jobs_active_idx", "Index Scan:story_jobs_active_idx")

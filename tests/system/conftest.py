@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
+from tests.helpers import failed_in_call
 from tests.system.procs import System
 
 
@@ -24,16 +25,7 @@ def system(database_url: str, tmp_path: Path, request: pytest.FixtureRequest) ->
     started = System(database_url, tmp_path)
     yield started
     started.stop_all()
-    report = getattr(request.node, "rep_call", None)
-    if report is not None and report.failed:
+    if failed_in_call(request):
         for proc in started.procs:
             # pytest shows a failed test's output: the processes' last log lines
             print(f"----- {proc.log_path.name} -----\n{proc.output()[-4000:]}")  # noqa: T201
-
-
-@pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
-    report = yield
-    if report.when == "call":
-        item.rep_call = report  # type: ignore[attr-defined]
-    return report

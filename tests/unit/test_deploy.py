@@ -4,6 +4,7 @@ timeouts they set are consistent with how the worker shuts down."""
 
 from __future__ import annotations
 
+import copy
 import importlib
 import json
 import re
@@ -14,8 +15,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import kubernetes_validate
 import pytest
 import yaml
+from kubernetes_validate import utils as kubernetes_validate_utils
 from prometheus_client import REGISTRY
 
 from shared import config
@@ -27,6 +30,7 @@ COMPOSE = DEPLOY / "docker-compose.yml"
 DOCKERFILE = DEPLOY / "Dockerfile"
 ALERTS = DEPLOY / "prometheus" / "alerts.yml"
 PROMETHEUS = DEPLOY / "prometheus" / "prometheus.yml"
+ALERT_TESTS = DEPLOY / "prometheus" / "tests"
 DASHBOARD = DEPLOY / "grafana" / "storyjobs-dashboard.json"
 K8S = DEPLOY / "k8s"
 
@@ -309,12 +313,71 @@ def test_dashboard_shows_queue_workers_llm_sweeper_and_api() -> None:
     } <= used
 
 
-@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed")
+def promtool(*args: str | Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(["promtool", *map(str, args)], capture_output=True, text=True, check=False, cwd=ROOT)
+
+
+def alert_rule_tests() -> dict[Path, dict[str, Any]]:
+    """The promtool unit test files under deploy/prometheus/tests/, parsed."""
+    return {path: yaml.safe_load(path.read_text()) for path in sorted(ALERT_TESTS.glob("*.yml"))}
+
+
+def alerts_tested(test_files: list[dict[str, Any]], *, firing: bool) -> set[str]:
+    """The alert names that some case expects to fire (firing=True) or to stay quiet."""
+    return {
+        case["alertname"]
+        for document in test_files
+        for group in document["tests"]
+        for case in group.get("alert_rule_test", [])
+        if bool(case.get("exp_alerts")) is firing
+    }
+
+
+def untested_alerts(rules: list[dict[str, Any]], test_files: list[dict[str, Any]]) -> set[str]:
+    """Alerts without both a firing and a quiet case in the unit tests."""
+    names = {rule["alert"] for rule in rules}
+    covered = alerts_tested(test_files, firing=True) & alerts_tested(test_files, firing=False)
+    return names - covered
+
+
+needs_promtool = pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool is not installed "
+                                    "(Debian package prometheus; .ci/run installs it)")
+
+
+@needs_promtool
 def test_prometheus_config_and_rules_pass_promtool() -> None:
-    """promtool accepts the Prometheus config and the alert rules it loads."""
-    result = subprocess.run(["promtool", "check", "config", str(PROMETHEUS)],
-                            capture_output=True, text=True, check=False)
+    """promtool accepts the Prometheus config, with the rule file it loads, and the alert rules."""
+    config_check = promtool("check", "config", PROMETHEUS)
+    assert config_check.returncode == 0, config_check.stdout + config_check.stderr
+    rules_check = promtool("check", "rules", ALERTS)
+    assert rules_check.returncode == 0, rules_check.stdout + rules_check.stderr
+
+
+@needs_promtool
+def test_alert_rules_pass_their_promtool_unit_tests() -> None:
+    """`promtool test rules` passes on every file under deploy/prometheus/tests/."""
+    files = list(alert_rule_tests())
+    assert files
+    result = promtool("test", "rules", *files)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_every_alert_has_unit_tests_showing_it_firing_and_quiet() -> None:
+    """Each alert in alerts.yml is expected to fire in one test case and to stay quiet in another."""
+    tests = alert_rule_tests()
+    for path, document in tests.items():
+        rule_files = [(path.parent / name).resolve() for name in document["rule_files"]]
+        assert rule_files == [ALERTS], path.name
+    assert untested_alerts(alert_rules(), list(tests.values())) == set()
+
+
+def test_an_alert_without_a_firing_case_counts_as_untested() -> None:
+    """The coverage check names an alert that no unit test expects to fire."""
+    tests = list(alert_rule_tests().values())
+    new_rule = {"alert": "StoryjobsSomethingNew", "expr": "vector(1)"}
+    quiet_only = {"tests": [{"alert_rule_test": [
+        {"eval_time": "1m", "alertname": "StoryjobsSomethingNew", "exp_alerts": []}]}]}
+    assert untested_alerts([*alert_rules(), new_rule], [*tests, quiet_only]) == {"StoryjobsSomethingNew"}
 
 
 # -- YAML and entrypoints ------------------------------------------------------------
@@ -322,7 +385,7 @@ def test_prometheus_config_and_rules_pass_promtool() -> None:
 
 @pytest.mark.parametrize(
     "path",
-    [COMPOSE, ALERTS, PROMETHEUS, *k8s_files()],
+    [COMPOSE, ALERTS, PROMETHEUS, *k8s_files(), *sorted(ALERT_TESTS.glob("*.yml"))],
     ids=lambda p: str(p.relative_to(DEPLOY)),
 )
 def test_deploy_yaml_file_parses(path: Path) -> None:
@@ -430,8 +493,41 @@ def test_k8s_settings_pass_the_processes_own_validation() -> None:
 # -- Kubernetes specifics -----------------------------------------------------------------
 
 
-def test_keda_scaledobject_scales_the_worker_on_pending_story_jobs() -> None:
-    """The ScaledObject's postgresql trigger counts pending story_jobs for the worker Deployment."""
+# KEDA's kinds are custom resources: the Kubernetes schemas do not describe them
+CUSTOM_RESOURCE_GROUPS = ("keda.sh/",)
+# the oldest and the newest Kubernetes whose schemas the installed validator ships
+KUBERNETES_VERSIONS = (kubernetes_validate_utils.all_versions()[0], kubernetes_validate.latest_version())
+
+
+def builtin_k8s_docs() -> list[dict[str, Any]]:
+    return [doc for doc in k8s_docs() if not doc["apiVersion"].startswith(CUSTOM_RESOURCE_GROUPS)]
+
+
+@pytest.mark.parametrize("version", KUBERNETES_VERSIONS)
+def test_k8s_manifests_validate_against_the_kubernetes_schemas_strictly(version: str) -> None:
+    """Every built-in resource in deploy/k8s/ passes strict schema validation (no unknown field)."""
+    docs = builtin_k8s_docs()
+    assert {doc["kind"] for doc in k8s_docs()} - {doc["kind"] for doc in docs} == {
+        "ScaledObject", "TriggerAuthentication"}
+    for doc in docs:
+        try:
+            kubernetes_validate.validate(doc, version, strict=True)
+        except kubernetes_validate.ValidationError as exc:
+            pytest.fail(f"{doc['kind']}/{doc['metadata']['name']} against {version}: {exc.message} "
+                        f"at {'.'.join(map(str, exc.path))}")
+
+
+def test_strict_schema_validation_rejects_a_misspelt_field() -> None:
+    """The validator as used above refuses a Deployment with a field Kubernetes does not know."""
+    worker = copy.deepcopy(deployment("worker"))
+    pod_spec(worker)["terminationGracePeriod"] = pod_spec(worker).pop("terminationGracePeriodSeconds")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(worker, kubernetes_validate.latest_version(), strict=True)
+
+
+
+def test_keda_scaledobject_scales_the_worker_on_live_story_jobs() -> None:
+    """The ScaledObject's postgresql trigger counts pending and running story_jobs for the worker Deployment."""
     scaled = k8s_doc("ScaledObject")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     spec = scaled["spec"]
@@ -440,9 +536,17 @@ def test_keda_scaledobject_scales_the_worker_on_pending_story_jobs() -> None:
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "postgresql"
     query = " ".join(trigger["metadata"]["query"].split()).lower()
-    assert query == "select count(*) from story_jobs where status = 'pending'"
-    assert float(trigger["metadata"]["targetQueryValue"]) > 0
-    assert isinstance(trigger["metadata"]["targetQueryValue"], str)
+    # the live-jobs index's own predicate (tests/integration/test_explain.py runs it)
+    assert query == "select count(*) from story_jobs where status in ('pending', 'running')"
+
+
+def test_keda_asks_for_one_worker_slot_per_live_job() -> None:
+    """The trigger's target per replica is the worker's WORKER_CONCURRENCY, so running jobs keep their workers."""
+    (trigger,) = k8s_doc("ScaledObject")["spec"]["triggers"]
+    target = trigger["metadata"]["targetQueryValue"]
+    assert isinstance(target, str)
+    concurrency = container_env(only_container(deployment("worker")))["WORKER_CONCURRENCY"]
+    assert float(target) == float(concurrency)
 
 
 def test_keda_reads_the_connection_string_from_the_secret() -> None:
@@ -454,13 +558,6 @@ def test_keda_reads_the_connection_string_from_the_secret() -> None:
     assert ref["parameter"] == "connection"
     assert ref["key"] == "DATABASE_URL"
     assert "DATABASE_URL" in k8s_doc("Secret", ref["name"])["stringData"]
-
-
-def test_keda_scale_down_waits_longer_than_a_job_can_run() -> None:
-    """Workers are kept past JOB_TIMEOUT_S after the pending count drops to zero."""
-    behavior = k8s_doc("ScaledObject")["spec"]["advanced"]["horizontalPodAutoscalerConfig"]["behavior"]
-    job_timeout = float(container_env(only_container(deployment("worker")))["JOB_TIMEOUT_S"])
-    assert behavior["scaleDown"]["stabilizationWindowSeconds"] > job_timeout
 
 
 def test_worker_termination_grace_exceeds_its_shutdown_grace_and_llm_timeout() -> None:
