@@ -9,9 +9,11 @@ their Prometheus metrics are then shared through PROMETHEUS_MULTIPROC_DIR, so
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import AsyncIterator
 
 import structlog
 import uvicorn
@@ -27,7 +29,7 @@ log = structlog.get_logger()
 
 
 def build_app() -> Litestar:
-    """The app of one api process, with its own pool (opened by the lifespan)."""
+    """The app of one api process, with its own pool, open while the server runs."""
     settings = load_or_exit(ApiSettings)
     logs.configure(settings.log_level, settings.log_format, process="api")
     pool = db.make_pool(
@@ -40,13 +42,17 @@ def build_app() -> Litestar:
         wait_timeout_s=settings.api_db_wait_s,
     )
 
-    async def open_pool() -> None:
+    @contextlib.asynccontextmanager
+    async def pool_open(_: Litestar) -> AsyncIterator[None]:
+        # not waiting for a first connection: the api starts while the
+        # database is away, and /readyz says when it answers
         await pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await pool.close()
 
-    async def close_pool() -> None:
-        await pool.close()
-
-    return create_app(settings, pool, on_startup=[open_pool], on_shutdown=[close_pool])
+    return create_app(settings, pool, lifespan=[pool_open])
 
 
 def main() -> None:
