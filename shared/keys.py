@@ -1,4 +1,4 @@
-"""API keys: ``sj_<prefix>_<secret>``.
+"""API keys: ``sj_<prefix>_<secret>``, a client's or an operator's.
 
 The prefix (12 hex digits) is not secret: it finds the key's row and names the
 key in logs and listings (``storyjobs keys list``). Only SHA-256 of the whole
@@ -64,4 +64,12 @@ async def create(conn: AsyncConnection[Any], client_name: str) -> NewKey:
     client_id = await store.api_client_upsert(conn, name=client_name)
     new = generate()
     await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+    return new
+
+
+async def create_operator(conn: AsyncConnection[Any], name: str) -> NewKey:
+    """A new key of the operators' console for ``name`` (the person or team
+    holding it). It opens /ops only: it is no client's key."""
+    new = generate()
+    await store.operator_key_insert(conn, name=name, key_prefix=new.prefix, key_hash=new.hash)
     return new

@@ -228,3 +228,21 @@ class HourStats(msgspec.Struct, frozen=True):
     input_tokens: int
     output_tokens: int
     cost_usd: Decimal
+
+
+# -- operators ---------------------------------------------------------------------
+
+
+class OperatorKeyAuth(msgspec.Struct, frozen=True):
+    """The authentication of every /ops request."""
+
+    key_hash: bytes
+    revoked: bool
+    name: str
+
+
+class OperatorKeyListRow(msgspec.Struct, frozen=True):
+    key_prefix: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None

@@ -36,6 +36,8 @@ from shared.rows import (
     KeyAuth,
     KeyListRow,
     LlmCallRow,
+    OperatorKeyAuth,
+    OperatorKeyListRow,
     QueueGauges,
     SettleResult,
     StaleJob,
@@ -377,3 +379,22 @@ async def stats_last_hour(conn: Conn) -> HourStats:
     row = await _one(conn, HourStats, "stats_last_hour", {})
     assert row is not None
     return row
+
+
+# -- operators' keys --------------------------------------
+
+
+async def operator_key_insert(conn: Conn, *, name: str, key_prefix: str, key_hash: bytes) -> None:
+    await conn.execute(Q["operator_key_insert"], {"name": name, "key_prefix": key_prefix, "key_hash": key_hash})
+
+
+async def operator_key_get(conn: Conn, *, key_prefix: str) -> OperatorKeyAuth | None:
+    return await _one(conn, OperatorKeyAuth, "operator_key_get", {"key_prefix": key_prefix})
+
+
+async def operator_key_list(conn: Conn) -> list[OperatorKeyListRow]:
+    return await _all(conn, OperatorKeyListRow, "operator_key_list", {})
+
+
+async def operator_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
+    return bool(await _scalars(conn, "operator_key_revoke", {"key_prefix": key_prefix}))

@@ -583,3 +583,27 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        coalesce(sum(c.cost_usd), 0)::numeric(14, 6) AS cost_usd
 FROM llm_calls c
 WHERE c.started_at > now() - interval '1 hour';
+
+
+-- ---------------------------------------------------------------------------
+-- Operators: their keys.
+
+-- name: operator_key_insert
+-- `storyjobs keys create NAME --operator`.
+INSERT INTO operator_keys (name, key_prefix, key_hash)
+VALUES (%(name)s, %(key_prefix)s, %(key_hash)s);
+
+-- name: operator_key_get
+-- Every /ops request: the api compares key_hash in constant time. Only
+-- operator_keys is read, so a client's key is not found here.
+SELECT key_hash, revoked_at IS NOT NULL AS revoked, name
+FROM operator_keys
+WHERE key_prefix = %(key_prefix)s;
+
+-- name: operator_key_list
+SELECT key_prefix, name, created_at, revoked_at FROM operator_keys ORDER BY id;
+
+-- name: operator_key_revoke
+UPDATE operator_keys SET revoked_at = now()
+WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
+RETURNING key_prefix;
