@@ -31,7 +31,7 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, openapi, pacing, page
+from api import metrics, openapi, ops, pacing, page
 from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
@@ -113,7 +113,7 @@ def create_app(
     """The api around ``pool``; ``lifespan`` wraps the server's life (the
     process's own pool is opened and closed there)."""
     app = Litestar(
-        route_handlers=[ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        route_handlers=[ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
         dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],
@@ -128,8 +128,14 @@ def create_app(
             description="Bedtime stories written by an LLM, as background jobs: start one, then poll it.",
             path="/schema",
             components=Components(
-                security_schemes={"BearerAuth": SecurityScheme(type="http", scheme="bearer",
-                                                               description="An API key from `storyjobs keys create`.")}
+                security_schemes={
+                    "BearerAuth": SecurityScheme(type="http", scheme="bearer",
+                                                 description="An API key from `storyjobs keys create`."),
+                    "OperatorKey": SecurityScheme(
+                        type="http", scheme="bearer",
+                        description="An operator key from `storyjobs keys create NAME --operator`: the /ops "
+                                    "endpoints take no other."),
+                }
             ),
         ),
         debug=False,

@@ -133,7 +133,7 @@ def _invalid_key(title: str, message: str, detail: str) -> ProblemError:
                         reason="invalid_request")
 
 
-def _job_id(raw: str) -> uuid.UUID:
+def parse_public_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
     except ValueError:
@@ -264,7 +264,7 @@ async def get_job(
     api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
 ) -> Response[JobState]:
     async with database(api_state) as conn:
-        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=_job_id(job_id))
+        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
     verify(view, api_key)
     assert view is not None
     if view.public_id is None:
@@ -294,7 +294,7 @@ async def get_job(
 async def cancel_job(
     api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
 ) -> Response[JobState]:
-    public_id = _job_id(job_id)
+    public_id = parse_public_id(job_id)
     async with database(api_state) as conn:
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
@@ -323,7 +323,7 @@ async def get_story(
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[StoryDocument]:
     async with database(api_state) as conn:
-        view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=_job_id(story_id))
+        view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story_id is None or view.job_id is None:
