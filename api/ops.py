@@ -39,6 +39,8 @@ from litestar.params import JSONBody, Parameter, PathParameter
 from api.auth import ApiKey, require_bearer_key, verify
 from api.jobs import ApiState, database, parse_public_id
 from api.ops_schemas import (
+    BIGINT_MAX,
+    TOKEN_PATTERN,
     CancelPending,
     Client,
     ClientKey,
@@ -68,7 +70,7 @@ from api.ops_schemas import (
     UndeliveredCounts,
 )
 from api.problems import FieldError, ProblemError, problem_responses
-from shared import store
+from shared import keys, store
 from shared.config import ApiSettings
 from shared.rows import JobFilter, OpsJobRow, OpsOverviewRow
 from shared.status import ErrorCode, JobStatus
@@ -119,6 +121,15 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
     connection.state.operator = Operator(record.name, api_key.prefix)
 
 
+async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Guard: a query parameter the endpoint does not take is a 400, so that a
+    misspelt filter is refused instead of listing, or cancelling, everything."""
+    unknown = sorted(set(connection.query_params) - set(handler.parsed_fn_signature.parameters))
+    if unknown:
+        raise ProblemError(400, "Invalid request", f"unknown query parameter: {unknown[0]}",
+                           errors=[FieldError(field=name, message="unknown query parameter") for name in unknown])
+
+
 def provide_operator(request: Request[Any, Any, Any]) -> Operator:
     """The ``operator`` dependency: whom require_operator_key let in."""
     operator: Operator = request.state.operator
@@ -132,7 +143,7 @@ class _Position(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_de
     """Where a list goes on from (below id; below (at, id) for live lists),
     or the last id a cancel confirmed."""
 
-    id: int
+    id: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)]
     at: datetime | None = None
 
 
@@ -159,7 +170,8 @@ def _utc(moment: datetime | None) -> datetime | None:
 
 
 StatusParam = Annotated[JobStatus | None, Parameter(description="Only jobs in this status.")]
-ClientParam = Annotated[int | None, Parameter(description="Only this client's jobs (`client_id` of /ops/api/clients).")]
+ClientParam = Annotated[int | None, Parameter(ge=1, le=BIGINT_MAX,
+                                              description="Only this client's jobs (`client_id` of /ops/api/clients).")]
 ErrorParam = Annotated[ErrorCode | None, Parameter(description="Only failed jobs with this error code.")]
 AfterParam = Annotated[datetime | None,
                        Parameter(description="Only jobs created at or after this time (UTC if no zone).")]
@@ -299,7 +311,8 @@ async def list_jobs(
     error_code: ErrorParam = None,
     created_after: AfterParam = None,
     created_before: BeforeParam = None,
-    cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page.")] = None,
+    cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page.",
+                                            pattern=TOKEN_PATTERN)] = None,
     limit: Annotated[int, Parameter(ge=1, le=200, description="Most jobs in the page.")] = 50,
 ) -> JobPage:
     filters = JobFilter(status=status.value if status else None, client_id=client_id,
@@ -440,7 +453,7 @@ async def list_clients(api_state: NamedDependency[ApiState], operator: NamedDepe
 async def revoke_client_keys(
     api_state: NamedDependency[ApiState],
     operator: NamedDependency[Operator],
-    client_id: Annotated[int, PathParameter(description="`client_id` of /ops/api/clients.")],
+    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
 ) -> KeysRevoked:
     async with database(api_state) as conn:
         revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
@@ -462,8 +475,10 @@ async def revoke_key(
     operator: NamedDependency[Operator],
     key_prefix: Annotated[str, PathParameter(description="The key's prefix, as /ops/api/clients lists it.")],
 ) -> KeysRevoked:
-    async with database(api_state) as conn:
-        revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
+    revoked = False
+    if keys.is_prefix(key_prefix):
+        async with database(api_state) as conn:
+            revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
     if not revoked:
         raise ProblemError(404, "Not Found", "no active client key with this prefix")
     log.info("ops.key_revoked", key_prefix=key_prefix, **operator.log_fields())
@@ -474,7 +489,7 @@ ROUTES = Router(
     "/ops/api",
     route_handlers=[get_overview, get_minutes, list_jobs, get_job_detail, cancel_job, count_pending, cancel_pending,
                     list_clients, revoke_client_keys, revoke_key],
-    guards=[require_operator_key],
+    guards=[require_operator_key, refuse_unknown_query],
     dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},
     tags=["ops"],
     security=[{"OperatorKey": []}],

@@ -16,6 +16,11 @@ from typing import Annotated, Any
 import msgspec
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+# ids are Postgres bigints
+BIGINT_MAX = 2**63 - 1
+Id = Annotated[int, msgspec.Meta(ge=1, le=BIGINT_MAX)]
+# what api/ops.py's cursors and tokens look like: unpadded base64url
+TOKEN_PATTERN = "^[A-Za-z0-9_-]{1,400}$"
 Count = Annotated[int, msgspec.Meta(ge=0)]
 
 
@@ -218,8 +223,8 @@ class PendingMatch(msgspec.Struct, frozen=True):
 class CancelPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
     """Cancel the pending jobs a filter matched when they were counted."""
 
-    through: Annotated[str, msgspec.Meta(description="`through` of GET /ops/api/cancel-pending.")]
-    client_id: int | None = None
+    through: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN, description="`through` of GET /ops/api/cancel-pending.")]
+    client_id: Id | None = None
     created_after: datetime | None = None
     created_before: datetime | None = None
 

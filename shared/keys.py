@@ -22,6 +22,7 @@ from psycopg import AsyncConnection
 from shared import store
 
 _KEY = re.compile(r"sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+_PREFIX = re.compile(r"[0-9a-f]{12}")
 # the hash of no key: what a key with an unknown prefix is compared against
 _NO_KEY_HASH = bytes(32)
 
@@ -49,6 +50,11 @@ def prefix_of(key: str) -> str | None:
     """The key's prefix, or None when the string is not shaped like a key."""
     match = _KEY.fullmatch(key)
     return match.group(1) if match else None
+
+
+def is_prefix(text: str) -> bool:
+    """Whether ``text`` is shaped like a key's prefix."""
+    return _PREFIX.fullmatch(text) is not None
 
 
 def matches(key: str, stored_hash: bytes | None) -> bool:

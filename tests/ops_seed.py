@@ -7,15 +7,20 @@ ten minutes ago" without waiting for it."""
 
 from __future__ import annotations
 
+import asyncio
+import concurrent.futures
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from decimal import Decimal
-from typing import Any
+from typing import Any, TypeVar
 
 import psycopg
 from psycopg.types.json import Jsonb
 
 from shared import keys, store
+
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -161,3 +166,15 @@ def pending(client_id: int, created_ago_s: float, **more: Any) -> Job:
 def running(client_id: int, started_ago_s: float, **more: Any) -> Job:
     return Job(client_id=client_id, status="running", created_ago_s=started_ago_s + 5, started_ago_s=started_ago_s,
                calls=[Call("started")], **more)
+
+
+def seeded(database_url: str, make: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
+    """Runs ``make`` on a connection of its own, on a thread of its own: for
+    tests that are not async (Playwright's sync API runs in their thread)."""
+
+    async def run() -> T:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            return await make(conn)
+
+    with concurrent.futures.ThreadPoolExecutor(max_workers=1) as pool:
+        return pool.submit(asyncio.run, run()).result()

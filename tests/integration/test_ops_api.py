@@ -233,18 +233,22 @@ async def test_a_time_bound_becomes_an_id_bound_that_misses_no_job(conn: psycopg
 async def test_filters_and_cursors_the_api_did_not_make_are_refused_with_400(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """An unknown status or error code, a limit out of bounds, or a cursor that is not one the api gave is a
-    400 problem naming the field."""
+    """An unknown status or error code, a limit out of bounds, an id past a bigint, a misspelt parameter, or a
+    cursor that is not one the api gave is a 400 problem naming the field."""
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
         for params, field in (({"status": "lost"}, "status"), ({"error_code": "oops"}, "error_code"),
                               ({"limit": 0}, "limit"), ({"limit": 201}, "limit"), ({"cursor": "!!"}, "cursor"),
-                              ({"cursor": "eyJ4IjoxfQ"}, "cursor"), ({"client_id": "acme"}, "client_id")):
+                              ({"cursor": "eyJ4IjoxfQ"}, "cursor"), ({"client_id": "acme"}, "client_id"),
+                              ({"client_id": 2**63}, "client_id"), ({"stauts": "failed"}, "stauts")):
             body = assert_problem(await client.get(f"{OPS}/jobs", params=params), 400)
             assert field in str(body), (params, body)
         body = assert_problem(await client.post(f"{OPS}/cancel-pending", json={"through": "nope"}), 400)
         assert "through" in body["detail"]
         assert_problem(await client.post(f"{OPS}/cancel-pending", json={"through": "x", "status": "failed"}), 400)
+        # a filter the cancel does not take is refused, not ignored: it must not cancel more than asked
+        body = assert_problem(await client.get(f"{OPS}/cancel-pending", params={"status": "failed"}), 400)
+        assert body["detail"] == "unknown query parameter: status"
 
 
 # -- overview --------------------------------------------------------------------------
