@@ -139,24 +139,24 @@ def provide_operator(request: Request[Any, Any, Any]) -> Operator:
 # -- cursors ---------------------------------------------------------------------------
 
 
-class _Position(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+class Position(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
     """Where a list goes on from (below id; below (at, id) for live lists),
-    or the last id a cancel confirmed."""
+    or the last id a cancel confirmed; given out as an opaque token."""
 
     id: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)]
     at: datetime | None = None
 
+    def token(self) -> str:
+        return base64.urlsafe_b64encode(msgspec.json.encode(self)).decode().rstrip("=")
 
-def _encode(position: _Position) -> str:
-    return base64.urlsafe_b64encode(msgspec.json.encode(position)).decode().rstrip("=")
-
-
-def _decode(token: str, field: str) -> _Position:
-    try:
-        return msgspec.json.decode(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)), type=_Position)
-    except (binascii.Error, ValueError, msgspec.DecodeError):
-        raise ProblemError(400, "Invalid request", f"{field}: not a value this api gave",
-                           errors=[FieldError(field=field, message="not a value this api gave")]) from None
+    @classmethod
+    def from_token(cls, token: str, field: str) -> Position:
+        """The position a token names; a 400 naming ``field`` if the api did not make it."""
+        try:
+            return msgspec.json.decode(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)), type=cls)
+        except (binascii.Error, ValueError, msgspec.DecodeError):
+            raise ProblemError(400, "Invalid request", f"{field}: not a value this api gave",
+                               errors=[FieldError(field=field, message="not a value this api gave")]) from None
 
 
 # -- parameters ------------------------------------------------------------------------
@@ -267,16 +267,16 @@ def _summary(row: OpsJobRow) -> JobSummary:
     )
 
 
-async def _live_page(conn: store.Conn, filters: JobFilter, cursor: _Position | None, limit: int) -> JobPage:
+async def _live_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
     rows = await store.ops_job_list_live(
         conn, filters=filters, before_created_at=cursor.at if cursor else None,
         before_id=cursor.id if cursor else None, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
-    next_cursor = _encode(_Position(id=page[-1].id, at=page[-1].created_at)) if more else None
+    next_cursor = Position(id=page[-1].id, at=page[-1].created_at).token() if more else None
     return JobPage(jobs=[_summary(row) for row in page], next_cursor=next_cursor)
 
 
-async def _history_page(conn: store.Conn, filters: JobFilter, cursor: _Position | None, limit: int) -> JobPage:
+async def _history_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
     bounds = await store.job_id_bounds(conn, created_after=filters.created_after,
                                        created_before=filters.created_before)
     before = bounds.hi_id if cursor is None else min(cursor.id, bounds.hi_id)
@@ -290,7 +290,7 @@ async def _history_page(conn: store.Conn, filters: JobFilter, cursor: _Position 
         # the stretch is done: go on below it, if anything is left there
         next_id = floor if floor > bounds.lo_id else None
     return JobPage(jobs=[_summary(row) for row in rows],
-                   next_cursor=None if next_id is None else _encode(_Position(id=next_id)))
+                   next_cursor=None if next_id is None else Position(id=next_id).token())
 
 
 @get(
@@ -318,7 +318,7 @@ async def list_jobs(
     filters = JobFilter(status=status.value if status else None, client_id=client_id,
                         error_code=error_code.value if error_code else None,
                         created_after=_utc(created_after), created_before=_utc(created_before))
-    position = None if cursor is None else _decode(cursor, "cursor")
+    position = None if cursor is None else Position.from_token(cursor, "cursor")
     async with database(api_state) as conn:
         if status in LIVE_STATUSES:
             return await _live_page(conn, filters, position, limit)
@@ -404,7 +404,7 @@ async def count_pending(
     filters = JobFilter(client_id=client_id, created_after=_utc(created_after), created_before=_utc(created_before))
     async with database(api_state) as conn:
         found = await store.ops_job_count_pending(conn, filters=filters)
-    through = None if found.through_id is None else _encode(_Position(id=found.through_id))
+    through = None if found.through_id is None else Position(id=found.through_id).token()
     return PendingMatch(pending=found.pending, through=through)
 
 
@@ -421,7 +421,7 @@ async def count_pending(
 async def cancel_pending(
     api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], data: JSONBody[CancelPending]
 ) -> PendingCancelled:
-    through = _decode(data.through, "through")
+    through = Position.from_token(data.through, "through")
     filters = JobFilter(client_id=data.client_id, created_after=_utc(data.created_after),
                         created_before=_utc(data.created_before))
     async with database(api_state) as conn:
