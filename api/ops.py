@@ -124,7 +124,8 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
 async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Guard: a query parameter the endpoint does not take is a 400, so that a
     misspelt filter is refused instead of listing, or cancelling, everything."""
-    unknown = sorted(set(connection.query_params) - set(handler.parsed_fn_signature.parameters))
+    taken = set(handler.parsed_fn_signature.parameters) - set(handler.resolve_dependencies())
+    unknown = sorted(set(connection.query_params) - taken)
     if unknown:
         raise ProblemError(400, "Invalid request", f"unknown query parameter: {unknown[0]}",
                            errors=[FieldError(field=name, message="unknown query parameter") for name in unknown])
@@ -228,7 +229,7 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings) -> Overview:
 @get(
     "/overview",
     summary="The queue now; jobs, spend, undelivered stories and the provider's refusals over the last hour and day",
-    responses=problem_responses(401, 503),
+    responses=problem_responses(400, 401, 503),
 )
 async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Overview:
     settings = api_state.settings
@@ -241,7 +242,7 @@ async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDepe
 @get(
     "/minutes",
     summary="Per minute of the last hour: jobs finished, spend and 429s (the overview's chart)",
-    responses=problem_responses(401, 503),
+    responses=problem_responses(400, 401, 503),
 )
 async def get_minutes(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Minutes:
     async with database(api_state) as conn:
@@ -328,7 +329,7 @@ async def list_jobs(
 @get(
     "/jobs/{job_id:str}",
     summary="A job: its timeline, worker, every ledger attempt, its error and its story",
-    responses=problem_responses(401, 404, 503, described=_NOT_FOUND),
+    responses=problem_responses(400, 401, 404, 503, described=_NOT_FOUND),
 )
 async def get_job_detail(
     api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], job_id: JobIdParam
@@ -374,7 +375,7 @@ async def get_job_detail(
     status_code=200,
     summary="Cancel a job, pending or running, whoever's it is",
     description="It becomes failed (`cancelled`); a running job's worker closes its stream at its next heartbeat.",
-    responses=problem_responses(401, 404, 409, 503, described=_NOT_FOUND),
+    responses=problem_responses(400, 401, 404, 409, 503, described=_NOT_FOUND),
 )
 async def cancel_job(
     api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], job_id: JobIdParam
@@ -431,7 +432,8 @@ async def cancel_pending(
     return PendingCancelled(cancelled=len(cancelled), job_ids=cancelled)
 
 
-@get("/clients", summary="The clients and their keys (by prefix)", responses=problem_responses(401, 503))
+@get("/clients", summary="The clients and their keys (by prefix)",
+     responses=problem_responses(400, 401, 503))
 async def list_clients(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Clients:
     async with database(api_state) as conn:
         rows = await store.ops_client_list(conn)
@@ -468,7 +470,7 @@ async def revoke_client_keys(
     status_code=200,
     summary="Revoke one client key, by its prefix",
     description="Effective from its next request. Operators' keys are revoked with `storyjobs keys revoke`.",
-    responses=problem_responses(401, 404, 503, described={404: "No active client key with this prefix."}),
+    responses=problem_responses(400, 401, 404, 503, described={404: "No active client key with this prefix."}),
 )
 async def revoke_key(
     api_state: NamedDependency[ApiState],

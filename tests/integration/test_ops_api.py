@@ -240,7 +240,8 @@ async def test_filters_and_cursors_the_api_did_not_make_are_refused_with_400(
         for params, field in (({"status": "lost"}, "status"), ({"error_code": "oops"}, "error_code"),
                               ({"limit": 0}, "limit"), ({"limit": 201}, "limit"), ({"cursor": "!!"}, "cursor"),
                               ({"cursor": "eyJ4IjoxfQ"}, "cursor"), ({"client_id": "acme"}, "client_id"),
-                              ({"client_id": 2**63}, "client_id"), ({"stauts": "failed"}, "stauts")):
+                              ({"client_id": 2**63}, "client_id"), ({"stauts": "failed"}, "stauts"),
+                              ({"operator": "ada"}, "operator")):
             body = assert_problem(await client.get(f"{OPS}/jobs", params=params), 400)
             assert field in str(body), (params, body)
         body = assert_problem(await client.post(f"{OPS}/cancel-pending", json={"through": "nope"}), 400)
@@ -249,6 +250,7 @@ async def test_filters_and_cursors_the_api_did_not_make_are_refused_with_400(
         # a filter the cancel does not take is refused, not ignored: it must not cancel more than asked
         body = assert_problem(await client.get(f"{OPS}/cancel-pending", params={"status": "failed"}), 400)
         assert body["detail"] == "unknown query parameter: status"
+        assert_problem(await client.get(f"{OPS}/overview", params={"window": "week"}), 400)
 
 
 # -- overview --------------------------------------------------------------------------
