@@ -13,11 +13,12 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 import uvicorn
 from litestar import Litestar
+from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
 from api.server import BoundedHttpToolsProtocol
@@ -26,6 +27,23 @@ from shared.config import ApiSettings, load_or_exit
 from shared.startup import wait_for_schema
 
 log = structlog.get_logger()
+
+
+def pool_lifespan(pool: AsyncConnectionPool) -> Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]:
+    """A lifespan that opens ``pool`` when the server starts and closes it
+    when the server stops."""
+
+    @contextlib.asynccontextmanager
+    async def pool_open(_: Litestar) -> AsyncIterator[None]:
+        # not waiting for a first connection: the api starts while the
+        # database is away, and /readyz says when it answers
+        await pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    return pool_open
 
 
 def build_app() -> Litestar:
@@ -41,18 +59,7 @@ def build_app() -> Litestar:
         max_size=settings.api_pool_size,
         wait_timeout_s=settings.api_db_wait_s,
     )
-
-    @contextlib.asynccontextmanager
-    async def pool_open(_: Litestar) -> AsyncIterator[None]:
-        # not waiting for a first connection: the api starts while the
-        # database is away, and /readyz says when it answers
-        await pool.open(wait=False)
-        try:
-            yield
-        finally:
-            await pool.close()
-
-    return create_app(settings, pool, lifespan=[pool_open])
+    return create_app(settings, pool, lifespan=[pool_lifespan(pool)])
 
 
 def main() -> None:
