@@ -9,13 +9,16 @@ their Prometheus metrics are then shared through PROMETHEUS_MULTIPROC_DIR, so
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import tempfile
+from collections.abc import AsyncIterator, Callable
 
 import structlog
 import uvicorn
 from litestar import Litestar
+from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
 from api.server import BoundedHttpToolsProtocol
@@ -26,8 +29,25 @@ from shared.startup import wait_for_schema
 log = structlog.get_logger()
 
 
+def pool_lifespan(pool: AsyncConnectionPool) -> Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]:
+    """A lifespan that opens ``pool`` when the server starts and closes it
+    when the server stops."""
+
+    @contextlib.asynccontextmanager
+    async def pool_open(_: Litestar) -> AsyncIterator[None]:
+        # not waiting for a first connection: the api starts while the
+        # database is away, and /readyz says when it answers
+        await pool.open(wait=False)
+        try:
+            yield
+        finally:
+            await pool.close()
+
+    return pool_open
+
+
 def build_app() -> Litestar:
-    """The app of one api process, with its own pool (opened by the lifespan)."""
+    """The app of one api process, with its own pool, open while the server runs."""
     settings = load_or_exit(ApiSettings)
     logs.configure(settings.log_level, settings.log_format, process="api")
     pool = db.make_pool(
@@ -39,14 +59,7 @@ def build_app() -> Litestar:
         max_size=settings.api_pool_size,
         wait_timeout_s=settings.api_db_wait_s,
     )
-
-    async def open_pool() -> None:
-        await pool.open(wait=False)
-
-    async def close_pool() -> None:
-        await pool.close()
-
-    return create_app(settings, pool, on_startup=[open_pool], on_shutdown=[close_pool])
+    return create_app(settings, pool, lifespan=[pool_lifespan(pool)])
 
 
 def main() -> None:

@@ -1,7 +1,11 @@
 """The Litestar application: ``create_app(settings, pool)``.
 
 The app holds no state of its own beyond a short cache of drain statistics:
-any number of replicas can serve behind a load balancer.
+any number of replicas can serve behind a load balancer. Handlers receive
+what they need by dependency injection: ``api_state`` (settings, pool,
+admissions) everywhere, and ``api_key`` on the client's routes. The pool is
+the caller's: ``python -m api`` opens and closes it in a lifespan context
+manager (api/__main__.py), a test passes one it already opened.
 """
 
 from __future__ import annotations
@@ -9,14 +13,15 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Callable, Sequence
+from contextlib import AbstractAsyncContextManager
 
 import psycopg
-from litestar import Litestar, MediaType, Request, Response, get
+from litestar import Litestar, MediaType, Response, get
+from litestar.di import NamedDependency, Provide
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
-from litestar.types import ASGIApp, LifespanHook, Message, Receive, Scope, Send
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -26,9 +31,9 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, openapi, pacing, page
+from api import metrics, openapi, ops, pacing, page
 from api.admission import AdmissionBatcher
-from api.jobs import ROUTES, ApiState
+from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
 from shared.config import ApiSettings
@@ -74,10 +79,9 @@ async def healthz() -> Health:
     summary="Readiness: the database answers",
     responses=problem_responses(503),
 )
-async def readyz(request: Request[Any, Any, Any]) -> Response[Health]:
-    state: ApiState = request.app.state.storyjobs
+async def readyz(api_state: NamedDependency[ApiState]) -> Response[Health]:
     try:
-        async with asyncio.timeout(READY_TIMEOUT_S), state.pool.connection() as conn:
+        async with asyncio.timeout(READY_TIMEOUT_S), api_state.pool.connection() as conn:
             await conn.execute("SELECT 1")
     except (psycopg.OperationalError, TimeoutError) as exc:
         raise ProblemError(503, "Service Unavailable", f"the database does not answer ({type(exc).__name__})",
@@ -104,15 +108,16 @@ def create_app(
     settings: ApiSettings,
     pool: AsyncConnectionPool,
     *,
-    on_startup: Sequence[LifespanHook] = (),
-    on_shutdown: Sequence[LifespanHook] = (),
+    lifespan: Sequence[Callable[[Litestar], AbstractAsyncContextManager[None]]] = (),
 ) -> Litestar:
+    """The api around ``pool``; ``lifespan`` wraps the server's life (the
+    process's own pool is opened and closed there)."""
     app = Litestar(
-        route_handlers=[*ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        route_handlers=[ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],
-        on_startup=list(on_startup),
-        on_shutdown=list(on_shutdown),
+        lifespan=list(lifespan),
         request_max_body_size=MAX_BODY_BYTES,
         # logging is structlog's (shared/logs.py); Litestar's default set-up
         # would add a queue-listener thread of its own
@@ -123,8 +128,14 @@ def create_app(
             description="Bedtime stories written by an LLM, as background jobs: start one, then poll it.",
             path="/schema",
             components=Components(
-                security_schemes={"BearerAuth": SecurityScheme(type="http", scheme="bearer",
-                                                               description="An API key from `storyjobs keys create`.")}
+                security_schemes={
+                    "BearerAuth": SecurityScheme(type="http", scheme="bearer",
+                                                 description="An API key from `storyjobs keys create`."),
+                    "OperatorKey": SecurityScheme(
+                        type="http", scheme="bearer",
+                        description="An operator key from `storyjobs keys create NAME --operator`: the /ops "
+                                    "endpoints take no other."),
+                }
             ),
         ),
         debug=False,

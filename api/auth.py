@@ -3,13 +3,15 @@ body is read; the key itself is checked against the database inside each
 handler's first query, so that authentication costs no extra round trip and a
 revoked key is refused from the very next request.
 
-The key is kept on the connection's state only; its repr shows the prefix, so
-that no log line or traceback can carry the secret."""
+The guard keeps the key on the connection's state only, and handlers receive
+it as the ``api_key`` dependency (``provide_api_key``); its repr shows the
+prefix, so that no log line or traceback can carry the secret."""
 
 from __future__ import annotations
 
 from typing import Any, Protocol
 
+from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
@@ -49,8 +51,10 @@ async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: 
     connection.state.api_key = ApiKey(key, prefix)
 
 
-def api_key_of(connection: ASGIConnection[Any, Any, Any, Any]) -> ApiKey:
-    key: ApiKey = connection.state.api_key
+def provide_api_key(request: Request[Any, Any, Any]) -> ApiKey:
+    """The ``api_key`` dependency: the key require_bearer_key found, on the
+    routes that guard runs on."""
+    key: ApiKey = request.state.api_key
     return key
 
 

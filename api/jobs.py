@@ -22,7 +22,9 @@ from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
-from litestar import Request, Response, delete, get, post
+from litestar import Response, Router, delete, get, post
+from litestar.datastructures import State
+from litestar.di import NamedDependency, Provide
 from litestar.dto import MsgspecDTO
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIType, Reference, Schema
 from litestar.params import HeaderParameter, JSONBody, PathParameter
@@ -32,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
 from api.admission import AdmissionBatcher
-from api.auth import api_key_of, require_bearer_key, verify
+from api.auth import ApiKey, provide_api_key, require_bearer_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
@@ -76,16 +78,17 @@ class ApiState:
     admissions: AdmissionBatcher
 
 
-def _state(request: Request[Any, Any, Any]) -> ApiState:
-    state: ApiState = request.app.state.storyjobs
-    return state
+def provide_api_state(state: State) -> ApiState:
+    """The ``api_state`` dependency: what create_app put on the app's state."""
+    api_state: ApiState = state.storyjobs
+    return api_state
 
 
 @contextlib.asynccontextmanager
-async def database(state: ApiState) -> AsyncIterator[AsyncConnection[Any]]:
+async def database(api_state: ApiState) -> AsyncIterator[AsyncConnection[Any]]:
     """A pooled connection, and a deadline on everything done with it: an
     outage or a hung network answers TimeoutError (503), never a hang."""
-    async with asyncio.timeout(state.settings.api_request_timeout_s), state.pool.connection() as conn:
+    async with asyncio.timeout(api_state.settings.api_request_timeout_s), api_state.pool.connection() as conn:
         yield conn
 
 
@@ -130,7 +133,7 @@ def _invalid_key(title: str, message: str, detail: str) -> ProblemError:
                         reason="invalid_request")
 
 
-def _job_id(raw: str) -> uuid.UUID:
+def parse_public_id(raw: str) -> uuid.UUID:
     try:
         return uuid.UUID(raw)
     except ValueError:
@@ -160,7 +163,6 @@ def _replay(job_id: uuid.UUID, status: str, stored: bytes, requested: bytes) -> 
 
 @post(
     "/stories/generate",
-    guards=[require_bearer_key],
     dto=StoryRequestBody,
     return_dto=None,
     status_code=202,
@@ -171,10 +173,10 @@ def _replay(job_id: uuid.UUID, status: str, stored: bytes, requested: bytes) -> 
         "never a second job or a second bill. Unknown fields are refused (400), not ignored."
     ),
     responses=problem_responses(400, 401, 413, 422, 429, 503),
-    security=[{"BearerAuth": []}],
 )
 async def generate_story(
-    request: Request[Any, Any, Any],
+    api_state: NamedDependency[ApiState],
+    api_key: NamedDependency[ApiKey],
     idempotency_key: Annotated[
         str | None,
         HeaderParameter(
@@ -189,14 +191,12 @@ async def generate_story(
     # None: an empty body (StoryRequestBody reads every other one)
     data: JSONBody[StoryRequest | None] = None,
 ) -> Response[JobAccepted]:
-    state = _state(request)
-    api_key = api_key_of(request)
     key = _idempotency_key(idempotency_key)
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
     requested = fingerprint(data)
-    async with asyncio.timeout(state.settings.api_request_timeout_s):
-        async with state.pool.connection() as conn:
+    async with asyncio.timeout(api_state.settings.api_request_timeout_s):
+        async with api_state.pool.connection() as conn:
             found = await store.job_get_by_idempotency_key_for_key(
                 conn, key_prefix=api_key.prefix, idempotency_key=key
             )
@@ -205,12 +205,12 @@ async def generate_story(
         if found.public_id is not None:
             assert found.status is not None and found.request_fingerprint is not None
             return _replay(found.public_id, found.status, found.request_fingerprint, requested)
-        result = await state.admissions.admit(
+        result = await api_state.admissions.admit(
             Admission(client_id=found.client_id, idempotency_key=key, request_fingerprint=requested,
                       request_json=canonical_json(data).decode())
         )
     if result.outcome in ("queue_full", "client_queue_full"):
-        stats = await state.drain_stats.get()
+        stats = await api_state.drain_stats.get()
         which = "the queue" if result.outcome == "queue_full" else "your queue"
         raise ProblemError(429, "Queue full", f"{which} is full; nothing was stored, retry later with the same key",
                            headers={_RETRY_AFTER: str(pacing.queue_full_retry_after(stats))},
@@ -256,17 +256,15 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
 
 @get(
     "/stories/jobs/{job_id:str}",
-    guards=[require_bearer_key],
     summary="Where a job stands",
     description="`Retry-After` says when polling again is worth it, while the job is not finished.",
     responses=problem_responses(400, 401, 404, 503),
-    security=[{"BearerAuth": []}],
 )
-async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
-    state = _state(request)
-    api_key = api_key_of(request)
-    async with database(state) as conn:
-        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=_job_id(job_id))
+async def get_job(
+    api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
+) -> Response[JobState]:
+    async with database(api_state) as conn:
+        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
     verify(view, api_key)
     assert view is not None
     if view.public_id is None:
@@ -274,7 +272,7 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     headers = dict(_NO_STORE)
     remaining = None
     if view.status in ("pending", "running"):
-        stats = await state.drain_stats.get()
+        stats = await api_state.drain_stats.get()
         remaining = pacing.seconds_remaining(
             stats, status=view.status, queue_position=view.queue_position,
             started_at=view.started_at, progress=view.progress, now=datetime.now(UTC),
@@ -285,7 +283,6 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
 
 @delete(
     "/stories/jobs/{job_id:str}",
-    guards=[require_bearer_key],
     status_code=200,
     summary="Cancel a job",
     description=(
@@ -293,13 +290,12 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
         "LLM stream at its next heartbeat. A finished job answers 409."
     ),
     responses=problem_responses(400, 401, 404, 409, 503),
-    security=[{"BearerAuth": []}],
 )
-async def cancel_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
-    state = _state(request)
-    api_key = api_key_of(request)
-    public_id = _job_id(job_id)
-    async with database(state) as conn:
+async def cancel_job(
+    api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
+) -> Response[JobState]:
+    public_id = parse_public_id(job_id)
+    async with database(api_state) as conn:
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None
@@ -317,20 +313,17 @@ async def cancel_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Respon
 
 @get(
     "/stories/{story_id:str}",
-    guards=[require_bearer_key],
     summary="A written story",
     responses=problem_responses(400, 401, 404, 503),
-    security=[{"BearerAuth": []}],
 )
 async def get_story(
-    request: Request[Any, Any, Any],
+    api_state: NamedDependency[ApiState],
+    api_key: NamedDependency[ApiKey],
     story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[StoryDocument]:
-    state = _state(request)
-    api_key = api_key_of(request)
-    async with database(state) as conn:
-        view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=_job_id(story_id))
+    async with database(api_state) as conn:
+        view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story_id is None or view.job_id is None:
@@ -350,4 +343,12 @@ async def get_story(
     return Response(document, headers=_NO_STORE)
 
 
-ROUTES = [generate_story, get_job, cancel_job, get_story]
+# A client's routes: the guard checks the key's shape before the body is
+# read, and hands the key to each handler as the api_key dependency.
+ROUTES = Router(
+    "/",
+    route_handlers=[generate_story, get_job, cancel_job, get_story],
+    guards=[require_bearer_key],
+    dependencies={"api_key": Provide(provide_api_key, sync_to_thread=False)},
+    security=[{"BearerAuth": []}],
+)

@@ -1,9 +1,15 @@
-"""GET /: the small page a parent uses (static files under api/static/).
+"""GET /: the small page a parent uses, and GET /ops/: the operators'
+console (static files under api/static/).
 
-Three files, no build step: index.html, app.js, style.css (and an icon). They
-are read once at import and served with a Content-Security-Policy that lets
-the page run only its own script and style: the story is LLM output, and the
-page inserts it, like every value from the api, as text only.
+No build step: index.html, app.js and style.css for the parents; ops.html,
+ops.js and ops.css for the operators; an icon. They are read once at import
+and served with a Content-Security-Policy that lets a page run only its own
+script and style: stories and error texts are LLM and provider output, and
+both pages insert them, like every value from the api, as text only.
+
+The console's page itself holds no data and needs no key (a browser cannot
+send a header when it navigates); everything it shows comes from
+/ops/api, which does (api/ops.py).
 """
 
 from __future__ import annotations
@@ -36,7 +42,12 @@ _MEDIA_TYPES = {
     "app.js": "text/javascript",
     "style.css": "text/css",
     "icon.svg": "image/svg+xml",
+    "ops.html": "text/html",
+    "ops.js": "text/javascript",
+    "ops.css": "text/css",
 }
+# pages, served at their own paths, not under /static/
+_PAGES = {"index.html", "ops.html"}
 _FILES = {name: (STATIC_DIR / name).read_bytes() for name in _MEDIA_TYPES}
 
 
@@ -49,12 +60,17 @@ async def index() -> Response[bytes]:
     return _file("index.html")
 
 
+@get(["/ops", "/ops/"], include_in_schema=False)
+async def ops_console() -> Response[bytes]:
+    return _file("ops.html")
+
+
 @get("/static/{name:str}", include_in_schema=False)
 async def static_file(name: FromPath[str]) -> Response[bytes]:
     # only the files above: a name is a key, never a path
-    if name not in _FILES or name == "index.html":
+    if name not in _FILES or name in _PAGES:
         raise ProblemError(404, "Not Found", "no such file")
     return _file(name)
 
 
-ROUTES: list[BaseRouteHandler] = [index, static_file]
+ROUTES: list[BaseRouteHandler] = [index, ops_console, static_file]

@@ -79,12 +79,13 @@ _DESCRIPTIONS = {
 }
 
 
-def problem_responses(*statuses: int) -> dict[int, ResponseSpec]:
+def problem_responses(*statuses: int, described: dict[int, str] | None = None) -> dict[int, ResponseSpec]:
     """OpenAPI: the problem+json answers a route can give (their headers are
-    added by api.openapi)."""
+    added by api.openapi); ``described`` words some of them for the route."""
+    descriptions = {**_DESCRIPTIONS, **(described or {})}
     return {
         status: ResponseSpec(data_container=Problem, media_type=PROBLEM_JSON,
-                             description=_DESCRIPTIONS[status], generate_examples=False)
+                             description=descriptions[status], generate_examples=False)
         for status in statuses
     }
 

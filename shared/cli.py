@@ -1,7 +1,7 @@
 """The ``storyjobs`` command: migrations, API keys and operators' views.
 
     storyjobs migrate
-    storyjobs keys create NAME | keys list | keys revoke PREFIX
+    storyjobs keys create NAME [--operator] | keys list | keys revoke PREFIX
     storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
     storyjobs stats
     storyjobs generate PROMPT [--wait] [--json]      (see shared/client.py)
@@ -49,8 +49,15 @@ async def cmd_migrate(_: argparse.Namespace) -> int:
 async def cmd_keys_create(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
         await db.require_schema(conn)
-        new = await keys.create(conn, args.name)
-    sys.stderr.write(f"API key {new.prefix} for client {args.name!r}; it is shown once, store it now:\n")
+        if args.operator:
+            new = await keys.create_operator(conn, args.name)
+        else:
+            new = await keys.create(conn, args.name)
+    if args.operator:
+        what = f"operator key {new.prefix} for {args.name!r} (the console, /ops/)"
+    else:
+        what = f"API key {new.prefix} for client {args.name!r}"
+    sys.stderr.write(f"{what}; it is shown once, store it now:\n")
     _out(new.key)
     return 0
 
@@ -58,10 +65,14 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 async def cmd_keys_list(_: argparse.Namespace) -> int:
     async with await _connect() as conn:
         rows = await store.api_key_list(conn)
+        operator_rows = await store.operator_key_list(conn)
+    listed = [(row.key_prefix, row.client_name, row.created_at, row.revoked_at) for row in rows]
+    # operators' keys are named by who holds them, marked as such
+    listed += [(row.key_prefix, f"{row.name} (operator)", row.created_at, row.revoked_at) for row in operator_rows]
     _out(f"{'PREFIX':<14} {'CLIENT':<24} {'CREATED':<26} REVOKED")
-    for row in rows:
-        revoked = row.revoked_at.isoformat(timespec="seconds") if row.revoked_at else "-"
-        _out(f"{row.key_prefix:<14} {row.client_name:<24} {row.created_at.isoformat(timespec='seconds'):<26} {revoked}")
+    for prefix, name, created_at, revoked_at in listed:
+        revoked = revoked_at.isoformat(timespec="seconds") if revoked_at else "-"
+        _out(f"{prefix:<14} {name:<24} {created_at.isoformat(timespec='seconds'):<26} {revoked}")
     return 0
 
 
@@ -69,6 +80,7 @@ async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     prefix = keys.prefix_of(args.prefix) or args.prefix
     async with await _connect() as conn:
         revoked = await store.api_key_revoke(conn, key_prefix=prefix)
+        revoked = await store.operator_key_revoke(conn, key_prefix=prefix) or revoked
     if not revoked:
         sys.stderr.write(f"storyjobs: no active key with prefix {prefix!r}\n")
         return 1
@@ -150,6 +162,8 @@ def _parser() -> argparse.ArgumentParser:
     key_commands = commands.add_parser("keys", help="API keys").add_subparsers(dest="keys_command", required=True)
     create = key_commands.add_parser("create", help="create a key for client NAME; prints it once, last line")
     create.add_argument("name")
+    create.add_argument("--operator", action="store_true",
+                        help="a key of the operators' console (/ops/) held by NAME, instead of a client's key")
     create.set_defaults(run=cmd_keys_create)
     key_commands.add_parser("list", help="list keys by prefix").set_defaults(run=cmd_keys_list)
     revoke = key_commands.add_parser("revoke", help="revoke a key (by prefix or whole key); effective at once")

@@ -1,9 +1,10 @@
 """``make run``: the whole system on one machine, for trying it out.
 
 Uses DATABASE_URL, or starts the embedded Postgres (data in .data/); migrates;
-creates a development API key; starts the api, two workers and the sweeper as
-separate processes; prints the URL and a curl example; on Ctrl-C stops them
-all (SIGTERM, so workers finish what they hold) and exits.
+creates a development API key and an operator key for the console; starts the
+api, two workers and the sweeper as separate processes; prints the URLs and a
+curl example; on Ctrl-C stops them all (SIGTERM, so workers finish what they
+hold) and exits.
 """
 
 from __future__ import annotations
@@ -26,12 +27,14 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
-async def _prepare(url: str) -> str:
+async def _prepare(url: str) -> tuple[str, str]:
+    """Migrates; returns a new client key and a new operator key."""
     async with await db.connect(url, application_name="storyjobs-run", connect_timeout_s=10) as conn:
         for migration in await migrate.migrate(conn):
             _say(f"   applied migration {migration.version:03d}_{migration.name}")
         new = await keys.create(conn, "dev")
-    return new.key
+        operator = await keys.create_operator(conn, "dev")
+    return new.key, operator.key
 
 
 def main() -> None:
@@ -45,7 +48,7 @@ def main() -> None:
     else:
         _say("== starting the embedded Postgres (data in .data/postgres)")
         url = db.database_url(settings)
-    key = asyncio.run(_prepare(url))
+    key, operator_key = asyncio.run(_prepare(url))
     env = {**os.environ, "DATABASE_URL": url}
     offline = not env.get("ANTHROPIC_API_KEY")
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []
@@ -72,6 +75,7 @@ def main() -> None:
         _say("   ANTHROPIC_API_KEY is not set: the workers use the offline story writer")
     _say(f"   page:     {base}/  (API key below)")
     _say(f"   API key:  {key}")
+    _say(f"   console:  {base}/ops/  (operator key: {operator_key})")
     _say("   try it:")
     _say(f"""
 curl -s -X POST {base}/stories/generate \\

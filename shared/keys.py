@@ -1,4 +1,4 @@
-"""API keys: ``sj_<prefix>_<secret>``.
+"""API keys: ``sj_<prefix>_<secret>``, a client's or an operator's.
 
 The prefix (12 hex digits) is not secret: it finds the key's row and names the
 key in logs and listings (``storyjobs keys list``). Only SHA-256 of the whole
@@ -22,6 +22,7 @@ from psycopg import AsyncConnection
 from shared import store
 
 _KEY = re.compile(r"sj_([0-9a-f]{12})_([A-Za-z0-9_-]{43})")
+_PREFIX = re.compile(r"[0-9a-f]{12}")
 # the hash of no key: what a key with an unknown prefix is compared against
 _NO_KEY_HASH = bytes(32)
 
@@ -51,6 +52,11 @@ def prefix_of(key: str) -> str | None:
     return match.group(1) if match else None
 
 
+def is_prefix(text: str) -> bool:
+    """Whether ``text`` is shaped like a key's prefix."""
+    return _PREFIX.fullmatch(text) is not None
+
+
 def matches(key: str, stored_hash: bytes | None) -> bool:
     """Whether ``key`` hashes to ``stored_hash`` (None: no stored key), in
     time that does not depend on where they differ."""
@@ -64,4 +70,12 @@ async def create(conn: AsyncConnection[Any], client_name: str) -> NewKey:
     client_id = await store.api_client_upsert(conn, name=client_name)
     new = generate()
     await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
+    return new
+
+
+async def create_operator(conn: AsyncConnection[Any], name: str) -> NewKey:
+    """A new key of the operators' console for ``name`` (the person or team
+    holding it). It opens /ops only: it is no client's key."""
+    new = generate()
+    await store.operator_key_insert(conn, name=name, key_prefix=new.prefix, key_hash=new.hash)
     return new

@@ -234,3 +234,140 @@ class HourStats(msgspec.Struct, frozen=True):
     input_tokens: int
     output_tokens: int
     cost_usd: Decimal
+
+
+# -- operators ---------------------------------------------------------------------
+
+
+class OperatorKeyAuth(msgspec.Struct, frozen=True):
+    """The authentication of every /ops request."""
+
+    key_hash: bytes
+    revoked: bool
+    name: str
+
+
+class OperatorKeyListRow(msgspec.Struct, frozen=True):
+    key_prefix: str
+    name: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class JobIdBounds(msgspec.Struct, frozen=True):
+    """Every job created in the asked time range has lo_id <= id < hi_id."""
+
+    lo_id: int
+    hi_id: int
+
+
+class JobFilter(msgspec.Struct, frozen=True, kw_only=True):
+    """The console's filters; None leaves a field unfiltered."""
+
+    status: str | None = None
+    client_id: int | None = None
+    error_code: str | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+class OpsJobRow(msgspec.Struct, frozen=True):
+    """A row of the console's jobs list, with what its ledger billed."""
+
+    id: int
+    public_id: uuid.UUID
+    client_id: int
+    client_name: str
+    status: str
+    error_code: str | None
+    worker_id: str | None
+    progress: int
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    calls: int
+    billed_calls: int
+    cost_usd: Decimal
+
+
+class OpsJobDetail(msgspec.Struct, frozen=True):
+    """A job's page: the job, its client and its story, if one was written."""
+
+    id: int
+    public_id: uuid.UUID
+    client_id: int
+    client_name: str
+    status: str
+    error_code: str | None
+    error_text: str | None
+    worker_id: str | None
+    progress: int
+    request: dict[str, Any]
+    created_at: datetime
+    started_at: datetime | None
+    heartbeat_at: datetime | None
+    completed_at: datetime | None
+    story_id: uuid.UUID | None
+    story_title: str | None
+    story_body: str | None
+    story_model: str | None
+    story_prompt_version: str | None
+    story_input_tokens: int | None
+    story_output_tokens: int | None
+    story_cost_usd: Decimal | None
+
+
+class PendingCount(msgspec.Struct, frozen=True):
+    """The pending jobs a filter matches, and the highest id among them."""
+
+    pending: int
+    through_id: int | None
+
+
+class OpsClientKey(msgspec.Struct, frozen=True):
+    key_prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class OpsClient(msgspec.Struct, frozen=True):
+    client_id: int
+    name: str
+    created_at: datetime
+    keys: list[OpsClientKey]
+
+
+class OpsOverviewRow(msgspec.Struct, frozen=True):
+    pending: int
+    running: int
+    oldest_pending_age_s: float
+    hour_completed: int
+    hour_failed: int
+    hour_cancelled: int
+    day_completed: int
+    day_failed: int
+    day_cancelled: int
+    hour_undelivered: int
+    hour_undelivered_usd: Decimal
+    day_undelivered: int
+    day_undelivered_usd: Decimal
+    hour_billed_calls: int
+    hour_spend_usd: Decimal
+    hour_input_tokens: int
+    hour_output_tokens: int
+    hour_rate_limited: int
+    hour_overloaded: int
+    day_billed_calls: int
+    day_spend_usd: Decimal
+    day_input_tokens: int
+    day_output_tokens: int
+    day_rate_limited: int
+    day_overloaded: int
+
+
+class OpsMinuteRow(msgspec.Struct, frozen=True):
+    minute: datetime
+    completed: int
+    failed: int
+    spend_usd: Decimal
+    rate_limited: int

@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 
 import msgspec
 from psycopg import AsyncConnection
-from psycopg.rows import BaseRowFactory, scalar_row
+from psycopg.rows import BaseRowFactory, dict_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
@@ -31,11 +31,21 @@ from shared.rows import (
     HourStats,
     IdempotentLookup,
     JobAdminRow,
+    JobFilter,
+    JobIdBounds,
     JobListRow,
     JobView,
     KeyAuth,
     KeyListRow,
     LlmCallRow,
+    OperatorKeyAuth,
+    OperatorKeyListRow,
+    OpsClient,
+    OpsJobDetail,
+    OpsJobRow,
+    OpsMinuteRow,
+    OpsOverviewRow,
+    PendingCount,
     QueueGauges,
     SettleResult,
     StaleJob,
@@ -193,10 +203,13 @@ async def job_cancel(conn: Conn, *, client_id: int, job_id: uuid.UUID) -> Cancel
     """pending or running -> failed (cancelled), and the ledger row of a call
     left open closed, in one transaction sent as one round trip. None: no
     such job for this client."""
-    params = {"client_id": client_id, "job_id": job_id}
+    return await _cancel(conn, "job_cancel", {"client_id": client_id, "job_id": job_id})
+
+
+async def _cancel(conn: Conn, query: str, params: dict[str, Any]) -> CancelResult | None:
     async with conn.pipeline(), conn.transaction():
         cur = conn.cursor(row_factory=struct_row(CancelResult))
-        await cur.execute(Q["job_cancel"], params)
+        await cur.execute(Q[query], params)
         await conn.execute(Q["llm_call_close_for_cancelled_job"], params)
     return await cur.fetchone()
 
@@ -423,3 +436,102 @@ async def stats_last_hour(conn: Conn) -> HourStats:
     row = await _one(conn, HourStats, "stats_last_hour", {})
     assert row is not None
     return row
+
+
+# -- operators: their keys and the console ---------------------------------------
+
+
+async def operator_key_insert(conn: Conn, *, name: str, key_prefix: str, key_hash: bytes) -> None:
+    await conn.execute(Q["operator_key_insert"], {"name": name, "key_prefix": key_prefix, "key_hash": key_hash})
+
+
+async def operator_key_get(conn: Conn, *, key_prefix: str) -> OperatorKeyAuth | None:
+    return await _one(conn, OperatorKeyAuth, "operator_key_get", {"key_prefix": key_prefix})
+
+
+async def operator_key_list(conn: Conn) -> list[OperatorKeyListRow]:
+    return await _all(conn, OperatorKeyListRow, "operator_key_list", {})
+
+
+async def operator_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
+    return bool(await _scalars(conn, "operator_key_revoke", {"key_prefix": key_prefix}))
+
+
+async def job_id_bounds(
+    conn: Conn, *, created_after: datetime | None, created_before: datetime | None
+) -> JobIdBounds:
+    row = await _one(conn, JobIdBounds, "job_id_bounds",
+                     {"created_after": created_after, "created_before": created_before})
+    assert row is not None
+    return row
+
+
+def _filter_params(filters: JobFilter) -> dict[str, Any]:
+    return msgspec.structs.asdict(filters)
+
+
+async def ops_job_list(
+    conn: Conn, *, before_id: int, floor_id: int, filters: JobFilter, limit: int
+) -> list[OpsJobRow]:
+    """Jobs matching filters with floor_id <= id < before_id, newest first."""
+    params = {**_filter_params(filters), "before_id": before_id, "floor_id": floor_id, "limit": limit}
+    return await _all(conn, OpsJobRow, "ops_job_list", params)
+
+
+async def ops_job_list_live(
+    conn: Conn, *, filters: JobFilter, before_created_at: datetime | None, before_id: int | None, limit: int
+) -> list[OpsJobRow]:
+    """Jobs of one live status (filters.status) below (before_created_at,
+    before_id), newest first; None: from the newest."""
+    params = {**_filter_params(filters), "before_created_at": before_created_at, "before_id": before_id,
+              "limit": limit}
+    return await _all(conn, OpsJobRow, "ops_job_list_live", params)
+
+
+async def ops_job_get(conn: Conn, *, job_id: uuid.UUID) -> OpsJobDetail | None:
+    return await _one(conn, OpsJobDetail, "ops_job_get", {"job_id": job_id})
+
+
+async def ops_job_cancel(conn: Conn, *, job_id: uuid.UUID) -> CancelResult | None:
+    """An operator's cancellation, whoever's the job: as job_cancel, the
+    ledger row of a call left open closed in the same transaction. None: no
+    such job."""
+    return await _cancel(conn, "ops_job_cancel", {"job_id": job_id, "client_id": None})
+
+
+async def ops_job_count_pending(conn: Conn, *, filters: JobFilter) -> PendingCount:
+    # status and error_code are not read: the count is of pending jobs
+    row = await _one(conn, PendingCount, "ops_job_count_pending", _filter_params(filters))
+    assert row is not None
+    return row
+
+
+async def ops_job_cancel_pending(conn: Conn, *, filters: JobFilter, through_id: int) -> list[uuid.UUID]:
+    """Cancels the pending jobs matching filters (client and time range) up
+    to through_id; returns the job ids it cancelled."""
+    return await _scalars(conn, "ops_job_cancel_pending", {**_filter_params(filters), "through_id": through_id})
+
+
+async def ops_client_list(conn: Conn) -> list[OpsClient]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["ops_client_list"], {})
+        rows = await cur.fetchall()
+    # the keys arrive as one JSON array per client
+    return msgspec.convert(rows, list[OpsClient])
+
+
+async def api_key_revoke_for_client(conn: Conn, *, client_id: int) -> list[str] | None:
+    """Revokes the client's active keys; returns their prefixes (None: no
+    such client)."""
+    found = await _scalars(conn, "api_key_revoke_for_client", {"client_id": client_id})
+    return list(found[0]) if found else None
+
+
+async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
+    row = await _one(conn, OpsOverviewRow, "ops_overview", {"day_from_id": day_from_id})
+    assert row is not None
+    return row
+
+
+async def ops_minutes(conn: Conn, *, hour_from_id: int) -> list[OpsMinuteRow]:
+    return await _all(conn, OpsMinuteRow, "ops_minutes", {"hour_from_id": hour_from_id})

@@ -261,7 +261,8 @@ SELECT job.status AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancel
 FROM job;
 
 -- name: llm_call_close_for_cancelled_job
--- Second statement of a cancellation, in its transaction: closes the ledger
+-- Second statement of a cancellation (a client's, or an operator's with no
+-- client_id), in its transaction: closes the ledger
 -- row of a call that was open when the job was cancelled, as interrupted
 -- (assumed billed; a live worker overwrites it with what it knows when it
 -- closes the stream). A statement of its own, because its snapshot must see
@@ -271,7 +272,8 @@ UPDATE llm_calls c
 SET finished_at = now(), outcome = 'interrupted',
     error_text = 'the job was cancelled while this call was open'
 FROM story_jobs j
-WHERE j.public_id = %(job_id)s AND j.client_id = %(client_id)s AND j.status = 'failed'
+WHERE j.public_id = %(job_id)s AND j.status = 'failed'
+  AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
   AND c.job_id = j.id AND c.outcome = 'started';
 
 -- name: story_get_for_key
@@ -633,3 +635,340 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        coalesce(sum(c.cost_usd), 0)::numeric(14, 6) AS cost_usd
 FROM llm_calls c
 WHERE c.started_at > now() - interval '1 hour';
+
+
+-- ---------------------------------------------------------------------------
+-- Operators: their keys, and the console at /ops/ (api/ops.py).
+--
+-- The console reads history without an index of its own: every index on
+-- story_jobs costs each status change a write, so lists walk the primary key
+-- newest first (id DESC) with their filters, each request over a bounded
+-- range of ids, and times are turned into id bounds by job_id_bounds.
+
+-- name: operator_key_insert
+-- `storyjobs keys create NAME --operator`.
+INSERT INTO operator_keys (name, key_prefix, key_hash)
+VALUES (%(name)s, %(key_prefix)s, %(key_hash)s);
+
+-- name: operator_key_get
+-- Every /ops request: the api compares key_hash in constant time. Only
+-- operator_keys is read, so a client's key is not found here.
+SELECT key_hash, revoked_at IS NOT NULL AS revoked, name
+FROM operator_keys
+WHERE key_prefix = %(key_prefix)s;
+
+-- name: operator_key_list
+SELECT key_prefix, name, created_at, revoked_at FROM operator_keys ORDER BY id;
+
+-- name: operator_key_revoke
+UPDATE operator_keys SET revoked_at = now()
+WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
+RETURNING key_prefix;
+
+-- name: job_id_bounds
+-- Turns a time range into a range of ids without an index on created_at:
+-- lo_id is at or below the id of every job created at or after
+-- %(created_after)s, hi_id above the id of every job created before
+-- %(created_before)s (NULL: the first id, and one past the last). Each bound
+-- is found by a binary search over the primary key, about log2(ids) lookups
+-- of one row each.
+--
+-- It relies on ids growing with created_at: an id is taken at insert, and
+-- created_at is the inserting transaction's start, so two jobs can disagree
+-- by at most the length of an admission transaction, which its statement
+-- timeout (at most 60 s) bounds. Each search aims 5 minutes wide of its
+-- bound; callers still filter on created_at itself.
+--
+-- The search keeps lo <= hi with the last row below lo created before its
+-- target and the first row at or above hi not; a probe reads the first row
+-- at or above the middle, and the search ends when lo = hi.
+WITH RECURSIVE ends AS MATERIALIZED (
+    SELECT min(id) AS first_id, max(id) + 1 AS next_id FROM story_jobs
+),
+targets AS (
+    SELECT 'lo' AS side, %(created_after)s::timestamptz - interval '5 minutes' AS target
+    WHERE %(created_after)s::timestamptz IS NOT NULL
+    UNION ALL
+    SELECT 'hi', %(created_before)s::timestamptz + interval '5 minutes'
+    WHERE %(created_before)s::timestamptz IS NOT NULL
+),
+search(side, target, lo, hi) AS (
+    SELECT t.side, t.target, ends.first_id, ends.next_id FROM targets t, ends
+  UNION ALL
+    SELECT s.side, s.target,
+           CASE WHEN probe.id < s.hi AND probe.created_at < s.target THEN probe.id + 1 ELSE s.lo END,
+           CASE WHEN probe.id < s.hi AND probe.created_at < s.target THEN s.hi ELSE (s.lo + s.hi) / 2 END
+    FROM search s
+    LEFT JOIN LATERAL (
+        SELECT j.id, j.created_at FROM story_jobs j
+        WHERE j.id >= (s.lo + s.hi) / 2
+        ORDER BY j.id
+        LIMIT 1
+    ) probe ON true
+    WHERE s.lo < s.hi
+)
+SELECT coalesce((SELECT hi FROM search WHERE side = 'lo' AND lo >= hi), ends.first_id, 1) AS lo_id,
+       coalesce((SELECT hi FROM search WHERE side = 'hi' AND lo >= hi), ends.next_id, 1) AS hi_id
+FROM ends;
+
+-- name: ops_job_list
+-- The console's jobs list, newest first: a walk down the primary key from
+-- %(before_id)s, stopping at %(floor_id)s or when %(limit)s rows matched,
+-- whichever comes first. The caller keeps the range to a bounded number of
+-- ids, so a request costs the same whether the filters match every row or
+-- none, and however deep the page: no OFFSET, no count. Filters that are
+-- NULL are off. Each row's cost is read from its own ledger rows (their
+-- primary key), only for the rows of the page.
+WITH page AS MATERIALIZED (
+    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+           j.created_at, j.started_at, j.completed_at
+    FROM story_jobs j
+    WHERE j.id < %(before_id)s AND j.id >= %(floor_id)s
+      AND (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
+       p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
+       cost.calls, cost.billed_calls, cost.cost_usd
+FROM page p
+LEFT JOIN api_clients c ON c.id = p.client_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+    FROM llm_calls l WHERE l.job_id = p.id
+) cost
+ORDER BY p.id DESC;
+
+-- name: ops_job_list_live
+-- The jobs list for one live status (pending or running), newest first by
+-- (created_at, id) below the cursor: the order of the live-jobs index, read
+-- backwards, so the answer costs what the queue holds, never the history.
+WITH page AS MATERIALIZED (
+    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+           j.created_at, j.started_at, j.completed_at
+    FROM story_jobs j
+    WHERE j.status = %(status)s::job_status AND j.status IN ('pending', 'running')
+      AND (j.created_at, j.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
+                                  coalesce(%(before_id)s::bigint, 9223372036854775807))
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.created_at DESC, j.id DESC
+    LIMIT %(limit)s
+)
+SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
+       p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
+       cost.calls, cost.billed_calls, cost.cost_usd
+FROM page p
+LEFT JOIN api_clients c ON c.id = p.client_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+    FROM llm_calls l WHERE l.job_id = p.id
+) cost
+ORDER BY p.created_at DESC, p.id DESC;
+
+-- name: ops_job_get
+-- A job's page: the job, its client and its story (kept also when the job
+-- failed after the story was paid for), by the public id's unique index.
+SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.status::text AS status,
+       j.error_code, j.error_text, j.worker_id, j.progress, j.request,
+       j.created_at, j.started_at, j.heartbeat_at, j.completed_at,
+       s.id AS story_id, s.title AS story_title, s.body AS story_body, s.model AS story_model,
+       s.prompt_version AS story_prompt_version, s.input_tokens AS story_input_tokens,
+       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd
+FROM story_jobs j
+LEFT JOIN api_clients c ON c.id = j.client_id
+LEFT JOIN stories s ON s.job_id = j.id
+WHERE j.public_id = %(job_id)s;
+
+-- name: ops_job_cancel
+-- An operator cancels one job, whoever's it is: pending or running ->
+-- failed (cancelled), guarded like the client's DELETE. A running job's
+-- worker sees the change at its next heartbeat and closes its stream. The
+-- snapshot row tells the caller why nothing changed; no row: no such job.
+WITH job AS (
+    SELECT id, status FROM story_jobs WHERE public_id = %(job_id)s
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by an operator', completed_at = now()
+    FROM job
+    WHERE j.id = job.id AND j.status IN ('pending', 'running')
+    RETURNING j.id
+)
+SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job;
+
+-- name: ops_job_count_pending
+-- What cancelling the pending jobs matching a filter would cancel: how many,
+-- and the highest id among them, which the operator's confirmation carries
+-- back so that ops_job_cancel_pending cancels those jobs and none that
+-- arrived since. Read on the live-jobs index: the cost follows the queue.
+SELECT count(*) AS pending, max(j.id) AS through_id
+FROM story_jobs j
+WHERE j.status = 'pending'
+  AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+  AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz);
+
+-- name: ops_job_cancel_pending
+-- Cancels every pending job matching a filter, up to the id the operator
+-- confirmed, in one statement: pending -> failed (cancelled), guarded by the
+-- status like every transition. Rows are locked in id order, so two of these
+-- at once cannot deadlock; a job a worker claims meanwhile is re-checked
+-- after the lock, found running and left alone. Cancelling lowers the true
+-- pending count, so job_admission's bounds stay bounds.
+WITH matching AS MATERIALIZED (
+    SELECT j.id FROM story_jobs j
+    WHERE j.status = 'pending' AND j.id <= %(through_id)s
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by an operator', completed_at = now()
+    WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
+    RETURNING j.public_id
+)
+SELECT public_id FROM cancelled;
+
+-- name: ops_client_list
+-- The clients, for the console's filter and its keys screen.
+SELECT c.id AS client_id, c.name, c.created_at,
+       coalesce(json_agg(json_build_object(
+           'key_prefix', k.key_prefix, 'created_at', k.created_at, 'revoked_at', k.revoked_at)
+           ORDER BY k.id) FILTER (WHERE k.id IS NOT NULL), '[]') AS keys
+FROM api_clients c
+LEFT JOIN api_keys k ON k.client_id = c.id
+GROUP BY c.id
+ORDER BY c.name;
+
+-- name: api_key_revoke_for_client
+-- Revokes every key of a client that is still active, effective from each
+-- key's next request; answers the prefixes revoked now, and no row when
+-- there is no such client.
+WITH client AS (
+    SELECT id FROM api_clients WHERE id = %(client_id)s
+),
+revoked AS (
+    UPDATE api_keys k SET revoked_at = now()
+    FROM client
+    WHERE k.client_id = client.id AND k.revoked_at IS NULL
+    RETURNING k.key_prefix
+)
+SELECT coalesce((SELECT array_agg(key_prefix ORDER BY key_prefix) FROM revoked), '{}') AS revoked
+FROM client;
+
+-- name: ops_overview
+-- The console's overview in one statement. Live jobs come from the
+-- live-jobs index. Finished jobs are counted by when they finished, among
+-- the rows from %(day_from_id)s up: the caller takes that id from
+-- job_id_bounds at a day plus the longest a job can wait and run before the
+-- sweeper fails it, so no job finished in the window is left out (unless the
+-- sweeper was stopped for longer). Spend and the provider's answers come
+-- from the ledger, read by time on its BRIN index. A story billed but not
+-- delivered is a failed job with billed calls. Each source is read once and
+-- aggregated in one pass, the hour and the day side by side.
+WITH finished AS MATERIALIZED (
+    SELECT j.id, j.status, j.error_code, j.completed_at >= now() - interval '1 hour' AS last_hour
+    FROM story_jobs j
+    WHERE j.id >= %(day_from_id)s
+      AND j.status IN ('completed', 'failed')
+      AND j.completed_at >= now() - interval '1 day'
+),
+jobs AS (
+    SELECT count(*) FILTER (WHERE last_hour AND status = 'completed') AS hour_completed,
+           count(*) FILTER (WHERE last_hour AND status = 'failed') AS hour_failed,
+           count(*) FILTER (WHERE last_hour AND error_code = 'cancelled') AS hour_cancelled,
+           count(*) FILTER (WHERE status = 'completed') AS day_completed,
+           count(*) FILTER (WHERE status = 'failed') AS day_failed,
+           count(*) FILTER (WHERE error_code = 'cancelled') AS day_cancelled
+    FROM finished
+),
+undelivered AS (
+    SELECT count(*) FILTER (WHERE f.last_hour) AS hour_undelivered,
+           coalesce(sum(billed.cost_usd) FILTER (WHERE f.last_hour), 0)::numeric(14, 6) AS hour_undelivered_usd,
+           count(*) AS day_undelivered,
+           coalesce(sum(billed.cost_usd), 0)::numeric(14, 6) AS day_undelivered_usd
+    FROM finished f
+    CROSS JOIN LATERAL (
+        SELECT sum(l.cost_usd) AS cost_usd FROM llm_calls l
+        WHERE l.job_id = f.id AND l.billed
+        HAVING count(*) > 0
+    ) billed
+    WHERE f.status = 'failed'
+),
+calls AS (
+    SELECT count(*) FILTER (WHERE last_hour AND billed) AS hour_billed_calls,
+           coalesce(sum(cost_usd) FILTER (WHERE last_hour AND billed), 0)::numeric(14, 6) AS hour_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_output_tokens,
+           count(*) FILTER (WHERE last_hour AND outcome = 'rate_limited') AS hour_rate_limited,
+           count(*) FILTER (WHERE last_hour AND outcome = 'overloaded') AS hour_overloaded,
+           count(*) FILTER (WHERE billed) AS day_billed_calls,
+           coalesce(sum(cost_usd) FILTER (WHERE billed), 0)::numeric(14, 6) AS day_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE billed), 0)::bigint AS day_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE billed), 0)::bigint AS day_output_tokens,
+           count(*) FILTER (WHERE outcome = 'rate_limited') AS day_rate_limited,
+           count(*) FILTER (WHERE outcome = 'overloaded') AS day_overloaded
+    FROM (
+        SELECT l.started_at >= now() - interval '1 hour' AS last_hour, l.billed, l.outcome,
+               l.input_tokens, l.output_tokens, l.cost_usd
+        FROM llm_calls l
+        WHERE l.started_at >= now() - interval '1 day'
+    ) day
+)
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       coalesce(extract(epoch FROM now() - (
+           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
+       )), 0)::float8 AS oldest_pending_age_s,
+       jobs.*, undelivered.*, calls.*
+FROM jobs, undelivered, calls;
+
+-- name: ops_minutes
+-- The overview's chart: per minute of the last hour (the current minute
+-- last), the jobs that finished, by outcome, and what the ledger billed and
+-- how often the provider answered 429. Rows as in ops_overview: finished
+-- jobs from %(hour_from_id)s up, the ledger by time.
+WITH minutes AS (
+    SELECT generate_series(date_trunc('minute', now()) - interval '59 minutes',
+                           date_trunc('minute', now()), interval '1 minute') AS minute
+),
+jobs AS (
+    SELECT date_trunc('minute', j.completed_at) AS minute,
+           count(*) FILTER (WHERE j.status = 'completed') AS completed,
+           count(*) FILTER (WHERE j.status = 'failed') AS failed
+    FROM story_jobs j
+    WHERE j.id >= %(hour_from_id)s
+      AND j.status IN ('completed', 'failed')
+      AND j.completed_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+),
+calls AS (
+    SELECT date_trunc('minute', l.started_at) AS minute,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0) AS spend_usd,
+           count(*) FILTER (WHERE l.outcome = 'rate_limited') AS rate_limited
+    FROM llm_calls l
+    WHERE l.started_at >= date_trunc('minute', now()) - interval '59 minutes'
+    GROUP BY 1
+)
+SELECT m.minute, coalesce(jobs.completed, 0) AS completed, coalesce(jobs.failed, 0) AS failed,
+       coalesce(calls.spend_usd, 0)::numeric(14, 6) AS spend_usd,
+       coalesce(calls.rate_limited, 0) AS rate_limited
+FROM minutes m
+LEFT JOIN jobs ON jobs.minute = m.minute
+LEFT JOIN calls ON calls.minute = m.minute
+ORDER BY m.minute;

@@ -48,3 +48,20 @@ def test_quick_drain_and_pickup_write_json_with_positive_figures(server_url: str
             assert figure["min"] > 0 and figure["median"] > 0 and figure["max"] > 0, (name, key, figure)
     assert {row["benchmark"] for row in document["table"]} == set(EXPECTED_POSITIVE)
     assert (tmp_path / "latest.md").read_text().startswith("# storyjobs benchmarks")
+
+
+def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only ops_list` exits 0 and writes p50 and p99 for the first page, the
+    deep page, the failed jobs and the filter matching nothing, each positive."""
+    finished = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "ops_list",
+         "--out", str(tmp_path), "--quiet"],
+        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
+        capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    bench = json.loads((tmp_path / "latest.json").read_text())["benchmarks"]["ops_list"]
+    assert bench["error"] is None
+    expected = {f"{case}_{p}_ms" for case in ("first", "deep", "failed", "nomatch") for p in ("p50", "p99")}
+    assert set(bench["figures"]) == expected
+    assert all(figure["median"] > 0 for figure in bench["figures"].values())

@@ -94,3 +94,25 @@ def test_a_database_that_is_behind_is_refused_with_one_line(database_url: str) -
     result = storyjobs(database_url, "keys", "create", "someone")
     assert result.returncode == 1
     assert result.stderr.strip().count("\n") == 0 and "storyjobs migrate" in result.stderr
+
+
+def test_keys_create_operator_makes_a_console_key_listed_and_revoked_like_the_others(database_url: str) -> None:
+    """`keys create NAME --operator` stores an operator key (hashed, in operator_keys, not api_keys) that
+    `keys list` marks as an operator's and `keys revoke PREFIX` revokes."""
+    created = storyjobs(database_url, "keys", "create", "night shift", "--operator")
+    assert created.returncode == 0, created.stderr
+    key = created.stdout.strip().splitlines()[-1]
+    assert "operator key" in created.stderr and "/ops/" in created.stderr
+    prefix = key.split("_")[1]
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT count(*) FROM api_keys").fetchone() == (0,)
+        assert conn.execute("SELECT name, key_prefix, revoked_at FROM operator_keys").fetchall() == [
+            ("night shift", prefix, None)]
+    listing = storyjobs(database_url, "keys", "list").stdout
+    assert f"{prefix}" in listing and "night shift (operator)" in listing and key not in listing
+    revoked = storyjobs(database_url, "keys", "revoke", prefix)
+    assert revoked.returncode == 0 and f"revoked {prefix}" in revoked.stdout
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT revoked_at IS NOT NULL FROM operator_keys").fetchone()
+    assert row == (True,)
+    assert storyjobs(database_url, "keys", "revoke", prefix).returncode == 1

@@ -1,0 +1,500 @@
+"""The operators' console's JSON endpoints, under /ops/api (the page that
+uses them: api/page.py, api/static/ops.*).
+
+Access: an operator key (``storyjobs keys create NAME --operator``) as
+``Authorization: Bearer``, checked against operator_keys by the Router's
+guard before any handler runs, on every endpoint here. A client's key is not
+in that table, so it gets the same 401 as a wrong key. The key travels in a
+header, never a cookie, so a page on another site cannot make a browser send
+it: no cross-site request can read these endpoints or trigger an action.
+Each action is logged with the operator's name and key prefix.
+
+History is read without an index of its own (each index on story_jobs costs
+every status change a write): the jobs list walks the primary key down from
+its cursor over at most SCAN_IDS ids per request, so every request costs
+about the same at any depth and for any filter; a page may then hold fewer
+jobs than asked, with a cursor to go on. Live statuses are read on the
+live-jobs index instead. Time bounds become id bounds through
+store.job_id_bounds.
+"""
+
+from __future__ import annotations
+
+import base64
+import binascii
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Annotated, Any
+
+import msgspec
+import structlog
+from litestar import Request, Router, get, post
+from litestar.connection import ASGIConnection
+from litestar.datastructures import CacheControlHeader
+from litestar.di import NamedDependency, Provide
+from litestar.handlers.base import BaseRouteHandler
+from litestar.openapi.spec import OpenAPIFormat
+from litestar.params import JSONBody, Parameter, PathParameter
+
+from api.auth import ApiKey, require_bearer_key, verify
+from api.jobs import ApiState, database, parse_public_id
+from api.ops_schemas import (
+    BIGINT_MAX,
+    TOKEN_PATTERN,
+    CancelPending,
+    Client,
+    ClientKey,
+    Clients,
+    JobCancelled,
+    JobCounts,
+    JobDetail,
+    JobErrorDetail,
+    JobPage,
+    JobStory,
+    JobSummary,
+    JobWindows,
+    KeysRevoked,
+    LedgerCall,
+    Minute,
+    Minutes,
+    Overview,
+    PendingCancelled,
+    PendingMatch,
+    Provider,
+    ProviderCounts,
+    Queue,
+    Spend,
+    SpendCounts,
+    Timeline,
+    Undelivered,
+    UndeliveredCounts,
+)
+from api.problems import FieldError, ProblemError, problem_responses
+from shared import keys, store
+from shared.config import ApiSettings
+from shared.rows import JobFilter, OpsJobRow, OpsOverviewRow
+from shared.status import ErrorCode, JobStatus
+
+log = structlog.get_logger()
+
+# ids the jobs list looks at per request, at most: a few milliseconds of
+# Postgres on a 2-core machine whatever the filters match (make bench,
+# ops_list: a filter matching nothing, 7 ms a request at p50)
+SCAN_IDS = 20_000
+# live jobs are few, and read on their own index
+LIVE_STATUSES = (JobStatus.PENDING, JobStatus.RUNNING)
+# a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
+# the sweeper fails it at its next pass: this much later at worst, unless the
+# sweeper is stopped
+SWEEPER_LAG = timedelta(minutes=10)
+HOUR = timedelta(hours=1)
+DAY = timedelta(days=1)
+
+_NOT_FOUND = {404: "No such job, client or key."}
+
+
+class Operator:
+    """Who is acting: the holder's name and the key's prefix, never the key."""
+
+    __slots__ = ("key_prefix", "name")
+
+    def __init__(self, name: str, key_prefix: str) -> None:
+        self.name = name
+        self.key_prefix = key_prefix
+
+    def __repr__(self) -> str:
+        return f"Operator(name={self.name!r}, key_prefix={self.key_prefix!r})"
+
+    def log_fields(self) -> dict[str, str]:
+        return {"operator": self.name, "operator_key_prefix": self.key_prefix}
+
+
+async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Guard of every /ops/api endpoint: an operator key that exists and is
+    not revoked, else the same 401 as any bad key."""
+    await require_bearer_key(connection, handler)
+    api_key: ApiKey = connection.state.api_key
+    api_state: ApiState = connection.app.state.storyjobs
+    async with database(api_state) as conn:
+        record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
+    verify(record, api_key)
+    assert record is not None
+    connection.state.operator = Operator(record.name, api_key.prefix)
+
+
+async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Guard: a query parameter the endpoint does not take is a 400, so that a
+    misspelt filter is refused instead of listing, or cancelling, everything."""
+    taken = set(handler.parsed_fn_signature.parameters) - set(handler.resolve_dependencies())
+    unknown = sorted(set(connection.query_params) - taken)
+    if unknown:
+        raise ProblemError(400, "Invalid request", f"unknown query parameter: {unknown[0]}",
+                           errors=[FieldError(field=name, message="unknown query parameter") for name in unknown])
+
+
+def provide_operator(request: Request[Any, Any, Any]) -> Operator:
+    """The ``operator`` dependency: whom require_operator_key let in."""
+    operator: Operator = request.state.operator
+    return operator
+
+
+# -- cursors ---------------------------------------------------------------------------
+
+
+class Position(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit_defaults=True):
+    """Where a list goes on from (below id; below (at, id) for live lists),
+    or the last id a cancel confirmed; given out as an opaque token."""
+
+    id: Annotated[int, msgspec.Meta(ge=0, le=BIGINT_MAX)]
+    at: datetime | None = None
+
+    def token(self) -> str:
+        return base64.urlsafe_b64encode(msgspec.json.encode(self)).decode().rstrip("=")
+
+    @classmethod
+    def from_token(cls, token: str, field: str) -> Position:
+        """The position a token names; a 400 naming ``field`` if the api did not make it."""
+        try:
+            return msgspec.json.decode(base64.urlsafe_b64decode(token + "=" * (-len(token) % 4)), type=cls)
+        except (binascii.Error, ValueError, msgspec.DecodeError):
+            raise ProblemError(400, "Invalid request", f"{field}: not a value this api gave",
+                               errors=[FieldError(field=field, message="not a value this api gave")]) from None
+
+
+# -- parameters ------------------------------------------------------------------------
+
+
+def _utc(moment: datetime | None) -> datetime | None:
+    """A time without a zone is taken as UTC."""
+    if moment is None or moment.tzinfo is not None:
+        return moment
+    return moment.replace(tzinfo=UTC)
+
+
+StatusParam = Annotated[JobStatus | None, Parameter(description="Only jobs in this status.")]
+ClientParam = Annotated[int | None, Parameter(ge=1, le=BIGINT_MAX,
+                                              description="Only this client's jobs (`client_id` of /ops/api/clients).")]
+ErrorParam = Annotated[ErrorCode | None, Parameter(description="Only failed jobs with this error code.")]
+AfterParam = Annotated[datetime | None,
+                       Parameter(description="Only jobs created at or after this time (UTC if no zone).")]
+BeforeParam = Annotated[datetime | None, Parameter(description="Only jobs created before this time (UTC if no zone).")]
+JobIdParam = Annotated[str, PathParameter(description="The job's job_id.", schema_extra={"format": OpenAPIFormat.UUID})]
+
+
+def _usd(value: Decimal | None) -> str:
+    return str(value if value is not None else Decimal("0.000000"))
+
+
+# -- overview --------------------------------------------------------------------------
+
+
+def _finished_since(settings: ApiSettings, window: timedelta) -> datetime:
+    """The oldest creation time of a job that can have finished in the last
+    ``window``."""
+    longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
+    return datetime.now(UTC) - window - longest_life
+
+
+def _job_counts(completed: int, failed: int, cancelled: int) -> JobCounts:
+    finished = completed + failed - cancelled
+    ratio = None if finished == 0 else round((failed - cancelled) / finished, 4)
+    return JobCounts(completed=completed, failed=failed, cancelled=cancelled, failure_ratio=ratio)
+
+
+def _overview(row: OpsOverviewRow, settings: ApiSettings) -> Overview:
+    return Overview(
+        generated_at=datetime.now(UTC),
+        queue=Queue(pending=row.pending, running=row.running,
+                    oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max),
+        jobs=JobWindows(
+            last_hour=_job_counts(row.hour_completed, row.hour_failed, row.hour_cancelled),
+            last_day=_job_counts(row.day_completed, row.day_failed, row.day_cancelled),
+        ),
+        spend=Spend(
+            last_hour=SpendCounts(usd=_usd(row.hour_spend_usd), billed_calls=row.hour_billed_calls,
+                                  input_tokens=row.hour_input_tokens, output_tokens=row.hour_output_tokens),
+            last_day=SpendCounts(usd=_usd(row.day_spend_usd), billed_calls=row.day_billed_calls,
+                                 input_tokens=row.day_input_tokens, output_tokens=row.day_output_tokens),
+        ),
+        undelivered=Undelivered(
+            last_hour=UndeliveredCounts(jobs=row.hour_undelivered, usd=_usd(row.hour_undelivered_usd)),
+            last_day=UndeliveredCounts(jobs=row.day_undelivered, usd=_usd(row.day_undelivered_usd)),
+        ),
+        provider=Provider(
+            last_hour=ProviderCounts(rate_limited=row.hour_rate_limited, overloaded=row.hour_overloaded),
+            last_day=ProviderCounts(rate_limited=row.day_rate_limited, overloaded=row.day_overloaded),
+        ),
+    )
+
+
+@get(
+    "/overview",
+    summary="The queue now; jobs, spend, undelivered stories and the provider's refusals over the last hour and day",
+    responses=problem_responses(400, 401, 503),
+)
+async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Overview:
+    settings = api_state.settings
+    async with database(api_state) as conn:
+        bounds = await store.job_id_bounds(conn, created_after=_finished_since(settings, DAY), created_before=None)
+        row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
+    return _overview(row, settings)
+
+
+@get(
+    "/minutes",
+    summary="Per minute of the last hour: jobs finished, spend and 429s (the overview's chart)",
+    responses=problem_responses(400, 401, 503),
+)
+async def get_minutes(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Minutes:
+    async with database(api_state) as conn:
+        bounds = await store.job_id_bounds(
+            conn, created_after=_finished_since(api_state.settings, HOUR), created_before=None)
+        rows = await store.ops_minutes(conn, hour_from_id=bounds.lo_id)
+    return Minutes(minutes=[
+        Minute(minute=row.minute, completed=row.completed, failed=row.failed, spend_usd=_usd(row.spend_usd),
+               rate_limited=row.rate_limited)
+        for row in rows
+    ])
+
+
+# -- jobs ------------------------------------------------------------------------------
+
+
+def _summary(row: OpsJobRow) -> JobSummary:
+    return JobSummary(
+        job_id=row.public_id, client_id=row.client_id, client_name=row.client_name, status=row.status,
+        error_code=row.error_code, worker_id=row.worker_id, progress=row.progress, created_at=row.created_at,
+        started_at=row.started_at, completed_at=row.completed_at, calls=row.calls,
+        billed_calls=row.billed_calls, cost_usd=_usd(row.cost_usd),
+    )
+
+
+async def _live_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
+    rows = await store.ops_job_list_live(
+        conn, filters=filters, before_created_at=cursor.at if cursor else None,
+        before_id=cursor.id if cursor else None, limit=limit + 1)
+    page, more = rows[:limit], len(rows) > limit
+    next_cursor = Position(id=page[-1].id, at=page[-1].created_at).token() if more else None
+    return JobPage(jobs=[_summary(row) for row in page], next_cursor=next_cursor)
+
+
+async def _history_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
+    bounds = await store.job_id_bounds(conn, created_after=filters.created_after,
+                                       created_before=filters.created_before)
+    before = bounds.hi_id if cursor is None else min(cursor.id, bounds.hi_id)
+    floor = max(bounds.lo_id, before - SCAN_IDS)
+    if before <= floor:
+        return JobPage(jobs=[], next_cursor=None)
+    rows = await store.ops_job_list(conn, before_id=before, floor_id=floor, filters=filters, limit=limit)
+    if len(rows) == limit:
+        next_id: int | None = rows[-1].id
+    else:
+        # the stretch is done: go on below it, if anything is left there
+        next_id = floor if floor > bounds.lo_id else None
+    return JobPage(jobs=[_summary(row) for row in rows],
+                   next_cursor=None if next_id is None else Position(id=next_id).token())
+
+
+@get(
+    "/jobs",
+    summary="Jobs, newest first, filtered; paged by cursor",
+    description=(
+        "Each request looks at a bounded stretch of history, so a page may hold fewer jobs than `limit` (or "
+        "none) while older ones still match: follow `next_cursor` until it is null. Pending and running jobs "
+        "are listed from the live-jobs index, by creation time."
+    ),
+    responses=problem_responses(400, 401, 503),
+)
+async def list_jobs(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    status: StatusParam = None,
+    client_id: ClientParam = None,
+    error_code: ErrorParam = None,
+    created_after: AfterParam = None,
+    created_before: BeforeParam = None,
+    cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page.",
+                                            pattern=TOKEN_PATTERN)] = None,
+    limit: Annotated[int, Parameter(ge=1, le=200, description="Most jobs in the page.")] = 50,
+) -> JobPage:
+    filters = JobFilter(status=status.value if status else None, client_id=client_id,
+                        error_code=error_code.value if error_code else None,
+                        created_after=_utc(created_after), created_before=_utc(created_before))
+    position = None if cursor is None else Position.from_token(cursor, "cursor")
+    async with database(api_state) as conn:
+        if status in LIVE_STATUSES:
+            return await _live_page(conn, filters, position, limit)
+        return await _history_page(conn, filters, position, limit)
+
+
+@get(
+    "/jobs/{job_id:str}",
+    summary="A job: its timeline, worker, every ledger attempt, its error and its story",
+    responses=problem_responses(400, 401, 404, 503, described=_NOT_FOUND),
+)
+async def get_job_detail(
+    api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], job_id: JobIdParam
+) -> JobDetail:
+    async with database(api_state) as conn:
+        job = await store.ops_job_get(conn, job_id=parse_public_id(job_id))
+        if job is None:
+            raise ProblemError(404, "Not Found", "no such job")
+        calls = await store.llm_call_list_for_job(conn, job_id=job.id)
+    story = None
+    if job.story_id is not None:
+        story = JobStory(
+            story_id=job.story_id, title=job.story_title or "", text=job.story_body or "",
+            model=job.story_model or "", prompt_version=job.story_prompt_version or "",
+            input_tokens=job.story_input_tokens or 0, output_tokens=job.story_output_tokens or 0,
+            cost_usd=_usd(job.story_cost_usd), delivered=job.status == JobStatus.COMPLETED,
+        )
+    billed = [call for call in calls if call.billed]
+    return JobDetail(
+        job_id=job.public_id, client_id=job.client_id, client_name=job.client_name, status=job.status,
+        error=JobErrorDetail(code=job.error_code, message=job.error_text or "") if job.error_code else None,
+        worker_id=job.worker_id, progress=job.progress, request=job.request,
+        timeline=Timeline(created_at=job.created_at, claimed_at=job.started_at,
+                          last_heartbeat_at=job.heartbeat_at, finished_at=job.completed_at),
+        calls=[
+            LedgerCall(attempt=call.attempt, worker_id=call.worker_id, provider=call.provider, model=call.model,
+                       started_at=call.started_at, finished_at=call.finished_at, outcome=call.outcome,
+                       billed=call.billed, input_tokens=call.input_tokens, output_tokens=call.output_tokens,
+                       cost_usd=_usd(call.cost_usd), request_id=call.request_id, error_text=call.error_text)
+            for call in calls
+        ],
+        billed_calls=len(billed),
+        cost_usd=_usd(sum((call.cost_usd for call in billed), Decimal("0.000000"))),
+        story=story,
+    )
+
+
+# -- actions ---------------------------------------------------------------------------
+
+
+@post(
+    "/jobs/{job_id:str}/cancel",
+    status_code=200,
+    summary="Cancel a job, pending or running, whoever's it is",
+    description="It becomes failed (`cancelled`); a running job's worker closes its stream at its next heartbeat.",
+    responses=problem_responses(400, 401, 404, 409, 503, described=_NOT_FOUND),
+)
+async def cancel_job(
+    api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], job_id: JobIdParam
+) -> JobCancelled:
+    async with database(api_state) as conn:
+        result = await store.ops_job_cancel(conn, job_id=parse_public_id(job_id))
+    if result is None:
+        raise ProblemError(404, "Not Found", "no such job")
+    if not result.cancelled:
+        raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
+    log.info("ops.job_cancelled", job_id=job_id, previous_status=result.previous_status, **operator.log_fields())
+    return JobCancelled(job_id=parse_public_id(job_id), previous_status=result.previous_status, status=JobStatus.FAILED)
+
+
+@get(
+    "/cancel-pending",
+    summary="How many pending jobs a filter matches: the confirmation before cancelling them",
+    responses=problem_responses(400, 401, 503),
+)
+async def count_pending(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    client_id: ClientParam = None,
+    created_after: AfterParam = None,
+    created_before: BeforeParam = None,
+) -> PendingMatch:
+    filters = JobFilter(client_id=client_id, created_after=_utc(created_after), created_before=_utc(created_before))
+    async with database(api_state) as conn:
+        found = await store.ops_job_count_pending(conn, filters=filters)
+    through = None if found.through_id is None else Position(id=found.through_id).token()
+    return PendingMatch(pending=found.pending, through=through)
+
+
+@post(
+    "/cancel-pending",
+    status_code=200,
+    summary="Cancel the pending jobs a filter matched when they were counted",
+    description=(
+        "One guarded statement: every job still pending that matches the filter, up to `through` from "
+        "GET /ops/api/cancel-pending, becomes failed (`cancelled`). Jobs that arrived since are left alone."
+    ),
+    responses=problem_responses(400, 401, 503),
+)
+async def cancel_pending(
+    api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], data: JSONBody[CancelPending]
+) -> PendingCancelled:
+    through = Position.from_token(data.through, "through")
+    filters = JobFilter(client_id=data.client_id, created_after=_utc(data.created_after),
+                        created_before=_utc(data.created_before))
+    async with database(api_state) as conn:
+        cancelled = await store.ops_job_cancel_pending(conn, filters=filters, through_id=through.id)
+    log.info("ops.pending_cancelled", cancelled=len(cancelled), client_id=data.client_id,
+             created_after=data.created_after, created_before=data.created_before, **operator.log_fields())
+    return PendingCancelled(cancelled=len(cancelled), job_ids=cancelled)
+
+
+@get("/clients", summary="The clients and their keys (by prefix)",
+     responses=problem_responses(400, 401, 503))
+async def list_clients(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Clients:
+    async with database(api_state) as conn:
+        rows = await store.ops_client_list(conn)
+    return Clients(clients=[
+        Client(client_id=row.client_id, name=row.name, created_at=row.created_at,
+               keys=[ClientKey(key_prefix=key.key_prefix, created_at=key.created_at, revoked_at=key.revoked_at)
+                     for key in row.keys])
+        for row in rows
+    ])
+
+
+@post(
+    "/clients/{client_id:int}/revoke-keys",
+    status_code=200,
+    summary="Revoke every active key of a client",
+    description="Effective from each key's next request.",
+    responses=problem_responses(400, 401, 404, 503, described=_NOT_FOUND),
+)
+async def revoke_client_keys(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
+) -> KeysRevoked:
+    async with database(api_state) as conn:
+        revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
+    if revoked is None:
+        raise ProblemError(404, "Not Found", "no such client")
+    log.info("ops.client_keys_revoked", client_id=client_id, key_prefixes=revoked, **operator.log_fields())
+    return KeysRevoked(revoked=revoked)
+
+
+@post(
+    "/keys/{key_prefix:str}/revoke",
+    status_code=200,
+    summary="Revoke one client key, by its prefix",
+    description="Effective from its next request. Operators' keys are revoked with `storyjobs keys revoke`.",
+    responses=problem_responses(400, 401, 404, 503, described={404: "No active client key with this prefix."}),
+)
+async def revoke_key(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    key_prefix: Annotated[str, PathParameter(description="The key's prefix, as /ops/api/clients lists it.")],
+) -> KeysRevoked:
+    revoked = False
+    if keys.is_prefix(key_prefix):
+        async with database(api_state) as conn:
+            revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
+    if not revoked:
+        raise ProblemError(404, "Not Found", "no active client key with this prefix")
+    log.info("ops.key_revoked", key_prefix=key_prefix, **operator.log_fields())
+    return KeysRevoked(revoked=[key_prefix])
+
+
+ROUTES = Router(
+    "/ops/api",
+    route_handlers=[get_overview, get_minutes, list_jobs, get_job_detail, cancel_job, count_pending, cancel_pending,
+                    list_clients, revoke_client_keys, revoke_key],
+    guards=[require_operator_key, refuse_unknown_query],
+    dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},
+    tags=["ops"],
+    security=[{"OperatorKey": []}],
+    cache_control=CacheControlHeader(no_store=True),
+)

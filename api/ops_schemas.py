@@ -1,0 +1,255 @@
+"""Bodies of the operators' console endpoints (api/ops.py).
+
+Money is a decimal string in US dollars, as in the client's api. The overview
+is grouped by subject, each with its last hour and last day, so that what is
+still to come lands in the group it belongs to as new fields: the daily
+budgets (BUDGET_USD_PER_DAY, CLIENT_BUDGET_USD_PER_DAY) in ``spend``, and the
+provider's limits as the shared rate limiter sees them in ``provider``.
+"""
+
+from __future__ import annotations
+
+import uuid
+from datetime import datetime
+from typing import Annotated, Any
+
+import msgspec
+
+Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+# ids are Postgres bigints
+BIGINT_MAX = 2**63 - 1
+Id = Annotated[int, msgspec.Meta(ge=1, le=BIGINT_MAX)]
+# what api/ops.py's cursors and tokens look like: unpadded base64url
+TOKEN_PATTERN = "^[A-Za-z0-9_-]{1,400}$"
+Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+# -- overview ------------------------------------------------------------------------
+
+
+class Queue(msgspec.Struct, frozen=True):
+    """The live jobs, now."""
+
+    pending: Count
+    running: Count
+    oldest_pending_age_s: Annotated[float, msgspec.Meta(ge=0, description="0 when nothing is pending.")]
+    queue_max: Annotated[int, msgspec.Meta(description="QUEUE_MAX: the most pending jobs admitted.")]
+
+
+class JobCounts(msgspec.Struct, frozen=True):
+    """Jobs that finished in the window."""
+
+    completed: Count
+    failed: Annotated[int, msgspec.Meta(ge=0, description="Every failed job, cancelled ones included.")]
+    cancelled: Count
+    failure_ratio: Annotated[float, msgspec.Meta(
+        ge=0, le=1, description="Failed but not cancelled, over finished but not cancelled; null: none finished.",
+    )] | None
+
+
+class JobWindows(msgspec.Struct, frozen=True):
+    last_hour: JobCounts
+    last_day: JobCounts
+
+
+class SpendCounts(msgspec.Struct, frozen=True):
+    """What the provider billed for requests sent in the window (the ledger)."""
+
+    usd: Usd
+    billed_calls: Count
+    input_tokens: Count
+    output_tokens: Count
+
+
+class Spend(msgspec.Struct, frozen=True):
+    last_hour: SpendCounts
+    last_day: SpendCounts
+
+
+class UndeliveredCounts(msgspec.Struct, frozen=True):
+    """Jobs that failed in the window after calls that were billed: paid for, never delivered."""
+
+    jobs: Count
+    usd: Usd
+
+
+class Undelivered(msgspec.Struct, frozen=True):
+    last_hour: UndeliveredCounts
+    last_day: UndeliveredCounts
+
+
+class ProviderCounts(msgspec.Struct, frozen=True):
+    """How often the provider turned requests away in the window (neither is billed)."""
+
+    rate_limited: Annotated[int, msgspec.Meta(ge=0, description="429 answers.")]
+    overloaded: Annotated[int, msgspec.Meta(ge=0, description="529 answers.")]
+
+
+class Provider(msgspec.Struct, frozen=True):
+    last_hour: ProviderCounts
+    last_day: ProviderCounts
+
+
+class Overview(msgspec.Struct, frozen=True):
+    """The console's first screen."""
+
+    generated_at: datetime
+    queue: Queue
+    jobs: JobWindows
+    spend: Spend
+    undelivered: Undelivered
+    provider: Provider
+
+
+class Minute(msgspec.Struct, frozen=True):
+    minute: Annotated[datetime, msgspec.Meta(description="Its start.")]
+    completed: Count
+    failed: Count
+    spend_usd: Usd
+    rate_limited: Count
+
+
+class Minutes(msgspec.Struct, frozen=True):
+    """Each minute of the last hour, oldest first, the current one last."""
+
+    minutes: list[Minute]
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+class JobSummary(msgspec.Struct, frozen=True):
+    job_id: uuid.UUID
+    client_id: int
+    client_name: str
+    status: str
+    error_code: str | None
+    worker_id: str | None
+    progress: Annotated[int, msgspec.Meta(description="Output tokens written.")]
+    created_at: datetime
+    started_at: datetime | None
+    completed_at: datetime | None
+    calls: Annotated[int, msgspec.Meta(description="Requests sent to the provider (ledger rows).")]
+    billed_calls: Count
+    cost_usd: Usd
+
+
+class JobPage(msgspec.Struct, frozen=True):
+    """A page of the jobs list, newest first. A page can hold fewer jobs
+    than asked (none, even) while older jobs may still match: each request
+    looks at a bounded stretch of history. Ask for next_cursor until it is null."""
+
+    jobs: list[JobSummary]
+    next_cursor: Annotated[str, msgspec.Meta(description="Opaque: pass as `cursor` for older jobs.")] | None
+
+
+class Timeline(msgspec.Struct, frozen=True):
+    created_at: datetime
+    claimed_at: datetime | None
+    last_heartbeat_at: datetime | None
+    finished_at: datetime | None
+
+
+class JobErrorDetail(msgspec.Struct, frozen=True):
+    code: str
+    message: str
+
+
+class LedgerCall(msgspec.Struct, frozen=True):
+    """One request sent to the provider for the job."""
+
+    attempt: int
+    worker_id: str
+    provider: str
+    model: str
+    started_at: datetime
+    finished_at: datetime | None
+    outcome: str
+    billed: bool
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Usd
+    request_id: str | None
+    error_text: str | None
+
+
+class JobStory(msgspec.Struct, frozen=True):
+    story_id: uuid.UUID
+    title: str
+    text: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Usd
+    delivered: Annotated[bool, msgspec.Meta(
+        description="False when the job failed after the story was written (and paid for).")]
+
+
+class JobDetail(msgspec.Struct, frozen=True):
+    job_id: uuid.UUID
+    client_id: int
+    client_name: str
+    status: str
+    error: JobErrorDetail | None
+    worker_id: str | None
+    progress: int
+    request: dict[str, Any]
+    timeline: Timeline
+    calls: list[LedgerCall]
+    billed_calls: Count
+    cost_usd: Annotated[str, msgspec.Meta(description="What its billed calls cost, in US dollars.")]
+    story: JobStory | None
+
+
+# -- actions -------------------------------------------------------------------------
+
+
+class JobCancelled(msgspec.Struct, frozen=True):
+    job_id: uuid.UUID
+    previous_status: str
+    status: str
+
+
+class PendingMatch(msgspec.Struct, frozen=True):
+    """What a cancel of the pending jobs matching the filter would cancel."""
+
+    pending: Count
+    through: Annotated[str, msgspec.Meta(
+        description="Opaque: send it back to cancel these jobs and none that arrived since; null when none match.",
+    )] | None
+
+
+class CancelPending(msgspec.Struct, frozen=True, forbid_unknown_fields=True, kw_only=True):
+    """Cancel the pending jobs a filter matched when they were counted."""
+
+    through: Annotated[str, msgspec.Meta(pattern=TOKEN_PATTERN, description="`through` of GET /ops/api/cancel-pending.")]
+    client_id: Id | None = None
+    created_after: datetime | None = None
+    created_before: datetime | None = None
+
+
+class PendingCancelled(msgspec.Struct, frozen=True):
+    cancelled: Count
+    job_ids: list[uuid.UUID]
+
+
+class ClientKey(msgspec.Struct, frozen=True):
+    key_prefix: str
+    created_at: datetime
+    revoked_at: datetime | None
+
+
+class Client(msgspec.Struct, frozen=True):
+    client_id: int
+    name: str
+    created_at: datetime
+    keys: list[ClientKey]
+
+
+class Clients(msgspec.Struct, frozen=True):
+    clients: list[Client]
+
+
+class KeysRevoked(msgspec.Struct, frozen=True):
+    revoked: Annotated[list[str], msgspec.Meta(description="Prefixes of the keys revoked now.")]

@@ -1,0 +1,425 @@
+"""The operators' console at /ops/, driven in Debian's headless Chromium against
+a real api process: what it shows agrees with the database, its lists filter
+and page, its actions change exactly what they say, and text that holds
+markup stays text.
+
+Playwright's sync API cannot run inside an event loop, so these are plain
+sync tests; the history is written beforehand on a thread of its own."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from collections.abc import Iterator
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+
+from api.page import CONTENT_SECURITY_POLICY
+from tests import ops_seed as seed
+from tests.system.procs import REPO, ApiProc, System
+
+pytestmark = [pytest.mark.system, pytest.mark.browser]
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+WAIT_MS = 30_000
+LAPTOP = {"viewport": {"width": 1280, "height": 900}}
+PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
+
+HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
+
+def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+
+def scalar(database_url: str, query: str, *params: Any) -> Any:
+    (row,) = rows_of(database_url, query, *params)
+    return row[0]
+
+
+@pytest.fixture
+def browser() -> Iterator[Browser]:
+    """Debian's headless Chromium, through Playwright."""
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium: install Debian's chromium package (.ci/run does) to test the console")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()
+
+
+class Console:
+    """One browser tab on the console, with the script errors it met."""
+
+    def __init__(self, browser: Browser, api: ApiProc, device: dict[str, Any]) -> None:
+        self.errors: list[str] = []
+        self.page: Page = browser.new_context(**device).new_page()
+        self.page.on("console", self._keep_error)
+        self.page.on("pageerror", lambda error: self.errors.append(str(error)))
+        self.base = f"{api.base_url}/ops/"
+
+    def _keep_error(self, message: ConsoleMessage) -> None:
+        if message.type == "error":
+            self.errors.append(message.text)
+
+    def open(self, key: str, hash_: str = "#/") -> Page:
+        self.page.goto(self.base + hash_)
+        self.page.fill("#key-input", key)
+        self.page.click("#key-form button[type=submit]")
+        expect(self.page.locator("#nav")).to_be_visible(timeout=WAIT_MS)
+        return self.page
+
+    def confirm(self, expected_text: str) -> None:
+        dialog = self.page.locator("#confirm")
+        expect(dialog).to_be_visible(timeout=WAIT_MS)
+        expect(self.page.locator("#confirm-text")).to_contain_text(expected_text)
+        self.page.click("#confirm-yes")
+        expect(dialog).to_be_hidden()
+
+    def fits_the_screen(self) -> bool:
+        width, inner = self.page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+        return bool(width <= inner)
+
+    def screenshot(self, tmp_path: Path, name: str) -> None:
+        shot = tmp_path / name
+        self.page.screenshot(path=str(shot), full_page=True)
+        (REPO / "test-output").mkdir(exist_ok=True)
+        shutil.copyfile(shot, REPO / "test-output" / name)
+
+
+def cell(page: Page, key: str) -> str:
+    return page.locator(f'[data-k="{key}"]').inner_text()
+
+
+def test_the_overview_shows_what_the_database_holds(
+    system: System, database_url: str, browser: Browser, tmp_path: Path,
+) -> None:
+    """Queue, jobs finished, failure ratio, spend, undelivered stories and 429s shown for the last hour and day
+    are the counts and sums of the tables, and the chart draws the minutes that had jobs."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> str:
+        acme, _ = await seed.client(conn, "acme")
+        jobs = [seed.completed(acme, 5 * 3600 + n * 60, cost="0.021000") for n in range(7)]
+        jobs += [seed.completed(acme, 600 + n * 120, cost="0.013000") for n in range(5)]
+        jobs += [seed.failed(acme, 4 * 3600, "llm_error", calls=[
+            seed.Call("rate_limited", billed=False), seed.Call("failed", cost_usd=Decimal("0.004"))])]
+        jobs += [seed.failed(acme, 900, "interrupted", calls=[seed.Call("interrupted", cost_usd=Decimal("0.002"))]),
+                 seed.failed(acme, 700, "cancelled"), seed.failed(acme, 2 * 86400, "llm_error"),
+                 seed.running(acme, 30), seed.pending(acme, 20), seed.pending(acme, 10), seed.pending(acme, 5)]
+        await seed.insert_jobs(conn, jobs)
+        return await seed.operator_key(conn)
+
+    key = seed.seeded(database_url, history)
+    api = system.api(QUEUE_MAX=20)
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key)
+    expect(page.locator('[data-k="jobs.last_day.completed"]')).to_have_text("12", timeout=WAIT_MS)
+
+    def finished(status: str, interval: str, extra: str = "") -> int:
+        return int(scalar(database_url, f"SELECT count(*) FROM story_jobs WHERE status = '{status}' {extra} "  # noqa: S608
+                                        f"AND completed_at >= now() - interval '{interval}'"))
+
+    assert cell(page, "queue.pending") == "3" and cell(page, "queue.running") == "1"
+    assert cell(page, "queue.queue_max") == "20"
+    for window, interval in (("last_hour", "1 hour"), ("last_day", "1 day")):
+        completed, failed = finished("completed", interval), finished("failed", interval)
+        cancelled = finished("failed", interval, "AND error_code = 'cancelled'")
+        assert cell(page, f"jobs.{window}.completed") == f"{completed:,}"
+        assert cell(page, f"jobs.{window}.failed") == f"{failed:,}"
+        assert cell(page, f"jobs.{window}.cancelled") == f"{cancelled:,}"
+        ratio = (failed - cancelled) / (completed + failed - cancelled)
+        assert cell(page, f"jobs.{window}.failure_ratio") == f"{ratio * 100:.1f} %"
+        sent = f"started_at >= now() - interval '{interval}'"
+        spend = scalar(database_url, f"SELECT coalesce(sum(cost_usd), 0) FROM llm_calls WHERE billed AND {sent}")
+        assert cell(page, f"spend.{window}.usd") == f"${spend:.6f}"
+        billed = scalar(database_url, f"SELECT count(*) FROM llm_calls WHERE billed AND {sent}")
+        assert cell(page, f"spend.{window}.billed_calls") == f"{billed:,}"
+        limited = scalar(database_url, f"SELECT count(*) FROM llm_calls WHERE outcome = 'rate_limited' AND {sent}")
+        assert cell(page, f"provider.{window}.rate_limited") == f"{limited:,}"
+        lost = scalar(database_url, "SELECT count(DISTINCT j.id) FROM story_jobs j JOIN llm_calls c ON c.job_id = j.id "
+                                    f"AND c.billed WHERE j.status = 'failed' AND j.completed_at >= now() - interval "
+                                    f"'{interval}'")
+        assert cell(page, f"undelivered.{window}.jobs") == f"{lost:,}"
+    assert cell(page, "undelivered.last_day.usd") == "$0.006000"
+    assert cell(page, "provider.last_day.rate_limited") == "1"
+    minutes_with_jobs = scalar(database_url, "SELECT count(DISTINCT date_trunc('minute', completed_at)) FROM story_jobs "
+                                             "WHERE status = 'completed' AND completed_at >= "
+                                             "date_trunc('minute', now()) - interval '59 minutes'")
+    assert minutes_with_jobs == 5
+    assert page.locator("#chart-jobs rect.completed").count() == minutes_with_jobs
+    assert page.locator("#chart-jobs rect.failed").count() == 2
+    console.screenshot(tmp_path, "ops-overview.png")
+    assert console.fits_the_screen()
+    assert console.errors == []
+
+
+def test_the_jobs_list_filters_and_pages(system: System, database_url: str, browser: Browser, tmp_path: Path) -> None:
+    """Filtering by client and status shows that client's jobs in that status, newest first, 50 at a time with
+    an Older button for the rest; the error filter and the time range narrow it further; on a phone the list
+    scrolls in its box and the page stays as wide as the screen."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> str:
+        acme, _ = await seed.client(conn, "acme")
+        globex, _ = await seed.client(conn, "globex")
+        jobs = []
+        for n in range(80):
+            owner = acme if n % 4 else globex
+            ago = 20_000 - n * 200
+            jobs.append(seed.failed(owner, ago, "timed_out" if n % 5 == 0 else "llm_error") if n % 2
+                        else seed.completed(owner, ago))
+        await seed.insert_jobs(conn, jobs)
+        return await seed.operator_key(conn)
+
+    key = seed.seeded(database_url, history)
+    expected = [str(row) for (row,) in rows_of(
+        database_url, "SELECT public_id FROM story_jobs j JOIN api_clients c ON c.id = j.client_id "
+                      "WHERE c.name = 'acme' AND status = 'failed' ORDER BY j.id DESC")]
+    assert len(expected) == 40
+    api = system.api()
+    console = Console(browser, api, PHONE)
+    page = console.open(key, "#/jobs")
+    rows = page.locator("#jobs-rows tr")
+    expect(rows).to_have_count(50, timeout=WAIT_MS)
+    expect(page.locator("#jobs-more")).to_be_visible()
+    page.locator("#f-client").select_option(label="acme")
+    page.select_option("#f-status", "failed")
+    page.click("#filters button[type=submit]")
+    expect(rows).to_have_count(40, timeout=WAIT_MS)
+    assert rows.evaluate_all("rows => rows.map(r => r.dataset.jobId)") == expected
+    expect(page.locator("#jobs-status")).to_have_text("40 jobs: all that match.")
+    assert "client_id=" in page.url and "status=failed" in page.url
+    assert console.fits_the_screen()
+    console.screenshot(tmp_path, "ops-jobs-phone.png")
+
+    page.select_option("#f-error", "timed_out")
+    page.click("#filters button[type=submit]")
+    timed_out = scalar(database_url, "SELECT count(*) FROM story_jobs j JOIN api_clients c ON c.id = j.client_id "
+                                     "WHERE c.name = 'acme' AND error_code = 'timed_out'")
+    expect(rows).to_have_count(timed_out, timeout=WAIT_MS)
+    assert set(page.locator("#jobs-rows td:nth-child(5)").all_inner_texts()) == {"timed_out"}
+
+    # the whole history, 50 at a time, then a time range of it
+    page.click("#f-clear")
+    expect(rows).to_have_count(50, timeout=WAIT_MS)
+    page.click("#jobs-more")
+    expect(rows).to_have_count(80, timeout=WAIT_MS)
+    expect(page.locator("#jobs-more")).to_be_hidden()
+    everything = [str(row) for (row,) in rows_of(database_url, "SELECT public_id FROM story_jobs ORDER BY id DESC")]
+    assert rows.evaluate_all("rows => rows.map(r => r.dataset.jobId)") == everything
+    (bounds,) = rows_of(
+        database_url,
+        "SELECT to_char((min(created_at) + interval '1 second') AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS'), "
+        "to_char(max(created_at) AT TIME ZONE 'UTC', 'YYYY-MM-DD\"T\"HH24:MI:SS') FROM "
+        "(SELECT created_at FROM story_jobs ORDER BY id DESC OFFSET 10 LIMIT 20) s")
+    # the browser runs in the machine's time zone: give it the bounds in local time
+    local = page.evaluate("([a, b]) => [a, b].map(t => { const d = new Date(t + 'Z'); "
+                          "const p = n => String(n).padStart(2, '0'); return `${d.getFullYear()}-${p(d.getMonth()+1)}-"
+                          "${p(d.getDate())}T${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}`; })",
+                          list(bounds))
+    page.fill("#f-after", local[0])
+    page.fill("#f-before", local[1])
+    page.click("#filters button[type=submit]")
+    # created from one second after the oldest of the 20 to before the newest: the 18 between
+    expect(rows).to_have_count(18, timeout=WAIT_MS)
+    assert rows.evaluate_all("rows => rows.map(r => r.dataset.jobId)") == everything[11:29]
+    assert console.errors == []
+
+
+def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: str, browser: Browser) -> None:
+    """A job retried after a 429 shows both requests in its ledger (outcome, billed, tokens, cost, request id),
+    its timeline and its story; the list links to it."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job]:
+        acme, _ = await seed.client(conn, "acme")
+        job = seed.completed(acme, 300, cost="0.017500")
+        job.calls = [seed.Call("rate_limited", billed=False, error_text="429: slow down"), *job.calls]
+        await seed.insert_jobs(conn, [job])
+        return await seed.operator_key(conn), job
+
+    key, job = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, "#/jobs")
+    page.click(f'#jobs-rows tr[data-job-id="{job.public_id}"] a')
+    ledger = page.locator("#ledger-rows tr")
+    expect(ledger).to_have_count(2, timeout=WAIT_MS)
+    first = ledger.nth(0).locator("td").all_inner_texts()
+    second = ledger.nth(1).locator("td").all_inner_texts()
+    assert first[:6] == ["1", "rate_limited", "no", "0", "0", "$0.000000"] and first[-1] == "429: slow down"
+    assert second[:7] == ["2", "succeeded", "yes", "300", "900", "$0.017500", str(job.calls[1].request_id)]
+    expect(page.locator("#job-id")).to_have_text(str(job.public_id))
+    expect(page.locator("#job-status")).to_have_text("completed")
+    expect(page.locator('[data-k="job.cost"]')).to_have_text("1 of 2 requests, $0.017500")
+    expect(page.locator("#job-timeline li")).to_have_count(4)
+    expect(page.locator("#job-story-title")).to_have_text("The Fox")
+    expect(page.locator("#job-cancel")).to_be_hidden()
+    assert console.errors == []
+
+
+def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """Cancelling one pending job from its page fails that job only; cancelling the pending jobs matching a
+    client filter, after a confirmation that says how many, fails those and leaves running, finished and other
+    clients' jobs alone."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, list[seed.Job]]:
+        acme, _ = await seed.client(conn, "acme")
+        globex, _ = await seed.client(conn, "globex")
+        jobs = await seed.insert_jobs(conn, [
+            seed.completed(acme, 900), seed.running(acme, 60), seed.pending(globex, 50), seed.pending(acme, 40),
+            seed.pending(globex, 30), seed.pending(acme, 20), seed.pending(acme, 10),
+        ])
+        return await seed.operator_key(conn, "ada"), jobs
+
+    key, jobs = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, f"#/jobs/{jobs[2].public_id}")
+    expect(page.locator("#job-status")).to_have_text("pending", timeout=WAIT_MS)
+    page.click("#job-cancel")
+    console.confirm(f"Cancel job {jobs[2].public_id}")
+    expect(page.locator("#job-status")).to_have_text("failed", timeout=WAIT_MS)
+    expect(page.locator("#job-error-code")).to_have_text("cancelled")
+
+    def states() -> list[tuple[str, str | None]]:
+        with psycopg.connect(database_url, autocommit=True) as conn:
+            return [(status, code) for status, code in conn.execute(
+                "SELECT status::text, error_code FROM story_jobs ORDER BY id").fetchall()]
+
+    assert states() == [("completed", None), ("running", None), ("failed", "cancelled"), ("pending", None),
+                        ("pending", None), ("pending", None), ("pending", None)]
+
+    page.click("#nav a[data-screen=jobs]")
+    page.locator("#f-client").select_option(label="acme")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#jobs-rows tr")).to_have_count(5, timeout=WAIT_MS)
+    page.click("#cancel-matching")
+    console.confirm("Cancel 3 pending jobs of client acme?")
+    expect(page.locator("#notice")).to_have_text("Cancelled 3 pending jobs.", timeout=WAIT_MS)
+    assert states() == [("completed", None), ("running", None), ("failed", "cancelled"), ("failed", "cancelled"),
+                        ("pending", None), ("failed", "cancelled"), ("failed", "cancelled")]
+    expect(page.locator("#jobs-rows .badge.pending")).to_have_count(0, timeout=WAIT_MS)
+    logged = [entry for entry in api.events() if str(entry.get("event", "")).startswith("ops.")]
+    assert [entry["event"] for entry in logged] == ["ops.job_cancelled", "ops.pending_cancelled"]
+    assert all(entry["operator"] == "ada" and entry["operator_key_prefix"] == key.split("_")[1] for entry in logged)
+    assert console.errors == []
+
+
+def test_revoking_a_clients_keys_from_the_console_refuses_their_next_request(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """The clients screen lists each client's keys; Revoke all keys, once confirmed, makes the client's next
+    request a 401 while other clients go on."""
+
+    async def clients(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str, str]:
+        _, acme_key = await seed.client(conn, "acme")
+        _, globex_key = await seed.client(conn, "globex")
+        return await seed.operator_key(conn), acme_key, globex_key
+
+    key, acme_key, globex_key = seed.seeded(database_url, clients)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, "#/clients")
+    acme = page.locator("#clients-rows tr", has_text="acme")
+    expect(acme.locator(f'li[data-key-prefix="{acme_key.split("_")[1]}"]')).to_contain_text("active since",
+                                                                                          timeout=WAIT_MS)
+    acme.locator("button", has_text="Revoke all keys").click()
+    console.confirm("Revoke 1 active key of acme")
+    expect(acme.locator("li")).to_contain_text("revoked", timeout=WAIT_MS)
+    probe = f"{api.base_url}/stories/jobs/00000000-0000-0000-0000-000000000000"
+    assert httpx.get(probe, headers={"Authorization": f"Bearer {acme_key}"}).status_code == 401
+    assert httpx.get(probe, headers={"Authorization": f"Bearer {globex_key}"}).status_code == 404
+    assert console.errors == []
+
+
+def test_markup_in_stories_errors_and_names_shows_as_text_and_runs_nothing(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """A story, an error text, a ledger error, a prompt and a client name holding <img onerror> and <script>
+    show those characters as written, on the list and the job's page, and none of it runs."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job, seed.Job]:
+        evil, _ = await seed.client(conn, f"evil {HOSTILE}")
+        story = seed.completed(evil, 200, prompt=f"a dragon {HOSTILE}")
+        story.story = seed.Story(f"The {HOSTILE} Dragon", f"It drew {HOSTILE} in the sand.\n\nThen it slept.")
+        broken = seed.failed(evil, 100, "llm_error", calls=[seed.Call("failed", error_text=f"provider said {HOSTILE}")])
+        broken.error_text = f"the provider answered {HOSTILE}"
+        await seed.insert_jobs(conn, [story, broken])
+        return await seed.operator_key(conn), story, broken
+
+    key, story, broken = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, "#/jobs")
+    expect(page.locator("#jobs-rows tr")).to_have_count(2, timeout=WAIT_MS)
+    assert page.locator("#jobs-rows tr").first.locator("td").nth(2).inner_text() == f"evil {HOSTILE}"
+
+    page.goto(console.base + f"#/jobs/{story.public_id}")
+    expect(page.locator("#job-story-title")).to_have_text(f"The {HOSTILE} Dragon", timeout=WAIT_MS)
+    expect(page.locator("#job-story-text p")).to_have_text([f"It drew {HOSTILE} in the sand.", "Then it slept."])
+    expect(page.locator("#job-request")).to_contain_text(f"a dragon {HOSTILE}")
+
+    page.goto(console.base + f"#/jobs/{broken.public_id}")
+    expect(page.locator("#job-error-text")).to_have_text(f"the provider answered {HOSTILE}", timeout=WAIT_MS)
+    expect(page.locator("#ledger-rows td").last).to_have_text(f"provider said {HOSTILE}")
+    page.goto(console.base + "#/clients")
+    expect(page.locator("#clients-rows strong").first).to_have_text(f"evil {HOSTILE}", timeout=WAIT_MS)
+
+    assert page.locator("main img, main script").count() == 0
+    assert page.evaluate("window.__pwned") is None
+    assert console.errors == []
+
+
+def test_a_client_key_does_not_open_the_console(system: System, database_url: str, browser: Browser) -> None:
+    """A client's key typed into the console is refused like any wrong key: the console asks for an operator key
+    again and shows no data."""
+
+    async def client(conn: psycopg.AsyncConnection[Any]) -> str:
+        _, key = await seed.client(conn, "acme")
+        await seed.insert_jobs(conn, [seed.pending(1, 10)])
+        return key
+
+    client_key = seed.seeded(database_url, client)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.page
+    page.goto(console.base)
+    page.fill("#key-input", client_key)
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#error")).to_contain_text("The operator key was refused", timeout=WAIT_MS)
+    expect(page.locator("#key-screen")).to_be_visible()
+    expect(page.locator("#overview-screen")).to_be_hidden()
+    assert page.locator('[data-k="queue.pending"]').inner_text() == ""
+    assert page.evaluate("sessionStorage.length + localStorage.length") == 0
+    # the refused requests are the browser's own 401 console lines, nothing else
+    assert all("401" in error for error in console.errors), console.errors
+
+
+def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
+    """/ops/ and its script and style are served with the CSP, nosniff and no-referrer; the page holds no
+    inline script or style, and its files are not reachable as /static/ops.html."""
+    api = system.api()
+    with httpx.Client(base_url=api.base_url) as client:
+        for path, content_type in (("/ops/", "text/html; charset=utf-8"), ("/ops", "text/html; charset=utf-8"),
+                                   ("/static/ops.js", "text/javascript; charset=utf-8"),
+                                   ("/static/ops.css", "text/css; charset=utf-8")):
+            answer = client.get(path)
+            assert answer.status_code == 200, path
+            assert answer.headers["content-type"] == content_type, path
+            assert answer.headers["content-security-policy"] == CONTENT_SECURITY_POLICY, path
+            assert answer.headers["x-content-type-options"] == "nosniff", path
+            assert answer.headers["referrer-policy"] == "no-referrer", path
+        page = client.get("/ops/").text
+        assert "<script>" not in page and "<style" not in page and " style=" not in page
+        assert re.search(r"\son[a-z]+=", page) is None
+        assert client.get("/static/ops.html").status_code == 404
+    assert "default-src 'none'" in CONTENT_SECURITY_POLICY and "script-src 'self'" in CONTENT_SECURITY_POLICY
