@@ -125,7 +125,8 @@ class Sizes:
     startup_samples: int
 
 
-FULL = Sizes(workers=4, jobs=5_000, pickup_s=10.0, idle_settle_s=12.0, idle_window_s=30.0, startup_samples=2)
+# pickup: 400 jobs a round, so that its p99 is not one stray job
+FULL = Sizes(workers=4, jobs=5_000, pickup_s=20.0, idle_settle_s=12.0, idle_window_s=30.0, startup_samples=2)
 # a smoke run of every path in seconds: its figures mean little (the idle
 # window is shorter than the delay before backends publish their counts)
 QUICK = Sizes(workers=2, jobs=200, pickup_s=0.5, idle_settle_s=0.5, idle_window_s=2.0, startup_samples=0)
@@ -150,12 +151,14 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
         "batched": {queue.name: queue.mode_batched for queue in queues},
         "pickup": f"{PICKUP_RATE_PER_S:g} jobs/s for {sizes.pickup_s:g} s after {PICKUP_WARMUP_JOBS} warm-up jobs",
         "idle_window_s": sizes.idle_window_s,
-        "versions": _versions(queues),
+        "versions": _versions(),
     })
     failures: list[str] = []
     startup_cpu_s = _startup_cpu_s(ctx, queues, sizes.startup_samples)
     if startup_cpu_s:
         result.params["worker_startup_cpu_s"] = {name: round(value, 3) for name, value in startup_cpu_s.items()}
+        result.note(f"worker CPU per job: the workers' CPU less {sizes.workers} × one worker's start-up, measured "
+                    "apart; below about 0.02 ms per job that subtraction's error dominates")
     else:
         result.note("worker CPU per job not measured in quick mode")
     for round_number in range(1, ctx.runs + 1):
@@ -187,6 +190,9 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
                 f"{TITLES[name]} {per_worker:.3f}" for name, per_worker in idle.items()) + " statements/s per worker")
         _record_round(result, measured)
     result.note("ratios are storyjobs / peer, computed within each round, then the median (min-max) over rounds")
+    result.note("storyjobs is fed through its api (POST /stories/generate): its pickup starts at created_at, the "
+                "start of the admission transaction (the admission lock, then the insert); the peers' clients and "
+                "the bare loop's enqueue are one statement each")
     if failures:
         result.error = "; ".join(failures)[:2000]
 
@@ -214,7 +220,7 @@ def _record_round(result: BenchResult, measured: dict[str, dict[str, float]]) ->
                 result.add(ratio_key(peer, key), subject[key] / value)
 
 
-def _versions(queues: list[Queue]) -> dict[str, str]:
+def _versions() -> dict[str, str]:
     from importlib import metadata
 
     versions = {}
