@@ -21,9 +21,14 @@ run: install
 test: install
 	$(BIN)/python -m pytest
 
-# the benchmarks; results under tests/bench/results/
-bench: install
+# the benchmarks, pgqueuer and procrastinate beside storyjobs; results under tests/bench/results/
+bench: $(VENV)/.installed-bench
 	$(BIN)/python -m tests.bench
+
+# the peers the benchmarks compare storyjobs with: the bench extra, kept out of make install
+$(VENV)/.installed-bench: $(VENV)/.installed
+	$(BIN)/pip install --quiet -e '.[test,bench]'
+	touch $@
 
 lint: install
 	$(BIN)/python -m ruff check .

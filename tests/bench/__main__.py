@@ -27,11 +27,23 @@ from typing import Any
 
 from shared import logs
 from tests import dbserver
-from tests.bench import api_load, ceiling, drain, idle, in_flight, ops_list, pickup, report, scale
+from tests.bench import (
+    api_load,
+    ceiling,
+    drain,
+    idle,
+    in_flight,
+    ops_list,
+    peers,
+    pickup,
+    report,
+    scale,
+)
 from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 
 BENCHMARKS: dict[str, ModuleType] = {
-    module.NAME: module for module in (drain, pickup, idle, api_load, scale, in_flight, ceiling, ops_list)
+    module.NAME: module
+    for module in (drain, pickup, idle, api_load, scale, in_flight, ceiling, ops_list, peers)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

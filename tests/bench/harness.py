@@ -15,8 +15,11 @@ from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+from urllib.parse import quote, urlencode
 
 import psycopg
+import psycopg.sql
+from psycopg.conninfo import conninfo_to_dict
 
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 from tests import dbserver
@@ -53,6 +56,9 @@ def percentile(values: Iterable[float], pct: float) -> float:
 class FigureSpec:
     label: str
     unit: str
+    # False: in the JSON, left out of the Markdown summary table (a benchmark
+    # that renders its own section shows it there)
+    in_table: bool = True
 
 
 @dataclass
@@ -274,6 +280,18 @@ class DatabaseCounters:
         assert row is not None
         return int(row[0])
 
+    def activity(self) -> tuple[int, int]:
+        """(transactions, rows written: inserted + updated + deleted) of the
+        benchmark database so far; see transactions() on when backends
+        publish them (a backend that exits publishes at once)."""
+        self._conn.execute("SELECT pg_stat_clear_snapshot()")
+        row = self._conn.execute(
+            "SELECT xact_commit + xact_rollback, tup_inserted + tup_updated + tup_deleted "
+            "FROM pg_stat_database WHERE datname = %s", (self.dbname,)
+        ).fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1])
+
     def statements_view_loaded(self) -> bool:
         row = self._conn.execute("SHOW shared_preload_libraries").fetchone()
         return row is not None and "pg_stat_statements" in row[0]
@@ -333,6 +351,26 @@ class StatementCounter:
         return int(row[0])
 
 
+def as_uri(conninfo: str) -> str:
+    """A postgresql:// URI for a libpq connection string, for clients that
+    take only URIs (asyncpg). A socket directory goes in the query string."""
+    params = {key: str(value) for key, value in conninfo_to_dict(conninfo).items()}
+    user = quote(params.pop("user", ""), safe="")
+    password = params.pop("password", None)
+    credentials = f"{user}:{quote(password, safe='')}@" if password else (f"{user}@" if user else "")
+    host = params.pop("host", "")
+    port = params.pop("port", "")
+    if host.startswith("/"):
+        params["host"] = host
+        host = ""
+    netloc = f"{credentials}{host}{':' + port if port and host else ''}"
+    if port and not host:
+        params["port"] = port
+    dbname = quote(params.pop("dbname", ""), safe="")
+    query = f"?{urlencode(params)}" if params else ""
+    return f"postgresql://{netloc}/{dbname}{query}"
+
+
 def cpu_seconds(pid: int) -> float | None:
     """utime + stime of a local process, or None when it is gone or not ours
     to see (a Postgres in a container has pids from another namespace)."""
@@ -384,19 +422,32 @@ class BenchContext:
             sys.stderr.flush()
 
     @contextlib.contextmanager
-    def database(self, label: str) -> Iterator[BenchDatabase]:
-        """A fresh migrated database, dropped at the end."""
-        bench_db = self.create_database(label)
+    def database(self, label: str, *, template: str | None = None) -> Iterator[BenchDatabase]:
+        """A fresh database, dropped at the end: a copy of the migrated
+        template, or of the given one."""
+        bench_db = self.create_database(label, template=template)
         try:
             yield bench_db
         finally:
             self.drop_database(bench_db)
 
-    def create_database(self, label: str) -> BenchDatabase:
+    def create_database(self, label: str, *, template: str | None = None) -> BenchDatabase:
         name = f"{self.prefix}_{label}_{next(self._counter)}"
         self._created.append(name)
-        url = dbserver.create_database_from_template(self.server_url, name, self.template)
+        url = dbserver.create_database_from_template(self.server_url, name, template or self.template)
         return BenchDatabase(self.server_url, name, url)
+
+    def create_template(self, label: str, install: Callable[[str], None]) -> str:
+        """An empty database that install(url) fills, to copy fresh databases
+        from: another system's schema, installed once by its own tooling.
+        Dropped by ``close()``; returns its name."""
+        name = f"{self.prefix}_{label}_template"
+        dbserver.drop_database(self.server_url, name)
+        with dbserver.admin(self.server_url) as conn:
+            conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
+        self._created.append(name)
+        install(dbserver.with_dbname(self.server_url, name))
+        return name
 
     def drop_database(self, bench_db: BenchDatabase) -> None:
         bench_db.close()

@@ -62,6 +62,12 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("in_flight", "db_cpu_pct_of_core"): below(10),
     ("ops_list", "first_p99_ms"): at_most(50),
     ("ops_list", "deep_p99_ms"): at_most(50),
+    # storyjobs beside its peers, in one run: ratios storyjobs / peer
+    ("peers", "vs_pgqueuer.drain_one_jobs_per_s"): at_least(2),
+    ("peers", "vs_bare.drain_one_jobs_per_s"): at_least(0.5),
+    ("peers", "vs_pgqueuer.drain_batched_jobs_per_s"): at_least(1.2),
+    ("peers", "vs_bare.pickup_p99_ms"): at_most(1),
+    ("peers", "storyjobs.drain_one_db_cpu_ms_per_job"): at_most(0.5),
 }
 
 # drain figures set against the ceiling: (drain figure, ceiling figure, label)
@@ -81,6 +87,8 @@ def table_rows(results: list[BenchResult]) -> list[dict[str, Any]]:
             rows.append({"benchmark": result.name, "figure": "(did not complete)", "label": result.error,
                          "unit": "", "median": None, "min": None, "max": None, "target": "", "met": None})
         for key, figure in result.figures().items():
+            if not result.specs[key].in_table:
+                continue
             target = TARGETS.get((result.name, key))
             rows.append({
                 "benchmark": result.name,
@@ -136,6 +144,10 @@ def markdown(report: dict[str, Any]) -> str:
             f"| {row['benchmark']} | {row['label']} | {_cell(row['median'], unit)} | {_cell(row['min'], unit)} "
             f"| {_cell(row['max'], unit)} | {target} | {met or '—'} |"
         )
+    if "peers" in report["benchmarks"]:
+        from tests.bench import peers
+
+        lines += peers.markdown_section(report["benchmarks"]["peers"])
     notes = []
     for name, bench in report["benchmarks"].items():
         params = ", ".join(f"{key}={_param(value)}" for key, value in bench["params"].items())

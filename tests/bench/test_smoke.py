@@ -6,11 +6,13 @@ that the harness runs the real processes, measures, and writes its results.
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -48,6 +50,59 @@ def test_quick_drain_and_pickup_write_json_with_positive_figures(server_url: str
             assert figure["min"] > 0 and figure["median"] > 0 and figure["max"] > 0, (name, key, figure)
     assert {row["benchmark"] for row in document["table"]} == set(EXPECTED_POSITIVE)
     assert (tmp_path / "latest.md").read_text().startswith("# storyjobs benchmarks")
+
+
+# figures every system of the peer comparison reports, wherever Postgres runs
+# (the backends' CPU needs a local server, so it is not among them)
+PEER_FIGURES = {"drain_one_jobs_per_s", "drain_batched_jobs_per_s", "drain_one_xacts_per_job",
+                "drain_batched_xacts_per_job", "pickup_p50_ms", "pickup_p99_ms"}
+
+
+@pytest.fixture(scope="module")
+def quick_peers(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """One quick run of the peer comparison, shared by the tests below."""
+    out = tmp_path_factory.mktemp("bench-peers")
+    finished = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "peers", "--out", str(out),
+         "--quiet"],
+        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
+        capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    document = json.loads((out / "latest.json").read_text())
+    document["markdown"] = (out / "latest.md").read_text()
+    return document
+
+
+def _assert_positive_figures(bench: dict[str, Any], system: str) -> None:
+    for key in PEER_FIGURES:
+        figure = bench["figures"].get(f"{system}.{key}")
+        assert figure is not None, (system, key, sorted(bench["figures"]))
+        assert figure["min"] > 0 and figure["median"] > 0, (system, key, figure)
+
+
+def test_quick_peers_measure_storyjobs_beside_the_bare_loop(quick_peers: dict[str, Any]) -> None:
+    """`--quick --only peers` exits 0, measures storyjobs and the bare loop in one round, and reports
+    their ratios in the JSON and in the Markdown section of the peer comparison."""
+    bench = quick_peers["benchmarks"]["peers"]
+    assert bench["error"] is None
+    for system in ("storyjobs", "bare"):
+        _assert_positive_figures(bench, system)
+    ratio = bench["figures"]["vs_bare.drain_one_jobs_per_s"]
+    assert ratio["median"] > 0 and ratio["samples"] == [ratio["median"]]
+    assert "## storyjobs beside its peers" in quick_peers["markdown"]
+
+
+@pytest.mark.parametrize("peer", ["pgqueuer", "procrastinate"])
+def test_quick_peers_measure_each_installed_peer(quick_peers: dict[str, Any], peer: str) -> None:
+    """Each peer queue that is installed gets its figures and its ratios in the quick run."""
+    if importlib.util.find_spec(peer) is None:
+        pytest.skip(f"{peer} is not installed: the bench extra brings it (`make bench` installs it, "
+                    "`make test` does not)")
+    bench = quick_peers["benchmarks"]["peers"]
+    _assert_positive_figures(bench, peer)
+    for key in ("drain_one_jobs_per_s", "drain_batched_jobs_per_s", "pickup_p99_ms"):
+        assert bench["figures"][f"vs_{peer}.{key}"]["median"] > 0, key
 
 
 def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -> None:

@@ -20,14 +20,17 @@ __all__ = ["REPO", "ApiProc", "Proc", "System", "free_port"]
 
 
 class Proc:
-    """One running entrypoint; its stderr (JSON log lines) goes to a file."""
+    """One running entrypoint (``python -m module [args]``); its stdout and
+    stderr (JSON log lines) go to a file."""
 
-    def __init__(self, name: str, module: str, env: dict[str, str], log_path: Path) -> None:
+    def __init__(self, name: str, module: str, env: dict[str, str], log_path: Path,
+                 args: tuple[str, ...] = ()) -> None:
         self.name = name
         self.log_path = log_path
         self._log_file = log_path.open("wb")
         self.popen = subprocess.Popen(
-            [sys.executable, "-m", module], cwd=REPO, env=env, stdout=self._log_file, stderr=subprocess.STDOUT,
+            [sys.executable, "-m", module, *args], cwd=REPO, env=env, stdout=self._log_file,
+            stderr=subprocess.STDOUT,
         )
 
     @property
@@ -147,6 +150,13 @@ class System:
         self.procs.append(proc)
         if wait:
             proc.wait_for_event("sweeper.started")
+        return proc
+
+    def start(self, name: str, module: str, *args: str, **env: Any) -> Proc:
+        """Any other program run as ``python -m module args``, with this
+        system's environment: the benchmarks' peer queues and their tools."""
+        proc = Proc(name, module, self._env(env), self._log_path(name), args)
+        self.procs.append(proc)
         return proc
 
     def stop_all(self) -> None:

@@ -92,6 +92,8 @@ def undeclared(found: dict[str, list[tuple[str, bool]]], required: set[str], opt
     problems = {}
     for module, places in sorted(found.items()):
         owners = {normalized(name) for name in distributions.get(module, [])}
+        if not owners and normalized(module) in optional and all(is_optional for _, is_optional in places):
+            continue  # an extra that is not installed here, declared under the module's own name
         if not owners:
             problems[module] = f"no installed distribution provides it ({places[0][0]})"
             continue
@@ -114,11 +116,17 @@ def test_shipped_packages_import_only_declared_dependencies() -> None:
 
 
 def test_tests_and_benchmarks_import_only_declared_dependencies() -> None:
-    """Each third-party module the tests and benchmarks import is a dependency or in the test extra."""
+    """Each third-party module the tests and benchmarks import is a dependency or in the test extra;
+    the peers the benchmarks run beside storyjobs (tests/bench/peer_*) come from the bench extra."""
     dependencies, extras = declared()
     found = third_party_imports(("tests",))
     assert {"pytest", "yaml", "hypothesis"} <= found.keys()
-    assert undeclared(found, dependencies | extras["test"], set()) == {}
+    peers = {module: places for module, places in found.items()
+             if all(where.startswith("tests/bench/peer_") for where, _ in places)}
+    rest = {module: places for module, places in found.items() if module not in peers}
+    assert undeclared(rest, dependencies | extras["test"], set()) == {}
+    as_optional = {module: [(where, True) for where, _ in places] for module, places in peers.items()}
+    assert undeclared(as_optional, dependencies | extras["test"], extras["bench"]) == {}
 
 
 def test_a_module_that_arrives_only_through_another_package_is_reported() -> None:
