@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Callable
+from decimal import Decimal
 
 from psycopg_pool import AsyncConnectionPool
 
-from shared import store
+from shared import prompt, store
+from shared.config import BaseSettings
 from shared.rows import Admission, EnqueueResult
+from shared.story_request import StoryRequest, canonical_json, fingerprint
 
 # the most POSTs one transaction carries
 MAX_BATCH = 256
@@ -24,14 +27,29 @@ MAX_BATCH = 256
 _Key = tuple[int, str]
 
 
+def admission(client_id: int, idempotency_key: str, request: StoryRequest, settings: BaseSettings) -> Admission:
+    """A new job as admission sees it, with what its call may cost: the
+    max_tokens its length allows, its input tokens estimated (for the rate
+    limiter) and bounded (for its worst case, which a spend budget reserves)."""
+    max_tokens = prompt.max_tokens(request, settings.llm_max_tokens)
+    return Admission(
+        client_id=client_id, idempotency_key=idempotency_key, request_fingerprint=fingerprint(request),
+        request_json=canonical_json(request).decode(), max_tokens=max_tokens,
+        input_tokens_estimate=prompt.input_tokens_estimate(request),
+        worst_case_usd=settings.price().worst_case(prompt.input_tokens_at_most(request), max_tokens),
+    )
+
+
 class AdmissionBatcher:
     def __init__(
         self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int,
-        connection_wait_s: float,
+        connection_wait_s: float, budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
     ) -> None:
         self._pool = pool
         self._queue_max = queue_max
         self._client_queue_max = client_queue_max
+        self._budget_usd = budget_usd
+        self._client_budget_usd = client_budget_usd
         self._connection_wait_s = connection_wait_s
         self._waiting: list[tuple[Admission, asyncio.Future[EnqueueResult]]] = []
         # runs only while there is something to admit, so nothing outlives its loop
@@ -78,6 +96,7 @@ class AdmissionBatcher:
         async with self._pool.connection(timeout=self._connection_wait_s) as conn:
             answered = await store.job_insert_if_admitted(
                 conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
+                budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
             )
         self.batches_written += 1
         results = []

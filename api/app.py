@@ -143,10 +143,11 @@ def create_app(
     app.state.storyjobs = ApiState(
         settings=settings,
         pool=pool,
-        drain_stats=pacing.DrainStatsCache(pool),
+        drain_stats=pacing.DrainStatsCache(pool, model=settings.llm_model),
         admissions=AdmissionBatcher(
             pool, queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max,
-            connection_wait_s=settings.api_db_wait_s,
+            connection_wait_s=settings.api_db_wait_s, budget_usd=settings.budget_usd_per_day,
+            client_budget_usd=settings.client_budget_usd_per_day,
         ),
     )
     openapi.refine(app.openapi_schema)

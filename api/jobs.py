@@ -33,19 +33,17 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
-from api.admission import AdmissionBatcher
+from api.admission import AdmissionBatcher, admission
 from api.auth import ApiKey, provide_api_key, require_bearer_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
 from shared.config import ApiSettings
-from shared.rows import Admission, JobView
+from shared.rows import JobView
 from shared.story_request import (
     InvalidStoryRequest,
     StoryRequest,
-    canonical_json,
     decode,
-    fingerprint,
 )
 
 if TYPE_CHECKING:
@@ -63,6 +61,8 @@ IDEMPOTENCY_KEY_PATTERN = f"^(?:{_SF_STRING}|{_BARE})$"
 _IDEMPOTENCY_KEY = re.compile(f"{_SF_STRING}|{_BARE}")
 _SF_ESCAPE = re.compile(r"\\(.)")
 
+# RFC 9457 type of a 429 for spend, a relative reference into this api
+BUDGET_EXHAUSTED = "/problems/budget-exhausted"
 _NO_SUCH_ID = uuid.UUID(int=0)
 _NO_STORE = {"Cache-Control": "no-store"}
 _RETRY_AFTER = "Retry-After"
@@ -194,7 +194,6 @@ async def generate_story(
     key = _idempotency_key(idempotency_key)
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
-    requested = fingerprint(data)
     async with asyncio.timeout(api_state.settings.api_request_timeout_s):
         async with api_state.pool.connection() as conn:
             found = await store.job_get_by_idempotency_key_for_key(
@@ -202,13 +201,20 @@ async def generate_story(
             )
         verify(found, api_key)
         assert found is not None
+        new = admission(found.client_id, key, data, api_state.settings)
+        requested = new.request_fingerprint
         if found.public_id is not None:
             assert found.status is not None and found.request_fingerprint is not None
             return _replay(found.public_id, found.status, found.request_fingerprint, requested)
-        result = await api_state.admissions.admit(
-            Admission(client_id=found.client_id, idempotency_key=key, request_fingerprint=requested,
-                      request_json=canonical_json(data).decode())
-        )
+        result = await api_state.admissions.admit(new)
+    if result.outcome in ("budget_exhausted", "client_budget_exhausted"):
+        which = ("today's spend budget" if result.outcome == "budget_exhausted"
+                 else "your spend budget for today")
+        raise ProblemError(429, "Budget exhausted",
+                           f"{which} has no room for this story's worst case; nothing was stored, retry "
+                           "with the same key after the budget resets at midnight UTC",
+                           headers={_RETRY_AFTER: str(pacing.seconds_to_utc_midnight(datetime.now(UTC)))},
+                           reason=result.outcome, type=BUDGET_EXHAUSTED)
     if result.outcome in ("queue_full", "client_queue_full"):
         stats = await api_state.drain_stats.get()
         which = "the queue" if result.outcome == "queue_full" else "your queue"
@@ -223,6 +229,10 @@ async def generate_story(
     log.info("job.accepted", job_id=str(result.public_id), client_id=found.client_id,
              key_prefix=api_key.prefix, prompt_chars=len(data.prompt))
     return _accepted(result.public_id, result.status, replayed=False)
+
+
+def _per_s(per_minute: int | None) -> float | None:
+    return None if per_minute is None else per_minute / 60.0
 
 
 def _job_state(view: JobView, remaining_s: float | None) -> JobState:
@@ -276,6 +286,7 @@ async def get_job(
         remaining = pacing.seconds_remaining(
             stats, status=view.status, queue_position=view.queue_position,
             started_at=view.started_at, progress=view.progress, now=datetime.now(UTC),
+            requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
         )
         headers[_RETRY_AFTER] = str(pacing.retry_after(view.status, remaining))
     return Response(_job_state(view, remaining), headers=headers)

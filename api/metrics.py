@@ -19,6 +19,8 @@ REJECT_REASONS = (
     "idempotency_mismatch",
     "queue_full",
     "client_queue_full",
+    "budget_exhausted",
+    "client_budget_exhausted",
     "database_unavailable",
 )
 for _reason in REJECT_REASONS:

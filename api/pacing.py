@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import structlog
 from psycopg_pool import AsyncConnectionPool
@@ -32,11 +32,13 @@ class DrainStatsCache:
         self,
         pool: AsyncConnectionPool,
         *,
+        model: str = "",
         max_age_s: float = 5.0,
         timeout_s: float = 2.0,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self._pool = pool
+        self._model = model
         self._max_age_s = max_age_s
         self._timeout_s = timeout_s
         self._clock = clock
@@ -51,7 +53,7 @@ class DrainStatsCache:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
                     async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
-                        self._stats = await store.job_drain_stats(conn)
+                        self._stats = await store.job_drain_stats(conn, model=self._model)
                 except (*db.DB_ERRORS, TimeoutError) as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
@@ -67,14 +69,20 @@ def seconds_remaining(
     started_at: datetime | None,
     progress: int | None,
     now: datetime,
+    requests_per_s: float | None = None,
 ) -> float | None:
+    """What is left of a job, from the pace of recent jobs; a pending job
+    also waits out the rate limiter: its pause, and its rate (LLM_REQUESTS_PER_MINUTE)
+    for the jobs ahead."""
     if stats is None or not stats.avg_run_seconds:
         return None
     run = stats.avg_run_seconds
     if status == "pending" and queue_position is not None:
         # the jobs ahead drain through the slots now running, then ours runs
         slots = max(stats.running, 1)
-        return run * (1 + (queue_position - 1) / slots) + run / 2 * min(1, stats.running)
+        by_pace = run * (1 + (queue_position - 1) / slots) + run / 2 * min(1, stats.running)
+        by_limit = stats.limiter_paused_s + (queue_position / requests_per_s if requests_per_s else 0.0) + run
+        return max(by_pace, by_limit)
     if status == "running" and started_at is not None:
         elapsed = max((now - started_at).total_seconds(), 0.0)
         if progress and stats.avg_output_tokens and elapsed > 0:
@@ -90,6 +98,12 @@ def retry_after(status: str, remaining_s: float | None) -> int:
         return DEFAULT_RETRY_AFTER_S
     ceiling = 15 if status == "pending" else 10
     return int(min(max(remaining_s / 5, 1), ceiling))
+
+
+def seconds_to_utc_midnight(now: datetime) -> int:
+    """Until a spend budget's day ends (at least a second)."""
+    tomorrow = (now.astimezone(UTC) + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
+    return max(1, math.ceil((tomorrow - now).total_seconds()))
 
 
 def queue_full_retry_after(stats: DrainStats | None) -> int:

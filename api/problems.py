@@ -59,9 +59,10 @@ class ProblemError(Exception):
         headers: dict[str, str] | None = None,
         errors: list[FieldError] | None = None,
         reason: str | None = None,
+        type: str = "about:blank",  # noqa: A002 - RFC 9457 names it so
     ) -> None:
         super().__init__(detail or title)
-        self.problem = Problem(title=title, status=status, detail=detail, errors=errors)
+        self.problem = Problem(type=type, title=title, status=status, detail=detail, errors=errors)
         self.headers = headers or {}
         # the storyjobs_jobs_rejected_total label, for POST rejections
         self.reason = reason
@@ -74,7 +75,8 @@ _DESCRIPTIONS = {
     409: "The job has already finished.",
     413: "The body is larger than allowed.",
     422: "This Idempotency-Key was used with a different body.",
-    429: "A queue is full; nothing was stored. Retry later (`Retry-After`) with the same key.",
+    429: ("A queue is full, or a spend budget is (type `/problems/budget-exhausted`, until the UTC day "
+          "ends); nothing was stored. Retry later (`Retry-After`) with the same key."),
     503: "The job store is unreachable. Retry later (`Retry-After`).",
 }
 

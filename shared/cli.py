@@ -16,14 +16,27 @@ import asyncio
 import sys
 import uuid
 from collections.abc import Sequence
+from decimal import Decimal
 from typing import Any
 
 import msgspec
 import psycopg
 
 from shared import db, keys, migrate, store
-from shared.config import BaseSettings, ConfigError, load
+from shared.config import ApiSettings, BaseSettings, ConfigError, load
+from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
+
+
+def _usd(text: str) -> Decimal:
+    try:
+        value = Decimal(text)
+        within = Decimal(0) < value <= Decimal(10_000_000)
+    except ArithmeticError:  # not a number, or NaN
+        raise argparse.ArgumentTypeError(f"not an amount in USD: {text!r}") from None
+    if not within:
+        raise argparse.ArgumentTypeError(f"must be more than 0 and at most 10000000: {text!r}")
+    return value
 
 
 def _out(line: str = "") -> None:
@@ -52,7 +65,7 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
         if args.operator:
             new = await keys.create_operator(conn, args.name)
         else:
-            new = await keys.create(conn, args.name)
+            new = await keys.create(conn, args.name, budget_usd_per_day=args.budget_usd_per_day)
     if args.operator:
         what = f"operator key {new.prefix} for {args.name!r} (the console, /ops/)"
     else:
@@ -141,15 +154,43 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 
 async def cmd_stats(_: argparse.Namespace) -> int:
+    settings = load(ApiSettings)
     async with await _connect() as conn:
         stats = await store.stats_last_hour(conn)
+        budgets = await store.budget_days_today(conn)
+        buckets = await store.llm_rate_bucket_list(conn)
     _out(f"queue      {stats.pending} pending, {stats.running} running")
     _out("last hour")
     _out(f"  stories  {stats.succeeded_calls} written ({stats.succeeded_calls / 60:.1f}/min), "
          f"{stats.failed_calls} LLM calls failed")
     _out(f"  billed   {stats.billed_calls} requests, {stats.input_tokens} input + {stats.output_tokens} output tokens")
     _out(f"  spend    ${stats.cost_usd}")
+    _out("today (UTC), spent + reserved against each budget")
+    if not budgets:
+        _out("  nothing reserved today")
+    for day in budgets:
+        budget = settings.budget_usd_per_day if day.client_id == 0 else (
+            day.client_budget_usd or settings.client_budget_usd_per_day)
+        headroom = "no budget" if budget is None else f"budget ${budget}, ${budget - day.spent_usd - day.reserved_usd} left"
+        _out(f"  {day.scope[:16]:<16} ${day.spent_usd} spent + ${day.reserved_usd} reserved; {headroom}")
+    limits = RateLimits.from_settings(settings)
+    _out("provider rate limits (shared bucket, refilled to now)")
+    if not buckets:
+        _out("  no bucket: no limit configured, and no 429 heard")
+    for bucket in buckets:
+        paused = f"paused {bucket.paused_s:.1f} s; " if bucket.paused_s > 0 else ""
+        left = [f"{kind} {_refilled(getattr(bucket, kind), limits, kind, bucket.since_refill_s)}"
+                for kind in KINDS if getattr(bucket, kind) is not None]
+        _out(f"  {bucket.model}: {paused}{', '.join(left) or 'no configured limit'}")
     return 0
+
+
+def _refilled(stored: float, limits: RateLimits, kind: str, since_s: float) -> str:
+    rate = limits.rate(kind)
+    capacity: float | None = getattr(limits, f"{kind}_capacity")
+    if rate is None or capacity is None:
+        return f"{stored:.0f}"
+    return f"{min(capacity, stored + rate * since_s):.0f} of {capacity:.0f}"
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -164,6 +205,8 @@ def _parser() -> argparse.ArgumentParser:
     create.add_argument("name")
     create.add_argument("--operator", action="store_true",
                         help="a key of the operators' console (/ops/) held by NAME, instead of a client's key")
+    create.add_argument("--budget-usd-per-day", type=_usd, metavar="USD",
+                        help="the client's own spend budget per UTC day (instead of CLIENT_BUDGET_USD_PER_DAY)")
     create.set_defaults(run=cmd_keys_create)
     key_commands.add_parser("list", help="list keys by prefix").set_defaults(run=cmd_keys_list)
     revoke = key_commands.add_parser("revoke", help="revoke a key (by prefix or whole key); effective at once")

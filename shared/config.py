@@ -15,9 +15,12 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
+from shared.pricing import Price
+
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
+PerMinute = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 
@@ -47,6 +50,31 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     heartbeat_timeout_s: Seconds = 60.0
     job_timeout_s: Seconds = 480.0
     pending_timeout_s: Seconds = 1800.0
+    # the LLM call: the worker makes it, the api reserves its worst case
+    # against the spend budgets and estimates how long a job waits
+    llm_model: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] = DEFAULT_MODEL
+    llm_max_tokens: Annotated[int, msgspec.Meta(ge=64, le=64_000)] = 4000
+    # JSON: {"model": [input_usd_per_mtok, output_usd_per_mtok], ...}
+    llm_prices: dict[str, tuple[Annotated[float, msgspec.Meta(ge=0)], Annotated[float, msgspec.Meta(ge=0)]]] = {}
+    # the provider account's limits, shared by every worker through Postgres
+    # (unset: no configured limit; the provider's headers and 429s still pace)
+    llm_requests_per_minute: PerMinute | None = None
+    llm_input_tokens_per_minute: PerMinute | None = None
+    llm_output_tokens_per_minute: PerMinute | None = None
+    # how many seconds of refill the shared bucket holds: the provider enforces
+    # a minute's limit over shorter intervals too
+    llm_rate_burst_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+
+    def price(self) -> Price:
+        """LLM_MODEL's price, from the built-in table and LLM_PRICES."""
+        table = {**DEFAULT_PRICES_USD_PER_MTOK, **self.llm_prices}
+        if self.llm_model not in table:
+            raise ConfigError(
+                f"LLM_MODEL {self.llm_model!r} has no price: add it to LLM_PRICES as "
+                '{"model": [input_usd_per_mtok, output_usd_per_mtok]}'
+            )
+        input_price, output_price = table[self.llm_model]
+        return Price(Decimal(str(input_price)), Decimal(str(output_price)))
 
     def _check_heartbeats(self) -> None:
         # two missed beats must not be enough to declare a live worker dead
@@ -75,6 +103,10 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # processes serving the api on one port (uvicorn workers); in containers,
     # prefer one per container and more replicas
     api_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    # spend per UTC day, all clients together and each client (unset: none);
+    # a job's worst case is reserved when it is accepted
+    budget_usd_per_day: Decimal | None = None
+    client_budget_usd_per_day: Decimal | None = None
 
     @property
     def effective_client_queue_max(self) -> int:
@@ -86,6 +118,12 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
             raise ConfigError(
                 f"CLIENT_QUEUE_MAX ({self.client_queue_max}) must not exceed QUEUE_MAX ({self.queue_max})"
             )
+        for name, budget in (("BUDGET_USD_PER_DAY", self.budget_usd_per_day),
+                             ("CLIENT_BUDGET_USD_PER_DAY", self.client_budget_usd_per_day)):
+            if budget is not None and not Decimal(0) < budget <= Decimal(10_000_000):
+                raise ConfigError(f"{name} must be more than 0 and at most 10000000 (got {budget})")
+        # every admission prices its job's worst case, for the spend budgets
+        self.price()
         if self.api_request_timeout_s <= self.api_db_wait_s:
             raise ConfigError(
                 f"API_REQUEST_TIMEOUT_S ({self.api_request_timeout_s:g}) must be longer than API_DB_WAIT_S "
@@ -96,13 +134,9 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
 class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     anthropic_api_key: str | None = None
     anthropic_base_url: str | None = None
-    llm_model: Annotated[str, msgspec.Meta(min_length=1, max_length=200)] = DEFAULT_MODEL
-    llm_max_tokens: Annotated[int, msgspec.Meta(ge=64, le=64_000)] = 4000
     llm_timeout_s: Seconds = 300.0
     # longest silence within a stream before the call is abandoned (not retried)
     llm_read_timeout_s: Seconds = 60.0
-    # JSON: {"model": [input_usd_per_mtok, output_usd_per_mtok], ...}
-    llm_prices: dict[str, tuple[Annotated[float, msgspec.Meta(ge=0)], Annotated[float, msgspec.Meta(ge=0)]]] = {}
     # retries of certainly-unbilled errors (429, 529, refused connection)
     llm_retry_attempts: Annotated[int, msgspec.Meta(ge=1, le=20)] = 6
     llm_retry_deadline_s: Seconds = 120.0
@@ -117,12 +151,6 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     def offline(self) -> bool:
         return not self.anthropic_api_key
 
-    def price_usd_per_mtok(self) -> tuple[Decimal, Decimal]:
-        """(input, output) price of LLM_MODEL in USD per million tokens."""
-        table = {**DEFAULT_PRICES_USD_PER_MTOK, **self.llm_prices}
-        input_price, output_price = table[self.llm_model]
-        return Decimal(str(input_price)), Decimal(str(output_price))
-
     def __post_init__(self) -> None:
         self._check_heartbeats()
         if self.llm_timeout_s >= self.job_timeout_s:
@@ -130,11 +158,8 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
                 f"LLM_TIMEOUT_S ({self.llm_timeout_s:g}) must be shorter than JOB_TIMEOUT_S "
                 f"({self.job_timeout_s:g}): the sweeper would fail a job whose call is still allowed"
             )
-        if not self.offline and self.llm_model not in {**DEFAULT_PRICES_USD_PER_MTOK, **self.llm_prices}:
-            raise ConfigError(
-                f"LLM_MODEL {self.llm_model!r} has no price: add it to LLM_PRICES as "
-                '{"model": [input_usd_per_mtok, output_usd_per_mtok]}'
-            )
+        if not self.offline:
+            self.price()
 
 
 class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
@@ -170,9 +195,8 @@ def load(settings_type: type[S], environ: Mapping[str, str] | None = None) -> S:
     try:
         return msgspec.convert(raw, settings_type, strict=False)
     except msgspec.ValidationError as exc:
+        # a contradiction found by __post_init__ arrives here too
         raise ConfigError(_explain(str(exc))) from None
-    except ConfigError:
-        raise
 
 
 def _explain(message: str) -> str:

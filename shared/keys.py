@@ -14,6 +14,7 @@ import hashlib
 import hmac
 import re
 import secrets
+from decimal import Decimal
 from typing import Any
 
 import msgspec
@@ -64,10 +65,15 @@ def matches(key: str, stored_hash: bytes | None) -> bool:
     return equal and stored_hash is not None
 
 
-async def create(conn: AsyncConnection[Any], client_name: str) -> NewKey:
+async def create(
+    conn: AsyncConnection[Any], client_name: str, *, budget_usd_per_day: Decimal | None = None
+) -> NewKey:
     """A new key for client ``client_name`` (created if new: a second key is
-    how a client's key is rotated). Only its hash is stored."""
+    how a client's key is rotated), and, if given, the client's own spend
+    budget per UTC day. Only the key's hash is stored."""
     client_id = await store.api_client_upsert(conn, name=client_name)
+    if budget_usd_per_day is not None:
+        await store.api_client_budget_set(conn, client_id=client_id, budget_usd_per_day=budget_usd_per_day)
     new = generate()
     await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
     return new

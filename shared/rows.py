@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.ratelimit import LimiterState
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 
 
@@ -31,17 +32,23 @@ class IdempotentLookup(msgspec.Struct, frozen=True):
 
 
 class Admission(msgspec.Struct, frozen=True):
-    """One new job asked of job_insert_if_admitted."""
+    """One new job asked of job_insert_if_admitted, with what its call may
+    cost: its max_tokens, a likely count of its input tokens (for the rate
+    limiter), and its worst case in USD (for the spend budgets)."""
 
     client_id: int
     idempotency_key: str
     request_fingerprint: bytes
     request_json: str
+    max_tokens: int
+    input_tokens_estimate: int
+    worst_case_usd: Decimal
 
 
 class EnqueueResult(msgspec.Struct, frozen=True):
     ord: int
-    outcome: Literal["inserted", "existing", "queue_full", "client_queue_full"]
+    outcome: Literal["inserted", "existing", "queue_full", "client_queue_full", "budget_exhausted",
+                     "client_budget_exhausted"]
     public_id: uuid.UUID | None
     status: JobStatus | None
     request_fingerprint: bytes | None
@@ -99,6 +106,8 @@ class DrainStats(msgspec.Struct, frozen=True):
     running: int
     avg_run_seconds: float | None
     avg_output_tokens: float | None
+    # how long the shared rate limiter holds every claim (a 429's pause)
+    limiter_paused_s: float = 0.0
 
 
 class ClaimedJob(msgspec.Struct, frozen=True):
@@ -110,6 +119,9 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     request: dict[str, Any]
     created_at: datetime
     started_at: datetime
+    # fixed when the job was accepted; None for jobs accepted before they were
+    max_tokens: int | None = None
+    input_tokens_estimate: int | None = None
 
 
 class Draft(msgspec.Struct, frozen=True, kw_only=True):
@@ -147,10 +159,21 @@ class Failure(msgspec.Struct, frozen=True):
     cost_usd: Decimal = Decimal(0)
 
 
+class RetryStart(msgspec.Struct, frozen=True):
+    """What asking to open a retry's ledger row gave: its attempt; or, while
+    the shared rate bucket is paused, no row and how long to wait before
+    asking again; or, when the job is no longer ours, nothing."""
+
+    attempt: int | None
+    paused_s: float
+    owned: bool
+
+
 class SettleResult(msgspec.Struct, frozen=True):
     completed_ids: list[int]
     already_completed_ids: list[int]
     claimed: list[ClaimedJob]
+    limiter: LimiterState = LimiterState()
 
 
 class HeartbeatRow(msgspec.Struct, frozen=True):
@@ -371,3 +394,22 @@ class OpsMinuteRow(msgspec.Struct, frozen=True):
     failed: int
     spend_usd: Decimal
     rate_limited: int
+
+
+class BudgetDay(msgspec.Struct, frozen=True):
+    """Today's spend of all clients (scope 'all', client_id 0) or of one."""
+
+    scope: str
+    client_id: int
+    spent_usd: Decimal
+    reserved_usd: Decimal
+    client_budget_usd: Decimal | None
+
+
+class RateBucketRow(msgspec.Struct, frozen=True):
+    model: str
+    requests: float | None
+    input_tokens: float | None
+    output_tokens: float | None
+    paused_s: float
+    since_refill_s: float

@@ -11,6 +11,7 @@ from __future__ import annotations
 import uuid
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from decimal import Decimal
 from typing import Any, TypeVar
 
 import msgspec
@@ -19,8 +20,10 @@ from psycopg.rows import BaseRowFactory, dict_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
+from shared.ratelimit import UNLIMITED, LimiterState, RateLimits
 from shared.rows import (
     Admission,
+    BudgetDay,
     CancelResult,
     ClaimedJob,
     Completion,
@@ -47,6 +50,8 @@ from shared.rows import (
     OpsOverviewRow,
     PendingCount,
     QueueGauges,
+    RateBucketRow,
+    RetryStart,
     SettleResult,
     StaleJob,
     StoryView,
@@ -138,6 +143,10 @@ async def api_client_upsert(conn: Conn, *, name: str) -> int:
     return int(client_id)
 
 
+async def api_client_budget_set(conn: Conn, *, client_id: int, budget_usd_per_day: Decimal) -> None:
+    await conn.execute(Q["api_client_budget_set"], {"client_id": client_id, "budget_usd_per_day": budget_usd_per_day})
+
+
 async def api_key_insert(conn: Conn, *, client_id: int, key_prefix: str, key_hash: bytes) -> None:
     await conn.execute(
         Q["api_key_insert"], {"client_id": client_id, "key_prefix": key_prefix, "key_hash": key_hash}
@@ -171,12 +180,13 @@ async def job_get_by_idempotency_key_for_key(
 
 
 async def job_insert_if_admitted(
-    conn: Conn, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int
+    conn: Conn, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int,
+    budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
 ) -> list[EnqueueResult]:
     """Takes the admission lock, then admits the batch in order while the
-    queues have room, in one transaction sent as a single pipelined round
-    trip. One result per admission, in the same order. The batch must not
-    hold one (client, key) twice."""
+    queues and the spend budgets have room, in one transaction sent as a
+    single pipelined round trip. One result per admission, in the same
+    order. The batch must not hold one (client, key) twice."""
     requests = [
         {
             "ord": ord_,
@@ -184,10 +194,14 @@ async def job_insert_if_admitted(
             "idempotency_key": a.idempotency_key,
             "request_fingerprint": a.request_fingerprint.hex(),
             "request": msgspec.Raw(a.request_json.encode()),
+            "max_tokens": a.max_tokens,
+            "input_tokens_estimate": a.input_tokens_estimate,
+            "worst_case_usd": a.worst_case_usd,
         }
         for ord_, a in enumerate(admissions)
     ]
-    params = {"requests": _json(requests), "queue_max": queue_max, "client_queue_max": client_queue_max}
+    params = {"requests": _json(requests), "queue_max": queue_max, "client_queue_max": client_queue_max,
+              "budget_usd": budget_usd, "client_budget_usd": client_budget_usd}
     async with conn.pipeline(), conn.transaction():
         await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
         cur = conn.cursor(row_factory=struct_row(EnqueueResult))
@@ -218,8 +232,8 @@ async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID)
     return await _one(conn, StoryView, "story_get_for_key", {"key_prefix": key_prefix, "story_id": story_id})
 
 
-async def job_drain_stats(conn: Conn) -> DrainStats:
-    row = await _one(conn, DrainStats, "job_drain_stats", {})
+async def job_drain_stats(conn: Conn, *, model: str = "") -> DrainStats:
+    row = await _one(conn, DrainStats, "job_drain_stats", {"model": model})
     assert row is not None
     return row
 
@@ -228,6 +242,7 @@ async def job_drain_stats(conn: Conn) -> DrainStats:
 
 
 _claimed_decoder = msgspec.json.Decoder(list[ClaimedJob])
+_limiter_decoder = msgspec.json.Decoder(LimiterState)
 _json_encoder = msgspec.json.Encoder(decimal_format="number")
 
 
@@ -245,10 +260,14 @@ async def job_settle_and_claim(
     claim_limit: int,
     provider: str,
     model: str,
+    limiter: Mapping[str, Any] = UNLIMITED,
 ) -> SettleResult:
-    """Completes written stories and claims up to claim_limit pending jobs, in
-    one statement (one commit per round, however many jobs it carries)."""
+    """Completes written stories and claims up to claim_limit pending jobs
+    that the shared rate bucket covers (``limiter``: shared.ratelimit's
+    claim_params), in one statement: one commit per round, however many jobs
+    it carries."""
     params = {
+        **limiter,
         "worker_id": worker_id,
         "claim_limit": claim_limit,
         "provider": provider,
@@ -258,17 +277,22 @@ async def job_settle_and_claim(
     cur = await conn.execute(Q["job_settle_and_claim"], params)
     row = await cur.fetchone()
     assert row is not None
-    completed_ids, already_completed_ids, claimed_json = row
+    completed_ids, already_completed_ids, claimed_json, limiter_json = row
     return SettleResult(
         completed_ids=list(completed_ids),
         already_completed_ids=list(already_completed_ids),
         claimed=_claimed_decoder.decode(claimed_json),
+        limiter=_limiter_decoder.decode(limiter_json),
     )
 
 
-async def job_fail_running(conn: Conn, *, worker_id: str, failures: Sequence[Failure]) -> list[int]:
-    """running -> failed for jobs this worker owns; returns those that were."""
-    params = {"worker_id": worker_id, "failures": _json(failures)}
+async def job_fail_running(
+    conn: Conn, *, worker_id: str, failures: Sequence[Failure], model: str = "", limited: bool = False,
+) -> list[int]:
+    """running -> failed for jobs this worker owns; returns those that were.
+    With a rate limit configured (``limited``), the model's bucket gets back
+    what the failed calls did not use."""
+    params = {"worker_id": worker_id, "failures": _json(failures), "model": model, "limited": limited}
     cur = await conn.execute(Q["job_fail_running"], params)
     row = await cur.fetchone()
     assert row is not None
@@ -302,15 +326,17 @@ async def job_list_running_for_worker(conn: Conn, *, worker_id: str, known_ids: 
 
 async def llm_call_start(
     conn: Conn, *, worker_id: str, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome,
-    previous_billed: bool, previous_error: str | None,
-) -> int | None:
+    previous_billed: bool, previous_error: str | None, model: str = "",
+) -> RetryStart:
     """Closes the previous attempt's ledger row and, if the job is still
-    running under this worker, opens the next: returns its attempt, or None
-    when the job is no longer ours (then no request may be sent)."""
-    attempts = await _scalars(
+    running under this worker and ``model``'s rate bucket is not paused,
+    opens the next (see RetryStart)."""
+    started = await _one(
         conn,
+        RetryStart,
         "llm_call_start",
         {
+            "model": model,
             "worker_id": worker_id,
             "job_id": job_id,
             "previous_attempt": previous_attempt,
@@ -319,7 +345,18 @@ async def llm_call_start(
             "previous_error": previous_error,
         },
     )
-    return attempts[0] if attempts else None
+    assert started is not None
+    return started
+
+
+async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float) -> None:
+    """No claim and no retry for ``model`` for pause_s (a 429's retry-after)."""
+    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s})
+
+
+async def llm_rate_bucket_ensure(conn: Conn, *, model: str, limits: RateLimits) -> None:
+    """The model's bucket, full, unless it exists."""
+    await conn.execute(Q["llm_rate_bucket_ensure"], {"model": model, **msgspec.structs.asdict(limits)})
 
 
 async def llm_call_finish(
@@ -406,6 +443,14 @@ async def job_queue_gauges(conn: Conn, *, now: datetime | None = None) -> QueueG
     row = await _one(conn, QueueGauges, "job_queue_gauges", {"now": now})
     assert row is not None
     return row
+
+
+async def budget_days_today(conn: Conn, *, now: datetime | None = None) -> list[BudgetDay]:
+    return await _all(conn, BudgetDay, "budget_days_today", {"now": now})
+
+
+async def llm_rate_bucket_list(conn: Conn) -> list[RateBucketRow]:
+    return await _all(conn, RateBucketRow, "llm_rate_bucket_list", {})
 
 
 async def job_prune_finished(

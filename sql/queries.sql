@@ -57,6 +57,11 @@ UNION ALL
 SELECT id FROM api_clients WHERE name = %(name)s
 LIMIT 1;
 
+-- name: api_client_budget_set
+-- `storyjobs keys create NAME --budget-usd-per-day X`: the client's own spend
+-- budget per UTC day, in place of CLIENT_BUDGET_USD_PER_DAY.
+UPDATE api_clients SET budget_usd_per_day = %(budget_usd_per_day)s WHERE id = %(client_id)s;
+
 -- name: api_key_insert
 INSERT INTO api_keys (client_id, key_prefix, key_hash)
 VALUES (%(client_id)s, %(key_prefix)s, %(key_hash)s);
@@ -103,8 +108,10 @@ SELECT pg_advisory_xact_lock(%(lock_key)s);
 -- commit for all of them. Runs under the admission lock (job_admission_lock),
 -- which makes the bounds exact. Requests are taken in order: a request whose
 -- key was used meanwhile answers the existing job; the others are admitted
--- while their client's queue (CLIENT_QUEUE_MAX) and then the whole queue
--- (QUEUE_MAX) have room, and refused otherwise.
+-- while their client's queue (CLIENT_QUEUE_MAX), then the whole queue
+-- (QUEUE_MAX), then their client's spend budget and the day's budget have
+-- room, and refused otherwise. Each check admits the longest run of the batch
+-- that fits, in order.
 --
 -- job_admission keeps, per queue, a number never below its pending count:
 -- every admission adds to it, and claims, cancellations and the sweeper only
@@ -113,10 +120,18 @@ SELECT pg_advisory_xact_lock(%(lock_key)s);
 -- maximum (a count never costs more than QUEUE_MAX index entries), and the
 -- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
 --
+-- A request carries its worst-case cost; where a budget applies (the day's,
+-- %(budget_usd)s, or its client's: its own or %(client_budget_usd)s), it is
+-- admitted only if today's spent + reserved + the batch's worst cases so far
+-- stay within the budget, and its worst case is then reserved. Nothing but
+-- admission adds to spent + reserved (a job's end replaces its reservation by
+-- its cost, which is never more), so a budget holds across every replica.
+--
 -- The NOTIFY is delivered at commit and wakes an idle worker at once.
 WITH req AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
-        ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb)
+        ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
+        max_tokens int, input_tokens_estimate int, worst_case_usd numeric)
 ),
 -- LATERAL: one primary-key lookup per request, never a join over the table
 existing AS MATERIALIZED (
@@ -163,13 +178,45 @@ queue AS MATERIALIZED (
            END AS counted
     FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
 ),
-admitted AS MATERIALIZED (
+queue_ok AS MATERIALIZED (
     SELECT c.* FROM client_ok c, queue
     WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
 ),
+-- Today's spend of all clients (client_id 0) and of each client asking, and
+-- the budget that applies to it (NULL: none).
+spend AS MATERIALIZED (
+    SELECT s.client_id, coalesce(b.spent_usd + b.reserved_usd, 0) AS used,
+           CASE WHEN s.client_id = 0 THEN %(budget_usd)s::numeric
+                ELSE coalesce(c.budget_usd_per_day, %(client_budget_usd)s::numeric) END AS budget
+    FROM (SELECT 0::bigint AS client_id UNION SELECT client_id FROM queue_ok) s
+    LEFT JOIN budget_days b ON b.client_id = s.client_id AND b.day = (now() AT TIME ZONE 'UTC')::date
+    LEFT JOIN api_clients c ON c.id = s.client_id AND s.client_id <> 0
+),
+-- what each request reserves: its worst case where any budget applies to it
+reserving AS MATERIALIZED (
+    SELECT q.*,
+           CASE WHEN (SELECT budget FROM spend WHERE client_id = 0) IS NOT NULL OR s.budget IS NOT NULL
+                THEN q.worst_case_usd ELSE 0 END AS reserved_usd
+    FROM queue_ok q JOIN spend s ON s.client_id = q.client_id
+),
+client_budget_ok AS MATERIALIZED (
+    SELECT r.* FROM (
+        SELECT r.*, sum(r.reserved_usd) OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_cum
+        FROM reserving r
+    ) r JOIN spend s ON s.client_id = r.client_id
+    WHERE s.budget IS NULL OR s.used + r.client_cum <= s.budget
+),
+admitted AS MATERIALIZED (
+    SELECT c.* FROM (
+        SELECT c.*, sum(c.reserved_usd) OVER (ORDER BY c.ord) AS cum FROM client_budget_ok c
+    ) c, spend s
+    WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
+),
 inserted AS (
-    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
-    SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request
+    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
+                            max_tokens, input_tokens_estimate, reserved_usd)
+    SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request,
+           max_tokens, input_tokens_estimate, reserved_usd
     FROM admitted ORDER BY ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
@@ -202,14 +249,29 @@ bounds_kept AS (
     WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
     ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
 ),
+-- the reservations, on today's rows of all clients and of each client, the
+-- all-clients row first (see story_jobs_settle_budget)
+reservations_kept AS (
+    INSERT INTO budget_days (client_id, day, reserved_usd)
+    SELECT client_id, (now() AT TIME ZONE 'UTC')::date, sum(reserved_usd) FROM (
+        SELECT 0::bigint AS client_id, reserved_usd FROM admitted
+        UNION ALL
+        SELECT client_id, reserved_usd FROM admitted
+    ) r
+    GROUP BY client_id HAVING sum(reserved_usd) > 0
+    ORDER BY client_id
+    ON CONFLICT (client_id, day) DO UPDATE SET reserved_usd = budget_days.reserved_usd + excluded.reserved_usd
+),
 notified AS (
     SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM admitted)
 )
 SELECT r.ord,
        CASE WHEN i.id IS NOT NULL THEN 'inserted'
             WHEN e.ord IS NOT NULL THEN 'existing'
-            WHEN c.ord IS NOT NULL THEN 'queue_full'
-            ELSE 'client_queue_full'
+            WHEN c.ord IS NULL THEN 'client_queue_full'
+            WHEN q.ord IS NULL THEN 'queue_full'
+            WHEN b.ord IS NULL THEN 'client_budget_exhausted'
+            ELSE 'budget_exhausted'
        END AS outcome,
        coalesce(i.public_id, e.public_id) AS public_id,
        coalesce(i.status, e.status) AS status,
@@ -219,6 +281,8 @@ SELECT r.ord,
 FROM req r
 LEFT JOIN existing e ON e.ord = r.ord
 LEFT JOIN client_ok c ON c.ord = r.ord
+LEFT JOIN queue_ok q ON q.ord = r.ord
+LEFT JOIN client_budget_ok b ON b.ord = r.ord
 LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
 ORDER BY r.ord;
 
@@ -252,7 +316,10 @@ WITH job AS (
 cancelled AS (
     UPDATE story_jobs j
     SET status = 'failed', error_code = 'cancelled',
-        error_text = 'cancelled by the client', completed_at = now()
+        error_text = 'cancelled by the client', completed_at = now(),
+        -- a running job's call may have cost up to its worst case; its worker
+        -- brings the charge down to the real cost when it closes the stream
+        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
     FROM job
     WHERE j.id = job.id AND j.status IN ('pending', 'running')
     RETURNING j.id
@@ -288,11 +355,14 @@ WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: job_drain_stats
 -- How fast the queue drains, from the last finished jobs (newest first on
--- the primary key, so the cost does not grow with history): feeds Retry-After
+-- the primary key, so the cost does not grow with history), and how long the
+-- shared rate limiter holds every claim (a 429's pause): feeds Retry-After
 -- and the time-remaining estimate.
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
-       recent.avg_run_seconds, recent.avg_output_tokens
+       recent.avg_run_seconds, recent.avg_output_tokens,
+       coalesce((SELECT greatest(extract(epoch FROM paused_until - now()), 0) FROM llm_rate_buckets
+                 WHERE model = %(model)s), 0)::float8 AS limiter_paused_s
 FROM (
     SELECT avg(extract(epoch FROM completed_at - started_at))::float8 AS avg_run_seconds,
            avg(progress)::float8 AS avg_output_tokens
@@ -313,6 +383,15 @@ FROM (
 --
 -- A story is inserted even when its job lost the race to the sweeper: it was
 -- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
+--
+-- The shared rate limiter lives here too, so it costs no statement of its
+-- own: while a limit is configured (%(limited)s), the model's bucket row is
+-- locked, refilled to now, given back what the completed calls did not use,
+-- capped by what the provider's headers last said was left, and a job is
+-- claimed only while the bucket covers one request, its estimated input
+-- tokens and its max_tokens; a job it does not cover stays pending. Without a
+-- configured limit the row is only read, for a pause (a 429's retry-after, or
+-- the provider saying nothing is left), during which nothing is claimed.
 --
 -- The written stories arrive as one JSON array: one parameter to encode,
 -- however many stories the round carries. Rows are reached by id through
@@ -345,30 +424,104 @@ calls_finished AS (
 completed AS (
     UPDATE story_jobs j
     SET status = 'completed', completed_at = now(), story_id = s.id,
-        progress = done.output_tokens
+        progress = done.output_tokens, charged_usd = done.cost_usd
     FROM done JOIN stories_inserted s ON s.job_id = done.job_id
     WHERE j.id = ANY (ARRAY(SELECT job_id FROM done)) AND j.id = done.job_id
       AND j.status = 'running' AND j.worker_id = %(worker_id)s
-    RETURNING j.id
+    RETURNING j.id,
+              -- what the claim reserved and the call did not use, given back
+              coalesce(j.input_tokens_estimate, 0) - done.input_tokens AS input_tokens_back,
+              coalesce(j.max_tokens, 0) - done.output_tokens AS output_tokens_back
+),
+-- The bucket as it stands now, one row (a missing row, with a limit
+-- configured, covers nothing this round and is recreated below).
+bucket AS MATERIALIZED (
+    SELECT b.* FROM llm_rate_buckets b
+    WHERE b.model = %(model)s AND %(limited)s
+    FOR NO KEY UPDATE
+),
+bucket_now AS MATERIALIZED (
+    SELECT
+        -- greatest() passes over NULLs: no row, no pause
+        greatest(CASE WHEN %(limited)s THEN b.paused_until
+                      ELSE (SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s) END,
+                 %(provider_pause_until)s::timestamptz) AS paused_until,
+        CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
+                        coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
+        CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(input_tokens_capacity)s::float8,
+                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + r.input_tokens_back,
+                        coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
+        CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(output_tokens_capacity)s::float8,
+                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + r.output_tokens_back,
+                        coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
+    FROM (SELECT 1) one
+    LEFT JOIN bucket b ON true
+    CROSS JOIN LATERAL (
+        SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed,
+               coalesce((SELECT sum(input_tokens_back) FROM completed), 0)::float8 AS input_tokens_back,
+               coalesce((SELECT sum(output_tokens_back) FROM completed), 0)::float8 AS output_tokens_back
+    ) r
 ),
 claimable AS MATERIALIZED (
-    SELECT id FROM story_jobs
+    SELECT id, created_at,
+           coalesce(input_tokens_estimate, 0) AS input_tokens_need,
+           coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
+    FROM story_jobs
     WHERE status = 'pending'
     ORDER BY created_at, id
-    LIMIT %(claim_limit)s
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM bucket_now)
     FOR NO KEY UPDATE SKIP LOCKED
+),
+-- the longest run of the claimable jobs, in order, that the bucket covers
+covered AS MATERIALIZED (
+    SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
+        SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
+               sum(c.output_tokens_need) OVER w AS output_tokens_cum
+        FROM claimable c WINDOW w AS (ORDER BY c.created_at, c.id)
+    ) c, bucket_now b
+    WHERE (b.requests IS NULL OR c.n <= b.requests)
+      AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
+      AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
 ),
 claimed AS (
     UPDATE story_jobs j
     SET status = 'running', started_at = now(), heartbeat_at = now(),
         worker_id = %(worker_id)s
-    WHERE j.id = ANY (ARRAY(SELECT id FROM claimable)) AND j.status = 'pending'
-    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at
+    WHERE j.id = ANY (ARRAY(SELECT id FROM covered)) AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+              j.max_tokens, j.input_tokens_estimate
 ),
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
     SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
     RETURNING job_id
+),
+taken AS MATERIALIZED (
+    SELECT count(*)::float8 AS requests, coalesce(sum(c.input_tokens_need), 0)::float8 AS input_tokens,
+           coalesce(sum(c.output_tokens_need), 0)::float8 AS output_tokens
+    FROM covered c JOIN claimed USING (id)
+),
+bucket_left AS MATERIALIZED (
+    SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
+           b.output_tokens - t.output_tokens AS output_tokens
+    FROM bucket_now b, taken t
+),
+bucket_written AS (
+    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until)
+    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity')
+    FROM bucket_left l
+    WHERE %(limited)s OR %(provider_pause_until)s::timestamptz > now()
+    ON CONFLICT (model) DO UPDATE
+    SET requests = excluded.requests, input_tokens = excluded.input_tokens,
+        output_tokens = excluded.output_tokens,
+        refilled_at = greatest(b.refilled_at, excluded.refilled_at),
+        paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
     -- done jobs: completed now, or (after an ambiguous commit) already completed
@@ -382,16 +535,30 @@ SELECT
     coalesce((
         SELECT json_agg(json_build_object(
             'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
-            'created_at', c.created_at, 'started_at', c.started_at)
+            'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
+            'input_tokens_estimate', c.input_tokens_estimate)
             ORDER BY c.id)
         FROM claimed c JOIN first_calls f ON f.job_id = c.id
-    )::text, '[]') AS claimed;
+    )::text, '[]') AS claimed,
+    -- the bucket after this round, and the needs of the first job it held back
+    (SELECT json_build_object(
+        'paused_s', greatest(coalesce(extract(epoch FROM l.paused_until - now()), 0), 0),
+        'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
+        'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
+     FROM bucket_left l
+     LEFT JOIN LATERAL (
+         SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
+         WHERE c.id <> ALL (ARRAY(SELECT id FROM covered))
+         ORDER BY c.created_at, c.id LIMIT 1
+     ) n ON true)::text AS limiter;
 
 -- name: job_fail_running
 -- The worker gives up on jobs it owns (LLM error, rejected request): running ->
 -- failed, guarded by status and worker_id, with the ledger row closed in the
--- same statement. Returns the jobs that were still ours. Rows are reached by
--- id as in job_settle_and_claim, to keep a good generic plan.
+-- same statement, the job charged what its billed call cost, and the rate
+-- bucket given back what the claim reserved and the call did not use.
+-- Returns the jobs that were still ours. Rows are reached by id as in
+-- job_settle_and_claim, to keep a good generic plan.
 WITH failing AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
         job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
@@ -409,11 +576,20 @@ calls_finished AS (
 failed AS (
     UPDATE story_jobs j
     SET status = 'failed', completed_at = now(), error_code = failing.error_code,
-        error_text = failing.error_text, progress = failing.output_tokens
+        error_text = failing.error_text, progress = failing.output_tokens,
+        charged_usd = CASE WHEN failing.billed THEN failing.cost_usd ELSE 0 END
     FROM failing
     WHERE j.id = ANY (ARRAY(SELECT job_id FROM failing)) AND j.id = failing.job_id
       AND j.status = 'running' AND j.worker_id = %(worker_id)s
-    RETURNING j.id
+    RETURNING j.id,
+              coalesce(j.input_tokens_estimate, 0) - failing.input_tokens AS input_tokens_back,
+              coalesce(j.max_tokens, 0) - failing.output_tokens AS output_tokens_back
+),
+bucket_given_back AS (
+    UPDATE llm_rate_buckets b
+    SET input_tokens = b.input_tokens + (SELECT sum(input_tokens_back) FROM failed),
+        output_tokens = b.output_tokens + (SELECT sum(output_tokens_back) FROM failed)
+    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM failed)
 )
 SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids;
 
@@ -457,36 +633,89 @@ WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
 -- A retry's ledger row, written before its request is sent, and only while
 -- the job is still running under this worker: no row (and so no request) for
 -- a job that was cancelled or swept meanwhile. The previous attempt's row is
--- closed in the same statement either way. The job's row is locked while the
--- new row is written, so a cancellation or a sweep either happens first (and
--- no row is opened) or waits, and then closes the new row with a statement of
--- its own (llm_call_close_*).
+-- closed in the same statement either way (again, harmlessly, when the
+-- statement is repeated). The job's row is locked while the new row is
+-- written, so a cancellation or a sweep either happens first (and no row is
+-- opened) or waits, and then closes the new row with a statement of its own
+-- (llm_call_close_*). While the shared rate bucket is paused (another
+-- worker's 429), no row is opened either: the answer says how long to wait
+-- before asking again. An opened retry takes its request from the bucket.
 WITH owned AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
     FOR SHARE
 ),
+paused AS MATERIALIZED (
+    SELECT coalesce((SELECT greatest(extract(epoch FROM paused_until - now()), 0) FROM llm_rate_buckets
+                     WHERE model = %(model)s), 0)::float8 AS paused_s
+),
 previous AS (
     UPDATE llm_calls
-    SET finished_at = now(), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
+    SET finished_at = coalesce(finished_at, now()), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
         error_text = %(previous_error)s
     WHERE job_id = %(job_id)s AND attempt = %(previous_attempt)s
     RETURNING job_id, attempt, worker_id, provider, model
+),
+opened AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+    SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
+    FROM previous p JOIN owned o ON o.id = p.job_id
+    WHERE (SELECT paused_s FROM paused) = 0
+    RETURNING attempt
+),
+request_taken AS (
+    UPDATE llm_rate_buckets b SET requests = b.requests - 1
+    WHERE b.model = %(model)s AND b.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
 )
-INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
-SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
-FROM previous p JOIN owned o ON o.id = p.job_id
-RETURNING attempt;
+SELECT (SELECT attempt FROM opened) AS attempt, (SELECT paused_s FROM paused) AS paused_s,
+       EXISTS (SELECT 1 FROM owned) AS owned;
+
+-- name: llm_rate_bucket_pause
+-- A 429: no worker claims, and no retry is sent, for the model until its
+-- retry-after has passed, so that one 429 is not followed by one more from
+-- each replica. Written as soon as the 429 arrives.
+INSERT INTO llm_rate_buckets AS b (model, paused_until)
+VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8))
+ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until);
+
+-- name: llm_rate_bucket_ensure
+-- At a worker's start, when a limit is configured: the model's bucket row,
+-- full, unless it exists. A kind without a limit is NULL.
+INSERT INTO llm_rate_buckets (model, requests, input_tokens, output_tokens)
+VALUES (%(model)s, %(requests_capacity)s::float8, %(input_tokens_capacity)s::float8,
+        %(output_tokens_capacity)s::float8)
+ON CONFLICT (model) DO NOTHING;
 
 -- name: llm_call_finish
 -- Closes a ledger row outside a job transition: a stream stopped because the
--- job was no longer ours.
-UPDATE llm_calls
-SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
-    input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
-    cost_usd = %(cost_usd)s, error_text = %(error_text)s
-WHERE job_id = %(job_id)s AND attempt = %(attempt)s;
-
+-- job was no longer ours. Whoever ended the job charged it its worst case,
+-- not knowing what the call cost; now that it is known, the charge comes down
+-- to it (the budget follows), and the rate bucket gets back what the claim
+-- reserved and the call did not use.
+WITH closed AS (
+    UPDATE llm_calls
+    SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
+        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
+        cost_usd = %(cost_usd)s, error_text = %(error_text)s
+    WHERE job_id = %(job_id)s AND attempt = %(attempt)s
+    RETURNING job_id, model
+),
+charged AS (
+    UPDATE story_jobs j
+    SET charged_usd = %(cost_usd)s::numeric
+    FROM closed c
+    WHERE j.id = c.job_id AND j.status = 'failed' AND j.charged_usd > %(cost_usd)s::numeric
+    RETURNING j.id
+),
+reservation AS (
+    SELECT coalesce(j.input_tokens_estimate, 0) - %(input_tokens)s AS input_tokens_back,
+           coalesce(j.max_tokens, 0) - %(output_tokens)s AS output_tokens_back, c.model
+    FROM closed c JOIN story_jobs j ON j.id = c.job_id
+)
+UPDATE llm_rate_buckets b
+SET input_tokens = b.input_tokens + r.input_tokens_back, output_tokens = b.output_tokens + r.output_tokens_back
+FROM reservation r
+WHERE b.model = r.model AND (b.input_tokens IS NOT NULL OR b.output_tokens IS NOT NULL);
 
 -- name: job_fail_stale
 -- The sweeper's rules, in one guarded statement per batch: a running job
@@ -527,6 +756,9 @@ stale AS (
 )
 UPDATE story_jobs j
 SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+    -- a job that never ran cost nothing; one whose worker is gone or too slow
+    -- may have been billed anything up to its worst case
+    charged_usd = CASE stale.reason WHEN 'queue_timeout' THEN 0 ELSE j.reserved_usd END,
     error_text = CASE stale.reason
         WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
         WHEN 'timed_out' THEN 'the story took longer than the job timeout'
@@ -573,6 +805,24 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
            SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
        )), 0)::float8 AS oldest_pending_age_seconds;
+
+-- name: budget_days_today
+-- Today's (UTC) spend and reservations, all clients (scope 'all') and each
+-- client with a row, with the client's own budget if it has one: the
+-- sweeper's gauges and `storyjobs stats`.
+SELECT CASE WHEN b.client_id = 0 THEN 'all' ELSE c.name END AS scope, b.client_id,
+       b.spent_usd, b.reserved_usd, c.budget_usd_per_day AS client_budget_usd
+FROM budget_days b LEFT JOIN api_clients c ON c.id = b.client_id
+WHERE b.day = (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC')::date
+ORDER BY b.client_id;
+
+-- name: llm_rate_bucket_list
+-- The shared rate buckets, refilled to now at the rates the caller knows
+-- (NULL rate: shown as stored): `storyjobs stats`.
+SELECT model, requests, input_tokens, output_tokens,
+       greatest(extract(epoch FROM paused_until - now()), 0)::float8 AS paused_s,
+       greatest(extract(epoch FROM now() - refilled_at), 0)::float8 AS since_refill_s
+FROM llm_rate_buckets ORDER BY model;
 
 -- name: job_prune_finished
 -- Deletes finished jobs past retention, with their stories and idempotency
@@ -799,7 +1049,8 @@ WITH job AS (
 cancelled AS (
     UPDATE story_jobs j
     SET status = 'failed', error_code = 'cancelled',
-        error_text = 'cancelled by an operator', completed_at = now()
+        error_text = 'cancelled by an operator', completed_at = now(),
+        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
     FROM job
     WHERE j.id = job.id AND j.status IN ('pending', 'running')
     RETURNING j.id
@@ -838,7 +1089,7 @@ WITH matching AS MATERIALIZED (
 cancelled AS (
     UPDATE story_jobs j
     SET status = 'failed', error_code = 'cancelled',
-        error_text = 'cancelled by an operator', completed_at = now()
+        error_text = 'cancelled by an operator', completed_at = now(), charged_usd = 0
     WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
     RETURNING j.public_id
 )

@@ -31,3 +31,16 @@ HEARTBEAT_CHECKS = Gauge(
     "1 when the sweeper reclaims by heartbeat; 0 while it waits out a heartbeat timeout after "
     "(re)connecting, so an outage is not taken for dead workers.",
 )
+
+# today's (UTC) spend budgets, all clients (scope "all") and each client that
+# spent or reserved today; only kept while a budget reserves anything
+BUDGET_SPENT = Gauge(
+    "storyjobs_budget_spent_usd", "What the jobs accepted today (UTC) have cost so far, by scope.", ["scope"]
+)
+BUDGET_RESERVED = Gauge(
+    "storyjobs_budget_reserved_usd",
+    "The worst cases that today's (UTC) unfinished jobs hold against their budgets, by scope.",
+    ["scope"],
+)
+for _gauge in (BUDGET_SPENT, BUDGET_RESERVED):
+    _gauge.labels(scope="all")

@@ -126,6 +126,7 @@ class Sweeper:
                 if len(stale) < self.settings.sweeper_batch_size:
                     break
             gauges = await store.job_queue_gauges(conn, now=now)
+            budgets = await store.budget_days_today(conn, now=now)
             for _ in range(_PRUNE_BATCHES_PER_PASS):
                 deleted = await store.job_prune_finished(
                     conn, retention_s=self.settings.job_retention_s,
@@ -138,6 +139,9 @@ class Sweeper:
         metrics.JOBS.labels(status="pending").set(gauges.pending)
         metrics.JOBS.labels(status="running").set(gauges.running)
         metrics.OLDEST_PENDING_AGE.set(gauges.oldest_pending_age_seconds)
+        for day in budgets:
+            metrics.BUDGET_SPENT.labels(scope=day.scope).set(float(day.spent_usd))
+            metrics.BUDGET_RESERVED.labels(scope=day.scope).set(float(day.reserved_usd))
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
             interrupted=counts[ErrorCode.INTERRUPTED],

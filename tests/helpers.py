@@ -17,10 +17,11 @@ import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from api.admission import admission
 from shared import keys, store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
-from shared.rows import Admission
-from shared.story_request import StoryRequest, canonical_json, fingerprint
+from shared.ratelimit import RateLimits
+from shared.story_request import StoryRequest
 from worker.runner import Worker, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
@@ -58,12 +59,9 @@ async def enqueue(
     queue_max: int = 1_000_000,
 ) -> uuid.UUID:
     """Stores a pending job the way the api does; returns its job_id."""
-    request = StoryRequest(prompt=prompt)
     (result,) = await store.job_insert_if_admitted(
         conn,
-        admissions=[Admission(client_id=client_id, idempotency_key=key or uuid.uuid4().hex,
-                              request_fingerprint=fingerprint(request),
-                              request_json=canonical_json(request).decode())],
+        admissions=[admission(client_id, key or uuid.uuid4().hex, StoryRequest(prompt=prompt), ApiSettings())],
         queue_max=queue_max,
         client_queue_max=queue_max,
     )
@@ -149,7 +147,8 @@ def worker_on(
 ) -> Worker:
     """A Worker on the test's pool, as python -m worker builds one."""
     store = PgWorkerStore(pool, worker_id=worker_id or new_worker_id(), provider=writer.provider,
-                          model=writer.model, listen_url=listen_url, connect_timeout_s=5)
+                          model=writer.model, listen_url=listen_url, connect_timeout_s=5,
+                          limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens)
     return Worker(settings, store, writer, listen=listen_url is not None)
 
 

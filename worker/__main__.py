@@ -6,6 +6,7 @@ import structlog
 
 from shared import db, process
 from shared.config import WorkerSettings
+from shared.ratelimit import RateLimits
 from worker.runner import Worker, WorkerCrashed, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
@@ -41,7 +42,9 @@ async def serve(settings: WorkerSettings) -> int:
         store = PgWorkerStore(
             pool, worker_id=new_worker_id(), provider=writer.provider, model=writer.model,
             listen_url=db.database_url(settings), connect_timeout_s=settings.db_connect_timeout_s,
+            limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens,
         )
+        await store.ensure_rate_bucket()
         worker = Worker(settings, store, writer, listen=settings.worker_listen)
         process.on_stop_signal(worker.stop)
         try:

@@ -26,11 +26,11 @@ import httpx2
 import stamina
 import structlog
 
+from shared import prompt
 from shared.config import WorkerSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
-from worker import prompt
-from worker.writing import Draft, JobCall, Price, WriteFailed
+from worker.writing import Draft, JobCall, WriteFailed
 
 log = structlog.get_logger()
 
@@ -39,6 +39,8 @@ log = structlog.get_logger()
 _CHARS_PER_TOKEN = 4
 # Retry-After is honoured up to this; beyond it the deadline decides
 _MAX_RETRY_AFTER_S = 60.0
+# how long a 429 that says nothing of when to come back holds every worker
+_DEFAULT_429_PAUSE_S = 1.0
 
 
 class NotBilled(Exception):
@@ -145,8 +147,7 @@ class AnthropicWriter:
 
     def __init__(self, settings: WorkerSettings, *, client: anthropic.AsyncAnthropic | None = None) -> None:
         self.model = settings.llm_model
-        input_price, output_price = settings.price_usd_per_mtok()
-        self.price = Price(input_price, output_price)
+        self.price = settings.price()
         self._settings = settings
         self._client = client or anthropic.AsyncAnthropic(
             api_key=settings.anthropic_api_key,
@@ -179,6 +180,9 @@ class AnthropicWriter:
                             unbilled = exc
                             log.info("llm.retryable", outcome=exc.outcome.value, attempt=call.attempt,
                                      retry_after_s=exc.retry_after_s)
+                            if exc.outcome is LlmOutcome.RATE_LIMITED:
+                                # every worker holds its requests, not only this one
+                                await call.rate_limited(min(exc.retry_after_s or _DEFAULT_429_PAUSE_S, _MAX_RETRY_AFTER_S))
                             raise
         except NotBilled as exc:
             raise WriteFailed(
@@ -201,13 +205,16 @@ class AnthropicWriter:
         try:
             manager = self._client.messages.stream(
                 model=self.model,
-                max_tokens=prompt.max_tokens(request, self._settings.llm_max_tokens),
+                max_tokens=call.max_tokens or prompt.max_tokens(request, self._settings.llm_max_tokens),
                 system=prompt.SYSTEM,
                 messages=[{"role": "user", "content": prompt.user_message(request)}],
             )
             stream = await manager.__aenter__()
         except anthropic.APIError as exc:
+            if isinstance(exc, anthropic.APIStatusError):
+                call.provider_said(exc.response.headers)
             raise _classify_before_stream(exc) from None
+        call.provider_said(stream.response.headers)
         # From here on the provider is generating: any failure may have billed.
         try:
             async for event in stream:

@@ -54,3 +54,17 @@ WORKER_SLOTS = Gauge("storyjobs_worker_slots", "Jobs this worker process may hol
 WORKER_LAST_CLAIM = Gauge(
     "storyjobs_worker_last_claim_timestamp_seconds", "Unix time of this worker's last successful claim."
 )
+
+LLM_RATELIMIT_AVAILABLE = Gauge(
+    "storyjobs_llm_ratelimit_available",
+    "What the shared rate bucket held after this worker's last claim, by kind (requests, input_tokens, "
+    "output_tokens); absent kinds have no configured limit.",
+    ["kind"],
+)
+LLM_RATELIMIT_WAITS = Counter(
+    "storyjobs_llm_ratelimit_waits_total",
+    "Times the shared rate limiter held back a claim or a retry (jobs stayed pending, or a request waited).",
+)
+LLM_RATELIMITED = Counter(
+    "storyjobs_llm_ratelimited_total", "429 answers received from the provider (each pauses every worker)."
+)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import asyncio
 import hashlib
 
+from shared import prompt
 from shared.story_request import StoryRequest
-from worker import prompt
 from worker.writing import FREE, Draft, JobCall, Price
 
 _ANIMALS = ("owl", "hedgehog", "otter", "fox", "bear cub", "little whale", "rabbit", "tortoise")

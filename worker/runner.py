@@ -28,7 +28,7 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Callable, Coroutine, Sequence
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -37,7 +37,8 @@ import structlog
 
 from shared import db
 from shared.config import WorkerSettings
-from shared.rows import ClaimedJob, Completion, Draft, Failure
+from shared.ratelimit import KINDS, LimiterState, ProviderView, RateLimits
+from shared.rows import ClaimedJob, Completion, Draft, Failure, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from shared.text import storable, storable_or_none
@@ -99,6 +100,8 @@ class Claiming:
     # a claim statement failed without an answer: it may have committed, and
     # the jobs it claimed are ours, with their first request never sent
     answer_lost: bool = False
+    # the shared rate limiter held jobs back (or is paused): no claim before
+    not_before: float = float("-inf")
 
 
 @dataclass
@@ -161,6 +164,10 @@ class Worker:
         self._isolating = False
         self._backoff_s = BACKOFF_FIRST_S
         self._errors = db.ErrorEpisode("worker", clock=clock, task="coordinator")
+        self._limits = RateLimits.from_settings(settings)
+        # what the provider's headers last said, until a claim round has told
+        # the shared bucket
+        self._provider_view: ProviderView | None = None
         self._wake = asyncio.Event()
         self._crashed: str | None = None
         self.claims = 0  # jobs claimed by this process, for logs
@@ -273,9 +280,11 @@ class Worker:
         return max(0, self.settings.worker_concurrency - len(self._jobs) + len(self._queues.completions))
 
     def _claim_limit(self) -> int:
-        """How many jobs the next statement claims: none while stopping or
-        while no work may be waiting; else the free slots."""
-        if self._shutdown is not None or not self._claiming.work_may_wait:
+        """How many jobs the next statement claims: none while stopping, while
+        no work may be waiting, or while the rate limiter holds jobs back;
+        else the free slots."""
+        if (self._shutdown is not None or not self._claiming.work_may_wait
+                or self._clock() < self._claiming.not_before):
             return 0
         return self._free_slots()
 
@@ -283,7 +292,8 @@ class Worker:
         """Until the next deadline: the poll (if a slot is free to claim
         with), the end of the grace, the shutdown's last chance. Without
         one, a job finishing or a NOTIFY wakes the loop first."""
-        deadlines = [self._claiming.poll_due_at] if self._shutdown is None and self._free_slots() else []
+        deadlines = ([max(self._claiming.poll_due_at, self._claiming.not_before)]
+                     if self._shutdown is None and self._free_slots() else [])
         if self._shutdown is not None:
             deadlines.append(self._shutdown.give_up_at)
             if not self._shutdown.streams_stopped:
@@ -337,8 +347,9 @@ class Worker:
     async def _settle_and_claim(self, claim_limit: int, result: RoundResult) -> None:
         queue = self._queues.completions
         batch = queue[:self._take(queue)]
+        view = self._provider_view
         try:
-            settled = await self.store.settle_and_claim(batch, claim_limit)
+            settled = await self.store.settle_and_claim(batch, claim_limit, view)
         except db.DB_ERRORS as exc:
             self._claiming.answer_lost = self._claiming.answer_lost or (claim_limit > 0 and db.is_transient(exc))
             self._reraise_unless_refused_alone(exc, batch)
@@ -376,7 +387,22 @@ class Worker:
         result.claimed = len(settled.claimed)
         if settled.claimed:
             metrics.WORKER_LAST_CLAIM.set_to_current_time()
-        if len(settled.claimed) < claim_limit:
+        if self._provider_view is view:
+            self._provider_view = None  # told to the shared bucket
+        self._limited(settled.limiter, claim_limit, len(settled.claimed))
+
+    def _limited(self, limiter: LimiterState, claim_limit: int, claimed: int) -> None:
+        """What the shared rate limiter said: its gauges, and when a claim is
+        worth trying again if it held jobs back."""
+        for kind in KINDS:
+            available = getattr(limiter, kind)
+            if available is not None:
+                metrics.LLM_RATELIMIT_AVAILABLE.labels(kind=kind).set(available)
+        held_back = claim_limit > 0 and (limiter.paused_s > 0 or limiter.next_output_tokens is not None)
+        if held_back:
+            metrics.LLM_RATELIMIT_WAITS.inc()
+            self._claiming.not_before = self._clock() + limiter.wait_s(self._limits)
+        elif claimed < claim_limit:
             self._claiming.work_may_wait = False
 
     def _reraise_unless_refused_alone(self, exc: Exception, batch: Sequence[Completion | Failure]) -> None:
@@ -423,11 +449,12 @@ class Worker:
             self._lost_ownership(held, f"{held.stop_reason} before its request was sent")
 
     def _job_call(self, job: ClaimedJob) -> JobCall:
-        async def next_attempt(attempt: int, previous: LlmOutcome, error: str) -> int | None:
-            metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
-            return await self.store.call_retry(job.id, attempt, previous, storable(error))
+        return JobCall(self._writer.price, _JobHooks(self, job), max_tokens=job.max_tokens)
 
-        return JobCall(self._writer.price, next_attempt)
+    def _heard(self, headers: Mapping[str, str]) -> None:
+        view = ProviderView.from_headers(headers, seen_at=self._clock())
+        if view is not None:
+            self._provider_view = view
 
     async def _write(self, held: HeldJob) -> None:
         job, call = held.job, held.call
@@ -598,6 +625,34 @@ class Worker:
                   detail="the worker stops: it must not hold jobs it cannot heartbeat", exc_info=exc)
         self._crashed = task.get_name()
         self._wake.set()
+
+
+class _JobHooks:
+    """A job's call asking its worker for a retry's ledger row, a shared
+    pause after a 429, and to hear the provider's rate-limit headers."""
+
+    def __init__(self, worker: Worker, job: ClaimedJob) -> None:
+        self._worker = worker
+        self._job = job
+
+    async def next_attempt(self, attempt: int, previous: LlmOutcome, error: str) -> RetryStart:
+        started = await self._worker.store.call_retry(self._job.id, attempt, previous, storable(error))
+        if started.attempt is None and started.owned:
+            metrics.LLM_RATELIMIT_WAITS.inc()  # asked again after the pause: counted once then
+        else:
+            metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
+        return started
+
+    async def rate_limited(self, pause_s: float) -> None:
+        metrics.LLM_RATELIMITED.inc()
+        try:
+            await self._worker.store.pause(pause_s)
+        except db.DB_ERRORS as exc:
+            # this job still waits out its own retry-after; only the others are not told
+            log.warning("llm.pause_not_shared", pause_s=round(pause_s, 3), error=db.describe(exc))
+
+    def provider_said(self, headers: Mapping[str, str]) -> None:
+        self._worker._heard(headers)
 
 
 def _completion(job: ClaimedJob, attempt: int, draft: Draft) -> Completion:

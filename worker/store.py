@@ -16,7 +16,8 @@ from typing import Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db, store
-from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, SettleResult
+from shared.ratelimit import NO_LIMITS, ProviderView, RateLimits, claim_params
+from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import LlmOutcome
 
 
@@ -24,9 +25,13 @@ class WorkerStore(Protocol):
     @property
     def worker_id(self) -> str: ...
 
-    async def settle_and_claim(self, completions: Sequence[Completion], claim_limit: int) -> SettleResult:
+    async def settle_and_claim(
+        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
+    ) -> SettleResult:
         """Completes the written stories and claims up to claim_limit pending
-        jobs, writing each one's first ledger row; one statement."""
+        jobs that the shared rate bucket covers (kept in step with
+        provider_view, what the provider's headers last said), writing each
+        one's first ledger row; one statement."""
         ...
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
@@ -45,9 +50,13 @@ class WorkerStore(Protocol):
 
     async def call_retry(
         self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
-    ) -> int | None:
+    ) -> RetryStart:
         """Closes an unbilled attempt's ledger row and opens the next one if
-        the job is still ours: its attempt number, or None."""
+        the job is still ours and the rate bucket is not paused."""
+        ...
+
+    async def pause(self, pause_s: float) -> None:
+        """No claim and no retry, by any worker, for pause_s (a 429)."""
         ...
 
     async def call_finish(
@@ -76,11 +85,15 @@ class PgWorkerStore:
         model: str,
         listen_url: str | None,
         connect_timeout_s: float,
+        limits: RateLimits = NO_LIMITS,
+        default_max_tokens: int = 4000,
     ) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._provider = provider
         self._model = model
+        self._limits = limits
+        self._default_max_tokens = default_max_tokens
         self._listen_url = listen_url
         self._connect_timeout_s = connect_timeout_s
 
@@ -92,16 +105,27 @@ class PgWorkerStore:
     def can_listen(self) -> bool:
         return self._listen_url is not None
 
-    async def settle_and_claim(self, completions: Sequence[Completion], claim_limit: int) -> SettleResult:
+    async def ensure_rate_bucket(self) -> None:
+        """The model's bucket, full, when a limit is configured and it does
+        not exist yet (a later claim recreates a deleted one, empty)."""
+        if self._limits.limited:
+            async with self._pool.connection() as conn:
+                await store.llm_rate_bucket_ensure(conn, model=self._model, limits=self._limits)
+
+    async def settle_and_claim(
+        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
+    ) -> SettleResult:
+        limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
             return await store.job_settle_and_claim(
                 conn, worker_id=self._worker_id, completions=completions, claim_limit=claim_limit,
-                provider=self._provider, model=self._model,
+                provider=self._provider, model=self._model, limiter=limiter,
             )
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         async with self._pool.connection() as conn:
-            return await store.job_fail_running(conn, worker_id=self._worker_id, failures=failures)
+            return await store.job_fail_running(conn, worker_id=self._worker_id, failures=failures,
+                                                model=self._model, limited=self._limits.limited)
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
         async with self._pool.connection() as conn:
@@ -113,13 +137,17 @@ class PgWorkerStore:
 
     async def call_retry(
         self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
-    ) -> int | None:
+    ) -> RetryStart:
         async with self._pool.connection() as conn:
             return await store.llm_call_start(
                 conn, worker_id=self._worker_id, job_id=job_id, previous_attempt=previous_attempt,
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
-                previous_error=previous_error,
+                previous_error=previous_error, model=self._model,
             )
+
+    async def pause(self, pause_s: float) -> None:
+        async with self._pool.connection() as conn:
+            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,

@@ -11,33 +11,17 @@ request may be sent.
 
 from __future__ import annotations
 
-from collections.abc import Awaitable, Callable
-from decimal import ROUND_HALF_UP, Decimal
+import asyncio
+from collections.abc import Mapping
+from decimal import Decimal
 from typing import Protocol
 
-import msgspec
-
-from shared.rows import Draft
+from shared.pricing import FREE, Price
+from shared.rows import Draft, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 
-__all__ = ["FREE", "Draft", "JobCall", "LostOwnership", "Price", "StoryWriter", "WriteFailed"]
-
-_MICRO_USD = Decimal("0.000001")
-
-
-class Price(msgspec.Struct, frozen=True):
-    """USD per million tokens."""
-
-    input_usd_per_mtok: Decimal
-    output_usd_per_mtok: Decimal
-
-    def cost(self, input_tokens: int, output_tokens: int) -> Decimal:
-        total = (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000
-        return total.quantize(_MICRO_USD, rounding=ROUND_HALF_UP)
-
-
-FREE = Price(Decimal(0), Decimal(0))
+__all__ = ["FREE", "CallHooks", "Draft", "JobCall", "LostOwnership", "Price", "StoryWriter", "WriteFailed"]
 
 
 class WriteFailed(Exception):
@@ -59,35 +43,60 @@ class LostOwnership(Exception):
     the previous attempt's row is closed, and no further request may be sent."""
 
 
-# (previous attempt, how it ended, its error) -> the next attempt, or None
-# when the job is no longer this worker's
-NextAttempt = Callable[[int, LlmOutcome, str], Awaitable[int | None]]
+class CallHooks(Protocol):
+    """What a JobCall asks of the worker that runs it."""
+
+    async def next_attempt(self, attempt: int, previous: LlmOutcome, error: str) -> RetryStart:
+        """Closes attempt's ledger row as ``previous`` and opens the next one
+        (see shared.rows.RetryStart)."""
+        ...
+
+    async def rate_limited(self, pause_s: float) -> None:
+        """A 429: every worker holds its requests for pause_s."""
+        ...
+
+    def provider_said(self, headers: Mapping[str, str]) -> None:
+        """An answer's headers, for the provider's view of its rate limits."""
+        ...
 
 
 class JobCall:
     """One job's LLM call as it happens: which attempt (ledger row) is under
-    way, and the usage so far (what heartbeats report as progress)."""
+    way, the usage so far (what heartbeats report as progress), and the
+    max_tokens fixed when the job was accepted (None: the writer's own)."""
 
-    __slots__ = ("attempt", "input_tokens", "output_tokens", "price", "_next_attempt")
+    __slots__ = ("attempt", "input_tokens", "output_tokens", "price", "max_tokens", "_hooks")
 
-    def __init__(self, price: Price, next_attempt: NextAttempt) -> None:
+    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int | None = None) -> None:
         # attempt 1's ledger row was written by the claim
         self.attempt = 1
         self.input_tokens = 0
         self.output_tokens = 0
         self.price = price
-        self._next_attempt = next_attempt
+        self.max_tokens = max_tokens
+        self._hooks = hooks
 
     async def retry(self, previous: LlmOutcome, error: str) -> None:
         """Closes the current ledger row as certainly unbilled and writes the
-        next attempt's row, before its request is sent; raises LostOwnership
-        when the job is no longer ours."""
-        attempt = await self._next_attempt(self.attempt, previous, error)
-        if attempt is None:
-            raise LostOwnership(f"the job was ended elsewhere while attempt {self.attempt} waited to be retried")
-        self.attempt = attempt
+        next attempt's row, before its request is sent; waits first while
+        another worker's 429 holds every request; raises LostOwnership when
+        the job is no longer ours."""
+        while True:
+            started = await self._hooks.next_attempt(self.attempt, previous, error)
+            if not started.owned:
+                raise LostOwnership(f"the job was ended elsewhere while attempt {self.attempt} waited to be retried")
+            if started.attempt is not None:
+                break
+            await asyncio.sleep(started.paused_s)
+        self.attempt = started.attempt
         self.input_tokens = 0
         self.output_tokens = 0
+
+    async def rate_limited(self, pause_s: float) -> None:
+        await self._hooks.rate_limited(pause_s)
+
+    def provider_said(self, headers: Mapping[str, str]) -> None:
+        self._hooks.provider_said(headers)
 
     @property
     def cost_usd(self) -> Decimal:

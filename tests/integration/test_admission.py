@@ -8,16 +8,15 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from api.admission import AdmissionBatcher
+from api.admission import AdmissionBatcher, admission
+from shared.config import ApiSettings
 from shared.rows import Admission
-from shared.story_request import StoryRequest, canonical_json, fingerprint
+from shared.story_request import StoryRequest
 from tests.helpers import client_id_of, count
 
 
 def _admission(client_id: int, key: str, prompt: str = "a fox") -> Admission:
-    request = StoryRequest(prompt=prompt)
-    return Admission(client_id=client_id, idempotency_key=key, request_fingerprint=fingerprint(request),
-                     request_json=canonical_json(request).decode())
+    return admission(client_id, key, StoryRequest(prompt=prompt), ApiSettings())
 
 
 async def test_concurrent_admissions_share_transactions(

@@ -12,12 +12,18 @@ import pytest
 import yaml
 
 from shared.queries import QUERIES
+from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 
-CLAIM_PARAMS = {"worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m", "completions": "[]"}
+CLAIM_PARAMS = {**UNLIMITED, "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m",
+                "completions": "[]"}
+# the same claim with every kind of rate limit configured
+LIMITED_CLAIM_PARAMS = {**CLAIM_PARAMS, **claim_params(
+    RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0, input_tokens_capacity=5000.0,
+               output_tokens_rate=1000.0, output_tokens_capacity=5000.0), None, default_max_tokens=1000)}
 ADMISSION_PARAMS = {
     "requests": '[{"ord": 0, "client_id": 1, "idempotency_key": "new", "request_fingerprint": "00", '
                 '"request": {"prompt": "x"}}]',
-    "queue_max": 1000, "client_queue_max": 1000,
+    "queue_max": 1000, "client_queue_max": 1000, "budget_usd": None, "client_budget_usd": None,
 }
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
                 "judge_running": True, "batch_size": 100, "now": None}
@@ -64,12 +70,15 @@ async def _plan(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str
     return plan
 
 
+@pytest.mark.parametrize("params", [CLAIM_PARAMS, LIMITED_CLAIM_PARAMS], ids=["unlimited", "rate-limited"])
 @pytest.mark.parametrize("analyze_first", [False, True], ids=["fresh-stats", "stale-stats"])
-async def test_the_claim_uses_the_active_index(conn: psycopg.AsyncConnection[Any], analyze_first: bool) -> None:
+async def test_the_claim_uses_the_active_index(
+    conn: psycopg.AsyncConnection[Any], analyze_first: bool, params: dict[str, Any]
+) -> None:
     """With 20,000 finished jobs ahead of the pending ones, the claim finds them through
-    story_jobs_active_idx, never by walking the primary key or the table."""
+    story_jobs_active_idx, never by walking the primary key or the table, with or without a rate limit."""
     await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
-    plan = await _plan(conn, "job_settle_and_claim", CLAIM_PARAMS)
+    plan = await _plan(conn, "job_settle_and_claim", params)
     (claimable,) = [n for n in _plan_nodes(plan) if n.get("Subplan Name") == "CTE claimable"]
     assert _story_jobs_scans(claimable) == ["Index Scan:story_jobs_active_idx"]
     # everywhere else the statement reaches jobs by id, never by scanning

@@ -142,10 +142,10 @@ async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoe
     job = await _claim(conn)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
-            attempt = await store.llm_call_start(worker_conn, worker_id="w1", job_id=job, previous_attempt=1,
+            started = await store.llm_call_start(worker_conn, worker_id="w1", job_id=job, previous_attempt=1,
                                                  previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
                                                  previous_error="429")
-            assert attempt == 2
+            assert started.attempt == 2
             if ender == "cancel":
                 ending = asyncio.create_task(store.job_cancel(conn, client_id=client, job_id=job_id))
                 await wait_until(lambda: _waiting_on_lock(worker_conn), what="the cancellation to wait")
@@ -176,5 +176,6 @@ async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
                 conn, worker_id="w1", job_id=job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,
                 previous_billed=False, previous_error="429"))
             await wait_until(lambda: _waiting_on_lock(api_conn), what="the retry to wait")
-        assert await retry is None
+        started = await retry
+        assert started.attempt is None and not started.owned
     assert await _ledger(conn) == [(1, "rate_limited", False, True)]

@@ -15,6 +15,7 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from shared import store
+from shared.ratelimit import ProviderView
 from shared.rows import Completion, SettleResult
 from shared.status import ErrorCode, LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
@@ -194,8 +195,10 @@ class AnswerLosingStore(PgWorkerStore):
 
     answers_lost = 0
 
-    async def settle_and_claim(self, completions: Sequence[Completion], claim_limit: int) -> SettleResult:
-        settled = await super().settle_and_claim(completions, claim_limit)
+    async def settle_and_claim(
+        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
+    ) -> SettleResult:
+        settled = await super().settle_and_claim(completions, claim_limit, provider_view)
         if claim_limit and not self.answers_lost:
             self.answers_lost += 1
             raise psycopg.OperationalError("server closed the connection unexpectedly")

@@ -16,7 +16,8 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import Any
 
-from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, SettleResult
+from shared.ratelimit import LimiterState, ProviderView
+from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 
 
@@ -46,6 +47,11 @@ class RecordingStore:
         self.calls: list[tuple[str, Any]] = []
         self._faults: dict[str, list[Fault]] = {}
         self._notifications: asyncio.Queue[None] = asyncio.Queue()
+        # what the next claims answer of the shared rate bucket, and how long
+        # a retry is held (another worker's 429)
+        self.limiter = LimiterState()
+        self.paused_s = 0.0
+        self.provider_views: list[ProviderView | None] = []
 
     @property
     def worker_id(self) -> str:
@@ -100,8 +106,11 @@ class RecordingStore:
         job = self.jobs.get(job_id)
         return job is not None and job.status is JobStatus.RUNNING and job.worker_id == self._worker_id
 
-    async def settle_and_claim(self, completions: Sequence[Completion], claim_limit: int) -> SettleResult:
+    async def settle_and_claim(
+        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
+    ) -> SettleResult:
         fault = self._enter("settle_and_claim", (list(completions), claim_limit))
+        self.provider_views.append(provider_view)
         completed = []
         for completion in completions:
             self.ledger[(completion.job_id, completion.attempt)] = LlmOutcome.SUCCEEDED
@@ -118,7 +127,7 @@ class RecordingStore:
                 self.ledger[(job.id, 1)] = LlmOutcome.STARTED
                 claimed.append(_claimed(job))
         self._leave(fault)
-        return SettleResult(completed_ids=completed, already_completed_ids=[], claimed=claimed)
+        return SettleResult(completed_ids=completed, already_completed_ids=[], claimed=claimed, limiter=self.limiter)
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         fault = self._enter("fail_running", list(failures))
@@ -156,15 +165,19 @@ class RecordingStore:
 
     async def call_retry(
         self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
-    ) -> int | None:
+    ) -> RetryStart:
         fault = self._enter("call_retry", (job_id, previous_attempt, previous_outcome))
         self.ledger[(job_id, previous_attempt)] = previous_outcome
         attempt = None
-        if self._ours(job_id):
+        if self._ours(job_id) and not self.paused_s:
             attempt = previous_attempt + 1
             self.ledger[(job_id, attempt)] = LlmOutcome.STARTED
         self._leave(fault)
-        return attempt
+        return RetryStart(attempt=attempt, paused_s=self.paused_s, owned=self._ours(job_id))
+
+    async def pause(self, pause_s: float) -> None:
+        fault = self._enter("pause", pause_s)
+        self._leave(fault)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,

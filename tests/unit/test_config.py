@@ -29,7 +29,7 @@ def test_values_are_converted_from_strings() -> None:
                                    "HEARTBEAT_TIMEOUT_S": "2", "LLM_PRICES": '{"m": [1.5, 7]}',
                                    "LLM_MODEL": "m", "ANTHROPIC_API_KEY": "k", "WORKER_LISTEN": "false"})
     assert worker.worker_concurrency == 4 and worker.heartbeat_interval_s == 0.5
-    assert worker.price_usd_per_mtok() == (Decimal("1.5"), Decimal("7.0"))
+    assert (worker.price().input_usd_per_mtok, worker.price().output_usd_per_mtok) == (Decimal("1.5"), Decimal("7.0"))
     assert worker.worker_listen is False
 
 

@@ -7,12 +7,11 @@ from decimal import Decimal
 import msgspec
 import pytest
 
-from shared import keys
+from shared import keys, prompt
+from shared.pricing import Price
 from shared.queries import QUERIES, parse
 from shared.story_request import StoryRequest, fingerprint
-from worker import prompt
 from worker.runner import new_worker_id
-from worker.writing import Price
 
 
 def test_named_queries_are_parsed_without_their_descriptions() -> None:

@@ -3,7 +3,9 @@ so a change of wording is visible in the data: bump PROMPT_VERSION with it."""
 
 from __future__ import annotations
 
-from shared.story_request import StoryRequest
+import math
+
+from shared.story_request import NAME_MAX_CHARS, PROMPT_MAX_CHARS, StoryRequest
 
 PROMPT_VERSION = "bedtime-v1"
 
@@ -31,6 +33,37 @@ def user_message(request: StoryRequest) -> str:
 
 def max_tokens(request: StoryRequest, ceiling: int) -> int:
     return min(LENGTH_TOKENS[request.length], ceiling)
+
+
+# the tokens of a request's framing (roles, message boundaries) beyond its text
+_FRAMING_TOKENS = 32
+# a common English text's bytes per token, for the rate limiter's estimate
+_BYTES_PER_TOKEN = 3
+
+
+def input_tokens_at_most(request: StoryRequest) -> int:
+    """An upper bound on the request's input tokens: a byte-level tokenizer's
+    tokens each stand for at least one byte of text, so the UTF-8 length of
+    what is sent bounds them. A spend budget reserves this."""
+    return len(SYSTEM.encode()) + len(user_message(request).encode()) + _FRAMING_TOKENS
+
+
+def _largest_request() -> StoryRequest:
+    widest = "\U0001f319"  # four bytes in UTF-8, the most a character takes
+    return StoryRequest(prompt=widest * PROMPT_MAX_CHARS, child_name=widest * NAME_MAX_CHARS, age=12,
+                        length="long", language="zh-Hant-TW")
+
+
+def input_tokens_estimate(request: StoryRequest) -> int:
+    """A likely count of the request's input tokens, which the shared rate
+    limiter reserves before the call and corrects with the provider's count
+    after it."""
+    return math.ceil(input_tokens_at_most(request) / _BYTES_PER_TOKEN)
+
+
+# the estimate of the largest request the api accepts: the rate bucket must
+# hold at least that many input tokens, or such a job could never start
+INPUT_TOKENS_ESTIMATE_MAX = input_tokens_estimate(_largest_request())
 
 
 def split_title(text: str) -> tuple[str, str]:

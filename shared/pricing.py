@@ -1,0 +1,31 @@
+"""What an LLM call costs: prices per million tokens, and a job's worst case,
+which a spend budget reserves when the job is accepted."""
+
+from __future__ import annotations
+
+from decimal import ROUND_CEILING, ROUND_HALF_UP, Decimal
+
+import msgspec
+
+_MICRO_USD = Decimal("0.000001")
+
+
+class Price(msgspec.Struct, frozen=True):
+    """USD per million tokens."""
+
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
+
+    def cost(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return self._usd(input_tokens, output_tokens).quantize(_MICRO_USD, rounding=ROUND_HALF_UP)
+
+    def worst_case(self, input_tokens_at_most: int, max_tokens: int) -> Decimal:
+        """The most a call can cost: rounded up, so that a reservation is
+        never below what the ledger later records for the same call."""
+        return self._usd(input_tokens_at_most, max_tokens).quantize(_MICRO_USD, rounding=ROUND_CEILING)
+
+    def _usd(self, input_tokens: int, output_tokens: int) -> Decimal:
+        return (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000
+
+
+FREE = Price(Decimal(0), Decimal(0))

@@ -1,0 +1,158 @@
+"""The provider's rate limits as the worker sees them: the configured limits
+(a continuously refilling bucket per kind, shared through Postgres), what the
+provider's ``anthropic-ratelimit-*`` headers last said, and what a claim
+round's answer says about when claiming is worth trying again.
+
+The bucket itself lives in the claim statement (sql/queries.sql,
+job_settle_and_claim); this module only turns settings and headers into its
+parameters, and its answer into a wait.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping
+from datetime import datetime
+from typing import Any
+
+import msgspec
+
+from shared.config import BaseSettings
+from shared.prompt import INPUT_TOKENS_ESTIMATE_MAX
+
+KINDS = ("requests", "input_tokens", "output_tokens")
+
+
+class RateLimits(msgspec.Struct, frozen=True):
+    """Per kind (requests, input tokens, output tokens): the refill rate per
+    second and the capacity, or None where no limit is configured."""
+
+    requests_rate: float | None
+    requests_capacity: float | None
+    input_tokens_rate: float | None
+    input_tokens_capacity: float | None
+    output_tokens_rate: float | None
+    output_tokens_capacity: float | None
+
+    @classmethod
+    def from_settings(cls, settings: BaseSettings) -> RateLimits:
+        """A minute's limit refills continuously; the bucket holds at most
+        LLM_RATE_BURST_S of refill, since the provider enforces the limit over
+        shorter intervals too (60 a minute may mean one a second), but never
+        less than the largest single job needs, or that job could never start."""
+        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX,
+                        "output_tokens": settings.llm_max_tokens}
+        values: dict[str, float | None] = {}
+        for kind, per_minute in (("requests", settings.llm_requests_per_minute),
+                                 ("input_tokens", settings.llm_input_tokens_per_minute),
+                                 ("output_tokens", settings.llm_output_tokens_per_minute)):
+            rate = None if per_minute is None else per_minute / 60.0
+            values[f"{kind}_rate"] = rate
+            values[f"{kind}_capacity"] = (
+                None if rate is None else max(rate * settings.llm_rate_burst_s, float(largest_need[kind])))
+        return cls(**values)
+
+    @property
+    def limited(self) -> bool:
+        return any(self.rate(kind) is not None for kind in KINDS)
+
+    def rate(self, kind: str) -> float | None:
+        value: float | None = getattr(self, f"{kind}_rate")
+        return value
+
+
+class ProviderView(msgspec.Struct, frozen=True):
+    """What the provider's ``anthropic-ratelimit-*`` headers said, per kind:
+    how much was left and when it is whole again. ``seen_at`` is this
+    process's monotonic clock when the answer arrived."""
+
+    seen_at: float
+    remaining: dict[str, float]
+    resets: dict[str, datetime]
+
+    @classmethod
+    def from_headers(cls, headers: Mapping[str, str], *, seen_at: float) -> ProviderView | None:
+        remaining: dict[str, float] = {}
+        resets: dict[str, datetime] = {}
+        for kind, header in _HEADER_KINDS.items():
+            left = headers.get(f"anthropic-ratelimit-{header}-remaining")
+            reset = headers.get(f"anthropic-ratelimit-{header}-reset")
+            try:
+                if left is not None:
+                    remaining[kind] = float(left)
+                if reset is not None:
+                    resets[kind] = datetime.fromisoformat(reset.replace("Z", "+00:00"))
+            except ValueError:
+                continue  # a header we cannot read says nothing
+        if not remaining:
+            return None
+        return cls(seen_at=seen_at, remaining=remaining, resets=resets)
+
+    def pause_until(self, *, output_tokens_need: int) -> datetime | None:
+        """When claiming may resume, if the provider said too little is left
+        for one more job: the latest reset among the exhausted kinds."""
+        needs = {"requests": 1.0, "input_tokens": 1.0, "output_tokens": float(output_tokens_need),
+                 "tokens": float(output_tokens_need)}
+        exhausted = [self.resets[kind] for kind, left in self.remaining.items()
+                     if left < needs[kind] and kind in self.resets]
+        return max(exhausted, default=None)
+
+
+# our kind -> the provider's header name
+_HEADER_KINDS = {"requests": "requests", "input_tokens": "input-tokens", "output_tokens": "output-tokens",
+                 "tokens": "tokens"}
+
+
+def claim_params(limits: RateLimits, view: ProviderView | None, *, default_max_tokens: int,
+                 clock: Callable[[], float] = time.monotonic) -> dict[str, Any]:
+    """The limiter's parameters of a claim statement: the limits, and what the
+    provider last said, refilled to now at the configured rates (only where a
+    limit is configured: elsewhere its headers can only pause)."""
+    params: dict[str, Any] = msgspec.structs.asdict(limits)
+    params["limited"] = limits.limited
+    params["default_max_tokens"] = default_max_tokens
+    elapsed = 0.0 if view is None else max(clock() - view.seen_at, 0.0)
+    for kind in KINDS:
+        rate = limits.rate(kind)
+        left = None if view is None else view.remaining.get(kind)
+        params[f"provider_{kind}"] = None if rate is None or left is None else left + rate * elapsed
+    params["provider_pause_until"] = None if view is None else view.pause_until(output_tokens_need=default_max_tokens)
+    return params
+
+
+class LimiterState(msgspec.Struct, frozen=True):
+    """The bucket after a claim round took from it (None: no limit of that
+    kind), how long it stays paused, and the needs of the first pending job
+    it did not cover (None: it held nothing back)."""
+
+    paused_s: float = 0.0
+    requests: float | None = None
+    input_tokens: float | None = None
+    output_tokens: float | None = None
+    next_input_tokens: float | None = None
+    next_output_tokens: float | None = None
+
+    def wait_s(self, limits: RateLimits) -> float:
+        """How long until the bucket can cover the job it held back (0: it
+        held none back). A pause counts whole."""
+        if self.next_output_tokens is None:
+            return max(self.paused_s, 0.0)
+        needs = {"requests": 1.0, "input_tokens": self.next_input_tokens or 0.0,
+                 "output_tokens": self.next_output_tokens}
+        waits = [self.paused_s]
+        for kind, need in needs.items():
+            rate, available = limits.rate(kind), getattr(self, kind)
+            if rate and available is not None and available < need:
+                waits.append((need - available) / rate)
+        wait = max(waits)
+        # held back, the round must not come straight back
+        return max(wait, _LEAST_WAIT_S) if math.isfinite(wait) else _LEAST_WAIT_S
+
+
+_LEAST_WAIT_S = 0.05
+
+
+NO_LIMITS = RateLimits(None, None, None, None, None, None)
+# a claim's limiter parameters when no limit is configured and nothing was heard
+UNLIMITED: dict[str, Any] = claim_params(NO_LIMITS, None, default_max_tokens=4000)
