@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
@@ -64,39 +64,54 @@ class RateLimits(msgspec.Struct, frozen=True):
 
 class ProviderView(msgspec.Struct, frozen=True):
     """What the provider's ``anthropic-ratelimit-*`` headers said, per kind:
-    how much was left and when it is whole again. ``seen_at`` is this
-    process's monotonic clock when the answer arrived."""
+    the limit per minute, how much was left, and when it is whole again.
+    ``seen_at`` is this process's monotonic clock when the answer arrived,
+    ``seen_wall`` the same moment in UTC."""
 
     seen_at: float
+    seen_wall: datetime
     remaining: dict[str, float]
+    limits: dict[str, float]
     resets: dict[str, datetime]
 
     @classmethod
     def from_headers(cls, headers: Mapping[str, str], *, seen_at: float) -> ProviderView | None:
         remaining: dict[str, float] = {}
+        limits: dict[str, float] = {}
         resets: dict[str, datetime] = {}
         for kind, header in _HEADER_KINDS.items():
-            left = headers.get(f"anthropic-ratelimit-{header}-remaining")
-            reset = headers.get(f"anthropic-ratelimit-{header}-reset")
+            prefix = f"anthropic-ratelimit-{header}"
             try:
-                if left is not None:
+                if (left := headers.get(f"{prefix}-remaining")) is not None:
                     remaining[kind] = float(left)
-                if reset is not None:
+                if (limit := headers.get(f"{prefix}-limit")) is not None and float(limit) > 0:
+                    limits[kind] = float(limit)
+                if (reset := headers.get(f"{prefix}-reset")) is not None:
                     resets[kind] = datetime.fromisoformat(reset.replace("Z", "+00:00"))
             except ValueError:
                 continue  # a header we cannot read says nothing
         if not remaining:
             return None
-        return cls(seen_at=seen_at, remaining=remaining, resets=resets)
+        return cls(seen_at=seen_at, seen_wall=datetime.now(UTC), remaining=remaining, limits=limits,
+                   resets=resets)
 
     def pause_until(self, *, output_tokens_need: int) -> datetime | None:
         """When claiming may resume, if the provider said too little is left
-        for one more job: the latest reset among the exhausted kinds."""
+        for one more job: for each kind short of it, when enough has refilled
+        at its limit's pace (a minute's limit refills continuously), or, with
+        no limit given, at its reset; the latest of them."""
         needs = {"requests": 1.0, "input_tokens": 1.0, "output_tokens": float(output_tokens_need),
                  "tokens": float(output_tokens_need)}
-        exhausted = [self.resets[kind] for kind, left in self.remaining.items()
-                     if left < needs[kind] and kind in self.resets]
-        return max(exhausted, default=None)
+        until = []
+        for kind, left in self.remaining.items():
+            if left >= needs[kind]:
+                continue
+            if kind in self.limits:
+                refill_s = (needs[kind] - left) / (self.limits[kind] / 60.0)
+                until.append(self.seen_wall + timedelta(seconds=refill_s))
+            elif kind in self.resets:
+                until.append(self.resets[kind])
+        return max(until, default=None)
 
 
 # our kind -> the provider's header name

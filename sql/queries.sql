@@ -361,7 +361,7 @@ WHERE k.key_prefix = %(key_prefix)s;
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
        recent.avg_run_seconds, recent.avg_output_tokens,
-       coalesce((SELECT greatest(extract(epoch FROM paused_until - now()), 0) FROM llm_rate_buckets
+       coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
                  WHERE model = %(model)s), 0)::float8 AS limiter_paused_s
 FROM (
     SELECT avg(extract(epoch FROM completed_at - started_at))::float8 AS avg_run_seconds,
@@ -542,7 +542,7 @@ SELECT
     )::text, '[]') AS claimed,
     -- the bucket after this round, and the needs of the first job it held back
     (SELECT json_build_object(
-        'paused_s', greatest(coalesce(extract(epoch FROM l.paused_until - now()), 0), 0),
+        'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
         'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
         'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
      FROM bucket_left l
@@ -646,7 +646,7 @@ WITH owned AS MATERIALIZED (
     FOR SHARE
 ),
 paused AS MATERIALIZED (
-    SELECT coalesce((SELECT greatest(extract(epoch FROM paused_until - now()), 0) FROM llm_rate_buckets
+    SELECT coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
                      WHERE model = %(model)s), 0)::float8 AS paused_s
 ),
 previous AS (
@@ -820,7 +820,7 @@ ORDER BY b.client_id;
 -- The shared rate buckets, refilled to now at the rates the caller knows
 -- (NULL rate: shown as stored): `storyjobs stats`.
 SELECT model, requests, input_tokens, output_tokens,
-       greatest(extract(epoch FROM paused_until - now()), 0)::float8 AS paused_s,
+       greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s,
        greatest(extract(epoch FROM now() - refilled_at), 0)::float8 AS since_refill_s
 FROM llm_rate_buckets ORDER BY model;
 

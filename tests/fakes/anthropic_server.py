@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import json
+import math
 import random
 import socket
 import threading
 import time
 from collections import deque
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any
 
 import uvicorn
@@ -61,6 +63,8 @@ class Call:
     plan: Plan
     status: int = 0
     billed: bool = False  # a stream was started (message_start sent)
+    limited: bool = False  # answered 429 by the account's limits
+    output_tokens: int = 0
     chunks_sent: int = 0
     finished: bool = False  # message_stop sent
     closed_early: bool = False  # the client went away before message_stop
@@ -78,9 +82,49 @@ def _prompt_of(body: dict[str, Any]) -> str:
     return content if isinstance(content, str) else json.dumps(content)
 
 
+class RateBucket:
+    """A continuously refilling bucket, as the provider keeps one per limit:
+    ``per_minute`` refills in a minute, and it holds at most burst_s of it."""
+
+    def __init__(self, per_minute: float, burst_s: float = 60.0) -> None:
+        self.per_minute = per_minute
+        self.rate = per_minute / 60.0
+        self.capacity = self.rate * burst_s
+        self.available = self.capacity
+        self._at = time.monotonic()
+
+    def refill(self) -> float:
+        now = time.monotonic()
+        self.available = min(self.capacity, self.available + self.rate * (now - self._at))
+        self._at = now
+        return self.available
+
+    def seconds_until(self, amount: float) -> float:
+        return max(amount - self.refill(), 0.0) / self.rate
+
+    def headers(self, name: str) -> list[tuple[bytes, bytes]]:
+        """The anthropic-ratelimit-{name}-* headers: limit, what is left, and
+        when the bucket is whole again (RFC 3339)."""
+        full_at = time.time() + self.seconds_until(self.capacity)
+        reset = datetime.fromtimestamp(full_at, UTC).isoformat(timespec="milliseconds").replace("+00:00", "Z")
+        return [(f"anthropic-ratelimit-{name}-limit".encode(), str(int(self.per_minute)).encode()),
+                (f"anthropic-ratelimit-{name}-remaining".encode(), str(max(int(self.refill()), 0)).encode()),
+                (f"anthropic-ratelimit-{name}-reset".encode(), reset.encode())]
+
+
 @dataclass
 class FakeAnthropic:
     default: Plan = field(default_factory=Plan)
+    # the account's limits, enforced as the provider does: a request is
+    # answered 429 (with retry-after and the anthropic-ratelimit-* headers)
+    # unless one request and its max_tokens are left; the output tokens it
+    # did not use are given back when its stream ends. Every answer carries
+    # the headers.
+    requests_per_minute: float | None = None
+    output_tokens_per_minute: float | None = None
+    limit_burst_s: float = 60.0
+    # a provider that does not say how much is left (only its 429s do)
+    send_limit_headers: bool = True
     # probability of answering 529 instead of the default plan
     overload_rate: float = 0.0
     seed: int = 1234
@@ -91,6 +135,36 @@ class FakeAnthropic:
 
     def __post_init__(self) -> None:
         self._random = random.Random(self.seed)
+        self._buckets = {
+            name: RateBucket(per_minute, self.limit_burst_s)
+            for name, per_minute in (("requests", self.requests_per_minute),
+                                     ("output-tokens", self.output_tokens_per_minute))
+            if per_minute is not None
+        }
+
+    @property
+    def rate_limited(self) -> list[Call]:
+        """Requests the account's limits turned away (429 not asked by a plan)."""
+        with self._lock:
+            return [c for c in self.calls if c.limited]
+
+    def _admit(self, max_tokens: int) -> tuple[float | None, list[tuple[bytes, bytes]]]:
+        """Takes a request and its max_tokens from the buckets: None, or the
+        seconds to wait when they are short; and the headers to send."""
+        with self._lock:
+            needs = {"requests": 1.0, "output-tokens": float(max_tokens)}
+            wait = max((bucket.seconds_until(needs[name]) for name, bucket in self._buckets.items()), default=0.0)
+            if wait <= 0:
+                for name, bucket in self._buckets.items():
+                    bucket.available -= needs[name]
+            headers = [h for name, bucket in self._buckets.items() for h in bucket.headers(name)]
+        return (wait if wait > 0 else None), headers
+
+    def _give_back(self, output_tokens: float) -> None:
+        with self._lock:
+            bucket = self._buckets.get("output-tokens")
+            if bucket is not None:
+                bucket.available = min(bucket.capacity, bucket.available + output_tokens)
 
     # -- what tests use --------------------------------------------------------------
 
@@ -171,8 +245,17 @@ class FakeAnthropic:
 
     async def _answer(self, call: Call, body: dict[str, Any], receive: Any, send: Any) -> None:
         plan = call.plan
-        call.status = plan.status
         extra = [(b"request-id", call.request_id.encode())]
+        max_tokens = int(body.get("max_tokens") or 0)
+        if plan.status == 200 and self._buckets:
+            wait, limit_headers = self._admit(max_tokens)
+            if self.send_limit_headers:
+                extra += limit_headers
+            if wait is not None:
+                call.limited = True
+                plan = Plan(status=429)
+                extra.append((b"retry-after", str(max(math.ceil(wait), 1)).encode()))
+        call.status = plan.status
         if plan.retry_after_ms is not None:
             extra.append((b"retry-after-ms", str(plan.retry_after_ms).encode()))
         if plan.should_retry is not None:
@@ -195,6 +278,8 @@ class FakeAnthropic:
         watcher = asyncio.create_task(watch_disconnect())
         try:
             await self._stream(call, body, send, disconnected, extra)
+            if self._buckets:
+                self._give_back(max_tokens - call.output_tokens)
         except _Drop:
             call.dropped = True
             raise  # uvicorn then closes the connection mid-response
@@ -246,6 +331,7 @@ class FakeAnthropic:
                                                 "delta": {"type": "text_delta", "text": piece}})
             call.chunks_sent += 1
             output_tokens += len(piece.split())
+            call.output_tokens = output_tokens
         if plan.hold is not None:
             while not plan.hold.is_set():
                 await _sleep_or_disconnect(0.01, disconnected)

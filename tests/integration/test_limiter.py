@@ -1,0 +1,137 @@
+"""The shared rate bucket in the claim statement, on a real Postgres: it covers
+exactly what it holds, however many claimers race for it, in either order, and
+gets back what finished calls did not use."""
+
+from __future__ import annotations
+
+import asyncio
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from shared import store
+from shared.ratelimit import RateLimits, claim_params
+from shared.rows import Completion
+from tests.helpers import client_id_of, count, enqueue, wait_until
+
+MODEL = "m"
+# 5 requests and 8,000 output tokens in the bucket, refilling so slowly that
+# no test sees a refill
+LIMITS = RateLimits(requests_rate=1e-6, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+                    output_tokens_rate=1e-6, output_tokens_capacity=8000.0)
+
+
+def _limiter(**overrides: Any) -> dict[str, Any]:
+    return {**claim_params(LIMITS, None, default_max_tokens=1600), **overrides}
+
+
+async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int, **overrides: Any) -> list[int]:
+    result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+                                              provider="anthropic", model=MODEL, limiter=_limiter(**overrides))
+    return [job.id for job in result.claimed]
+
+
+async def _bucket(conn: psycopg.AsyncConnection[Any]) -> tuple[float, float]:
+    cur = await conn.execute("SELECT requests, output_tokens FROM llm_rate_buckets WHERE model = %s", (MODEL,))
+    row = await cur.fetchone()
+    assert row is not None
+    return row[0], row[1]
+
+
+@pytest.fixture
+async def pending(conn: psycopg.AsyncConnection[Any]) -> int:
+    """50 pending jobs of 1,600 max_tokens each, and a full bucket."""
+    client = await client_id_of(conn)
+    for n in range(50):
+        await enqueue(conn, client, f"story {n}")
+    await store.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
+    return client
+
+
+async def test_sixteen_claimers_on_one_bucket_claim_exactly_what_it_holds(
+    database_url: str, conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """16 workers claiming at once, 3 slots each: 5 jobs are claimed in all (the bucket's 8,000 output
+    tokens cover five of 1,600), each once; the bucket is left at zero, never below."""
+
+    async def claimer(n: int) -> list[int]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
+            return await _claim(c, f"w{n}", 3)
+
+    claimed = [job for jobs in await asyncio.gather(*(claimer(n) for n in range(16))) for job in jobs]
+    assert len(claimed) == len(set(claimed)) == 5
+    requests, output_tokens = await _bucket(conn)
+    assert requests == pytest.approx(0, abs=1e-3) and output_tokens == pytest.approx(0, abs=1e-2)
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'pending'") == 45
+
+
+@pytest.mark.parametrize("first_commits", [True, False], ids=["first-commits", "first-rolls-back"])
+async def test_a_claimer_waiting_on_the_bucket_sees_what_the_first_took(
+    database_url: str, conn: psycopg.AsyncConnection[Any], pending: int, first_commits: bool
+) -> None:
+    """A claim holds the bucket's row until it ends; a second claim waits for it, then reads the bucket
+    as the first left it: after a commit what is left, after a rollback all of it."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as first:
+        async with first.transaction():
+            assert len(await _claim(first, "w1", 4)) == 4
+            second = asyncio.create_task(_claim(conn, "w2", 4))
+            await wait_until(lambda: _waiting_on_lock(first), what="the second claim to wait on the bucket")
+            if not first_commits:
+                raise psycopg.Rollback()  # psycopg rolls the block back and carries on
+        claimed_second = await second
+    assert len(claimed_second) == (1 if first_commits else 4)
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running'") == (5 if first_commits else 4)
+
+
+async def _waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND wait_event_type = 'Lock'")
+    row = await cur.fetchone()
+    return row is not None and row[0] > 0
+
+
+async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_what_it_needs(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """Asked for 10 with room for 5, the claim takes the five oldest, leaves the rest pending, and says
+    what the first job it held back needs, so the worker knows when to try again."""
+    result = await store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=10,
+                                              provider="anthropic", model=MODEL, limiter=_limiter())
+    assert [job.id for job in result.claimed] == [1, 2, 3, 4, 5]
+    assert result.limiter.next_output_tokens == 1600
+    assert result.limiter.wait_s(LIMITS) > 60  # at 1e-6 tokens a second: a long wait
+
+
+async def test_what_a_completed_call_did_not_use_is_given_back(conn: psycopg.AsyncConnection[Any], pending: int) -> None:
+    """A story written with 100 of its 1,600 reserved output tokens gives 1,500 back at its completion,
+    in the same statement, where the next claim can use them."""
+    (job_id,) = await _claim(conn, "w", 1)
+    done = Completion(job_id=job_id, client_id=pending, attempt=1, title="T", body="B", model=MODEL,
+                      prompt_version="v", input_tokens=10, output_tokens=100, cost_usd=Decimal("0.001"))
+    result = await store.job_settle_and_claim(conn, worker_id="w", completions=[done], claim_limit=0,
+                                              provider="anthropic", model=MODEL, limiter=_limiter())
+    assert result.completed_ids == [job_id]
+    _, output_tokens = await _bucket(conn)
+    assert output_tokens == pytest.approx(8000 - 1600 + 1500, abs=1e-2)
+
+
+async def test_a_pause_holds_every_claim_until_it_ends(conn: psycopg.AsyncConnection[Any], pending: int) -> None:
+    """While a 429's pause lasts, a claim takes nothing and says how long it lasts, limit or no limit."""
+    await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=30)
+    for limiter in (_limiter(), claim_params(RateLimits(None, None, None, None, None, None), None,
+                                             default_max_tokens=1600)):
+        result = await store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=3,
+                                                  provider="anthropic", model=MODEL, limiter=limiter)
+        assert result.claimed == [] and 25 < result.limiter.paused_s <= 30
+
+
+async def test_a_deleted_bucket_row_is_recreated_empty_and_claims_nothing_meanwhile(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """With a limit configured and the bucket's row gone (an operator's reset), the claim takes nothing
+    rather than everything, and writes the row back, empty, to refill from there."""
+    await conn.execute("DELETE FROM llm_rate_buckets")
+    assert await _claim(conn, "w", 3) == []
+    assert await _bucket(conn) == (0.0, 0.0)
