@@ -30,8 +30,10 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
+# what CI checks before the tests: ruff, and mypy --strict on api/ worker/ sweeper/ shared/
 lint: install
 	$(BIN)/python -m ruff check .
+	$(BIN)/python -m mypy
 
 clean:
 	rm -rf $(VENV) .pytest_cache

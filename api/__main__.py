@@ -14,6 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
+from typing import Any
 
 import structlog
 import uvicorn
@@ -69,7 +70,7 @@ def main() -> None:
     asyncio.run(wait_for_schema(url, settings, process="api"))
     log.info("api.starting", host=settings.api_host, port=settings.api_port, workers=settings.api_workers,
              queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max)
-    server_options = {
+    server_options: dict[str, Any] = {
         "host": settings.api_host,
         "port": settings.api_port,
         "loop": "uvloop",

@@ -11,7 +11,6 @@ POST and waits for nothing; under heavy load the batches grow.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from decimal import Decimal
 
 from psycopg_pool import AsyncConnectionPool
@@ -76,12 +75,12 @@ class AdmissionBatcher:
                 # writer (the app stopping) must not leave requests waiting
                 failure = exc if isinstance(exc, Exception) else RuntimeError("the api is stopping")
                 for _, future in batch:
-                    _settle(future, lambda f, e=failure: f.set_exception(e))
+                    _settle(future, error=failure)
                 if not isinstance(exc, Exception):
                     raise
                 continue
             for (_, future), result in zip(batch, results, strict=True):
-                _settle(future, lambda f, r=result: f.set_result(r))
+                _settle(future, result=result)
 
     async def _write(self, batch: list[tuple[Admission, asyncio.Future[EnqueueResult]]]) -> list[EnqueueResult]:
         # the same (client, key) twice in one batch is one job: the first asks,
@@ -115,6 +114,11 @@ class AdmissionBatcher:
         return results
 
 
-def _settle(future: asyncio.Future[EnqueueResult], settle: Callable[[asyncio.Future[EnqueueResult]], None]) -> None:
-    if not future.done():  # its request may have given up already
-        settle(future)
+def _settle(future: asyncio.Future[EnqueueResult], *, result: EnqueueResult | None = None,
+            error: Exception | None = None) -> None:
+    if future.done():  # its request may have given up already
+        return
+    if error is not None:
+        future.set_exception(error)
+    elif result is not None:
+        future.set_result(result)

@@ -19,6 +19,7 @@ from contextlib import AbstractAsyncContextManager
 import psycopg
 from litestar import Litestar, MediaType, Response, get
 from litestar.di import NamedDependency, Provide
+from litestar.enums import ScopeType
 from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
@@ -46,7 +47,7 @@ READY_TIMEOUT_S = 2.0
 
 def _record_http_metrics(app: ASGIApp) -> ASGIApp:
     async def middleware(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:
             await app(scope, receive, send)
             return
         started = time.perf_counter()
@@ -95,7 +96,8 @@ def _metrics_registry() -> CollectorRegistry:
     if "PROMETHEUS_MULTIPROC_DIR" not in os.environ:
         return REGISTRY
     registry = CollectorRegistry()
-    multiprocess.MultiProcessCollector(registry)
+    # prometheus_client ships no annotations for this constructor
+    multiprocess.MultiProcessCollector(registry)  # type: ignore[no-untyped-call]
     return registry
 
 

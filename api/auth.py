@@ -20,8 +20,11 @@ from shared import keys
 
 
 class KeyRecord(Protocol):
-    key_hash: bytes
-    revoked: bool
+    @property
+    def key_hash(self) -> bytes: ...
+
+    @property
+    def revoked(self) -> bool: ...
 
 
 class ApiKey:
@@ -35,7 +38,7 @@ class ApiKey:
         return f"ApiKey(prefix={self.prefix!r})"
 
 
-async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], _: BaseRouteHandler) -> None:
+async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Guard: a well-formed ``Authorization: Bearer sj_...`` header, else 401.
     Async, so that Litestar runs it on the event loop instead of in a thread."""
     header = connection.headers.get("authorization")

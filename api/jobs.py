@@ -40,6 +40,7 @@ from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
 from shared import store
 from shared.config import ApiSettings
 from shared.rows import JobView
+from shared.status import JobStatus
 from shared.story_request import (
     InvalidStoryRequest,
     StoryRequest,
@@ -141,7 +142,7 @@ def parse_public_id(raw: str) -> uuid.UUID:
         return _NO_SUCH_ID
 
 
-def _accepted(job_id: uuid.UUID, status: str, *, replayed: bool) -> Response[JobAccepted]:
+def _accepted(job_id: uuid.UUID, status: JobStatus, *, replayed: bool) -> Response[JobAccepted]:
     headers = {
         "Location": f"/stories/jobs/{job_id}",
         _RETRY_AFTER: str(pacing.DEFAULT_RETRY_AFTER_S),
@@ -149,10 +150,10 @@ def _accepted(job_id: uuid.UUID, status: str, *, replayed: bool) -> Response[Job
     }
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    return Response(JobAccepted(job_id=job_id, status=status), status_code=202, headers=headers)  # type: ignore[arg-type]
+    return Response(JobAccepted(job_id=job_id, status=status), status_code=202, headers=headers)
 
 
-def _replay(job_id: uuid.UUID, status: str, stored: bytes, requested: bytes) -> Response[JobAccepted]:
+def _replay(job_id: uuid.UUID, status: JobStatus, stored: bytes, requested: bytes) -> Response[JobAccepted]:
     if stored != requested:
         raise ProblemError(422, "Idempotency-Key reused",
                            "this Idempotency-Key was already used with a different request body",
@@ -238,7 +239,7 @@ def _per_s(per_minute: int | None) -> float | None:
 def _job_state(view: JobView, remaining_s: float | None) -> JobState:
     assert view.public_id is not None and view.status is not None and view.created_at is not None
     story = None
-    if view.status == "completed" and view.story_id is not None:
+    if view.status is JobStatus.COMPLETED and view.story_id is not None:
         story = Story(
             story_id=view.story_id,
             title=view.story_title or "",
@@ -250,17 +251,17 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
         )
     return JobState(
         job_id=view.public_id,
-        status=view.status,  # type: ignore[arg-type]
+        status=view.status,
         created_at=view.created_at,
         started_at=view.started_at,
         completed_at=view.completed_at,
-        queue_position=view.queue_position if view.status == "pending" else None,
-        progress=view.progress if view.status == "running" else None,
+        queue_position=view.queue_position if view.status is JobStatus.PENDING else None,
+        progress=view.progress if view.status is JobStatus.RUNNING else None,
         estimated_seconds_remaining=None if remaining_s is None else round(remaining_s, 1),
         story=story,
         story_url=f"/stories/{view.story_id}" if story is not None else None,
         error=JobError(code=view.error_code or "unknown", message=view.error_text or "")
-        if view.status == "failed" else None,
+        if view.status is JobStatus.FAILED else None,
     )
 
 
@@ -281,7 +282,7 @@ async def get_job(
         raise ProblemError(404, "Not Found", "no such job")
     headers = dict(_NO_STORE)
     remaining = None
-    if view.status in ("pending", "running"):
+    if view.status in (JobStatus.PENDING, JobStatus.RUNNING):
         stats = await api_state.drain_stats.get()
         remaining = pacing.seconds_remaining(
             stats, status=view.status, queue_position=view.queue_position,

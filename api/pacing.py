@@ -17,10 +17,13 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import db, store
 from shared.rows import DrainStats
+from shared.status import JobStatus
 
 log = structlog.get_logger()
 
 DEFAULT_RETRY_AFTER_S = 2
+# what a refresh of the estimates may meet: the database, or its own deadline
+_ESTIMATE_ERRORS: tuple[type[Exception], ...] = (*db.DB_ERRORS, TimeoutError)
 
 
 class DrainStatsCache:
@@ -54,7 +57,7 @@ class DrainStatsCache:
                 try:
                     async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
                         self._stats = await store.job_drain_stats(conn, model=self._model)
-                except (*db.DB_ERRORS, TimeoutError) as exc:
+                except _ESTIMATE_ERRORS as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
                 self._read_at = self._clock()
@@ -64,7 +67,7 @@ class DrainStatsCache:
 def seconds_remaining(
     stats: DrainStats | None,
     *,
-    status: str,
+    status: JobStatus,
     queue_position: int | None,
     started_at: datetime | None,
     progress: int | None,
@@ -77,13 +80,13 @@ def seconds_remaining(
     if stats is None or not stats.avg_run_seconds:
         return None
     run = stats.avg_run_seconds
-    if status == "pending" and queue_position is not None:
+    if status is JobStatus.PENDING and queue_position is not None:
         # the jobs ahead drain through the slots now running, then ours runs
         slots = max(stats.running, 1)
         by_pace = run * (1 + (queue_position - 1) / slots) + run / 2 * min(1, stats.running)
         by_limit = stats.limiter_paused_s + (queue_position / requests_per_s if requests_per_s else 0.0) + run
         return max(by_pace, by_limit)
-    if status == "running" and started_at is not None:
+    if status is JobStatus.RUNNING and started_at is not None:
         elapsed = max((now - started_at).total_seconds(), 0.0)
         if progress and stats.avg_output_tokens and elapsed > 0:
             done = min(progress / stats.avg_output_tokens, 0.95)
@@ -92,11 +95,11 @@ def seconds_remaining(
     return None
 
 
-def retry_after(status: str, remaining_s: float | None) -> int:
+def retry_after(status: JobStatus, remaining_s: float | None) -> int:
     """Seconds until the next poll is worth it: a fraction of what is left."""
     if remaining_s is None:
         return DEFAULT_RETRY_AFTER_S
-    ceiling = 15 if status == "pending" else 10
+    ceiling = 15 if status is JobStatus.PENDING else 10
     return int(min(max(remaining_s / 5, 1), ceiling))
 
 

@@ -8,12 +8,12 @@ from typing import Annotated, Literal
 
 import msgspec
 
-Status = Literal["pending", "running", "completed", "failed"]
+from shared.status import JobStatus
 
 
 class JobAccepted(msgspec.Struct, frozen=True):
     job_id: uuid.UUID
-    status: Status
+    status: JobStatus
 
 
 class JobError(msgspec.Struct, frozen=True):
@@ -48,7 +48,7 @@ class JobState(msgspec.Struct, frozen=True):
     """Where a job stands. Fields that do not apply to its status are null."""
 
     job_id: uuid.UUID
-    status: Status
+    status: JobStatus
     created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
@@ -63,4 +63,4 @@ class JobState(msgspec.Struct, frozen=True):
 
 
 class Health(msgspec.Struct, frozen=True):
-    status: Literal["ok", "unavailable"]
+    status: Literal["ok"]

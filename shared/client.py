@@ -45,6 +45,8 @@ from typing import Any, TextIO
 import httpx
 import stamina
 
+from shared.status import JobStatus
+
 DEFAULT_URL = "http://127.0.0.1:8000"
 
 EXIT_OK = 0
@@ -68,7 +70,7 @@ BACKOFF_MAX_S = 8.0
 POLL_OUTAGE_MAX_S = 300.0
 REQUEST_TIMEOUT = httpx.Timeout(20.0, connect=5.0)
 
-TERMINAL = ("completed", "failed")
+TERMINAL = (JobStatus.COMPLETED, JobStatus.FAILED)
 
 
 class ClientError(Exception):
@@ -277,13 +279,13 @@ def _gave_up(job_id: str, trouble: str) -> ClientError:
 
 def _show_job(job: dict[str, Any], status: StatusLine) -> None:
     estimate = _wait_text(job.get("estimated_seconds_remaining"))
-    if job["status"] == "pending":
+    if job["status"] == JobStatus.PENDING:
         position = job.get("queue_position")
         status.show(f"queued, position {position}" if position else "queued", estimate)
-    elif job["status"] == "running":
+    elif job["status"] == JobStatus.RUNNING:
         tokens = job.get("progress") or 0
         status.show(f"writing, {tokens} tokens so far" if tokens else "writing", estimate)
-    elif job["status"] == "completed":
+    elif job["status"] == JobStatus.COMPLETED:
         status.show(f"written, {(job.get('story') or {}).get('output_tokens', 0)} tokens")
 
 
@@ -294,7 +296,7 @@ def _print_json(value: Any) -> None:
 def _report(job: dict[str, Any], as_json: bool) -> int:
     if as_json:
         _print_json(job)
-    if job["status"] == "failed":
+    if job["status"] == JobStatus.FAILED:
         error = job.get("error") or {}
         raise ClientError(EXIT_JOB_FAILED, f"the story was not written ({error.get('code', 'unknown')}): "
                                            f"{error.get('message') or 'no reason given'}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge
 
-from shared.status import ErrorCode
+from shared.status import ErrorCode, JobStatus
 
 RECLAIMED = Counter(
     "storyjobs_sweeper_reclaimed_total", "Jobs the sweeper failed, by reason.", ["reason"]
@@ -17,7 +17,7 @@ for _reason in REASONS:
 PRUNED = Counter("storyjobs_sweeper_pruned_total", "Finished jobs deleted past JOB_RETENTION_S.")
 
 JOBS = Gauge("storyjobs_jobs", "Live jobs by status, read from the database at each pass.", ["status"])
-for _status in ("pending", "running"):
+for _status in (JobStatus.PENDING, JobStatus.RUNNING):
     JOBS.labels(status=_status)
 
 OLDEST_PENDING_AGE = Gauge(

@@ -28,7 +28,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import store
 from shared.config import SweeperSettings
-from shared.status import ErrorCode
+from shared.status import ErrorCode, JobStatus
 from sweeper import metrics
 
 log = structlog.get_logger()
@@ -136,8 +136,8 @@ class Sweeper:
                 if deleted == 0:
                     break
         metrics.PRUNED.inc(pruned)
-        metrics.JOBS.labels(status="pending").set(gauges.pending)
-        metrics.JOBS.labels(status="running").set(gauges.running)
+        metrics.JOBS.labels(status=JobStatus.PENDING).set(gauges.pending)
+        metrics.JOBS.labels(status=JobStatus.RUNNING).set(gauges.running)
         metrics.OLDEST_PENDING_AGE.set(gauges.oldest_pending_age_seconds)
         for day in budgets:
             metrics.BUDGET_SPENT.labels(scope=day.scope).set(float(day.spent_usd))

@@ -5,15 +5,15 @@ from __future__ import annotations
 
 from prometheus_client import Counter, Gauge, Histogram
 
-from shared.status import LlmOutcome
+from shared.status import JobStatus, LlmOutcome
 
 JOB_TRANSITIONS = Counter(
     "storyjobs_job_transitions_total", "Job status changes made by this worker, by new status.", ["to"]
 )
 # children bound once: a worker touches these for every job
-CLAIMED = JOB_TRANSITIONS.labels(to="running")
-COMPLETED = JOB_TRANSITIONS.labels(to="completed")
-FAILED = JOB_TRANSITIONS.labels(to="failed")
+CLAIMED = JOB_TRANSITIONS.labels(to=JobStatus.RUNNING)
+COMPLETED = JOB_TRANSITIONS.labels(to=JobStatus.COMPLETED)
+FAILED = JOB_TRANSITIONS.labels(to=JobStatus.FAILED)
 
 LOST_RACES = Counter(
     "storyjobs_lost_races_total",
