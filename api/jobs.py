@@ -36,7 +36,7 @@ from api import metrics, pacing
 from api.admission import AdmissionBatcher, admission
 from api.auth import ApiKey, provide_api_key, require_bearer_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
-from api.schemas import JobAccepted, JobError, JobState, Story, StoryDocument
+from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
 from shared.config import ApiSettings
 from shared.rows import JobView
@@ -238,17 +238,7 @@ def _per_s(per_minute: int | None) -> float | None:
 
 def _job_state(view: JobView, remaining_s: float | None) -> JobState:
     assert view.public_id is not None and view.status is not None and view.created_at is not None
-    story = None
-    if view.status is JobStatus.COMPLETED and view.story_id is not None:
-        story = Story(
-            story_id=view.story_id,
-            title=view.story_title or "",
-            text=view.story_body or "",
-            model=view.story_model or "",
-            input_tokens=view.story_input_tokens or 0,
-            output_tokens=view.story_output_tokens or 0,
-            cost_usd=str(view.story_cost_usd),
-        )
+    story = Story.of(view.story) if view.status is JobStatus.COMPLETED and view.story is not None else None
     return JobState(
         job_id=view.public_id,
         status=view.status,
@@ -259,7 +249,7 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
         progress=view.progress if view.status is JobStatus.RUNNING else None,
         estimated_seconds_remaining=None if remaining_s is None else round(remaining_s, 1),
         story=story,
-        story_url=f"/stories/{view.story_id}" if story is not None else None,
+        story_url=f"/stories/{story.story_id}" if story is not None else None,
         error=JobError(code=view.error_code or "unknown", message=view.error_text or "")
         if view.status is JobStatus.FAILED else None,
     )
@@ -333,26 +323,14 @@ async def get_story(
     api_key: NamedDependency[ApiKey],
     story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
                                            schema_extra={"format": OpenAPIFormat.UUID})],
-) -> Response[StoryDocument]:
+) -> Response[Story]:
     async with database(api_state) as conn:
         view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
-    if view.story_id is None or view.job_id is None:
+    if view.story is None:
         raise ProblemError(404, "Not Found", "no such story")
-    document = StoryDocument(
-        story_id=view.story_id,
-        job_id=view.job_id,
-        title=view.title or "",
-        text=view.body or "",
-        model=view.model or "",
-        prompt_version=view.prompt_version or "",
-        input_tokens=view.input_tokens or 0,
-        output_tokens=view.output_tokens or 0,
-        cost_usd=str(view.cost_usd),
-        created_at=view.created_at or datetime.now(UTC),
-    )
-    return Response(document, headers=_NO_STORE)
+    return Response(Story.of(view.story), headers=_NO_STORE)
 
 
 # A client's routes: the guard checks the key's shape before the body is

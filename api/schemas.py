@@ -8,6 +8,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
+from shared.rows import StoryRow
 from shared.status import JobStatus
 
 
@@ -22,16 +23,8 @@ class JobError(msgspec.Struct, frozen=True):
 
 
 class Story(msgspec.Struct, frozen=True):
-    story_id: uuid.UUID
-    title: str
-    text: str
-    model: str
-    input_tokens: int
-    output_tokens: int
-    cost_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+    """A written story: in a completed job's state, and at GET /stories/{story_id}."""
 
-
-class StoryDocument(msgspec.Struct, frozen=True):
     story_id: uuid.UUID
     job_id: uuid.UUID
     title: str
@@ -42,6 +35,12 @@ class StoryDocument(msgspec.Struct, frozen=True):
     output_tokens: int
     cost_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
     created_at: datetime
+
+    @classmethod
+    def of(cls, row: StoryRow) -> Story:
+        return cls(story_id=row.story_id, job_id=row.job_id, title=row.title, text=row.body, model=row.model,
+                   prompt_version=row.prompt_version, input_tokens=row.input_tokens,
+                   output_tokens=row.output_tokens, cost_usd=str(row.cost_usd), created_at=row.created_at)
 
 
 class JobState(msgspec.Struct, frozen=True):

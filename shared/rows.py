@@ -56,6 +56,21 @@ class EnqueueResult(msgspec.Struct, frozen=True):
     notified: int
 
 
+class StoryRow(msgspec.Struct, frozen=True):
+    """A written story as clients read it (job_get_for_key, story_get_for_key)."""
+
+    story_id: uuid.UUID
+    job_id: uuid.UUID
+    title: str
+    body: str
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    created_at: datetime
+
+
 class JobView(msgspec.Struct, frozen=True):
     """GET /stories/jobs/{id}: the key's client and, if it is theirs, the job."""
 
@@ -71,13 +86,7 @@ class JobView(msgspec.Struct, frozen=True):
     started_at: datetime | None
     completed_at: datetime | None
     queue_position: int | None
-    story_id: uuid.UUID | None
-    story_title: str | None
-    story_body: str | None
-    story_model: str | None
-    story_input_tokens: int | None
-    story_output_tokens: int | None
-    story_cost_usd: Decimal | None
+    story: StoryRow | None
 
 
 class CancelResult(msgspec.Struct, frozen=True):
@@ -86,19 +95,12 @@ class CancelResult(msgspec.Struct, frozen=True):
 
 
 class StoryView(msgspec.Struct, frozen=True):
+    """GET /stories/{id}: the key's client and, if it is theirs, the story."""
+
     client_id: int
     key_hash: bytes
     revoked: bool
-    story_id: uuid.UUID | None
-    title: str | None
-    body: str | None
-    model: str | None
-    prompt_version: str | None
-    input_tokens: int | None
-    output_tokens: int | None
-    cost_usd: Decimal | None
-    created_at: datetime | None
-    job_id: uuid.UUID | None
+    story: StoryRow | None
 
 
 class DrainStats(msgspec.Struct, frozen=True):

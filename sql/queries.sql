@@ -297,9 +297,11 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            (SELECT count(*) + 1 FROM story_jobs p
             WHERE p.status = 'pending' AND (p.created_at, p.id) < (j.created_at, j.id))
        END AS queue_position,
-       s.id AS story_id, s.title AS story_title, s.body AS story_body,
-       s.model AS story_model, s.input_tokens AS story_input_tokens,
-       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd
+       -- one shape for a story, here and in story_get_for_key (cost as text: exact)
+       CASE WHEN s.id IS NOT NULL THEN json_build_object(
+           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
@@ -345,9 +347,10 @@ WHERE j.public_id = %(job_id)s AND j.status = 'failed'
 
 -- name: story_get_for_key
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
-       s.id AS story_id, s.title, s.body, s.model, s.prompt_version,
-       s.input_tokens, s.output_tokens, s.cost_usd, s.created_at,
-       j.public_id AS job_id
+       CASE WHEN s.id IS NOT NULL THEN json_build_object(
+           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story
 FROM api_keys k
 LEFT JOIN stories s ON s.client_id = k.client_id AND s.id = %(story_id)s
 LEFT JOIN story_jobs j ON j.id = s.job_id
