@@ -41,6 +41,7 @@ from api.jobs import ApiState, database, parse_public_id
 from api.ops_schemas import (
     BIGINT_MAX,
     TOKEN_PATTERN,
+    BudgetToday,
     CancelPending,
     Client,
     ClientKey,
@@ -55,6 +56,8 @@ from api.ops_schemas import (
     JobWindows,
     KeysRevoked,
     LedgerCall,
+    Limiter,
+    LimitKind,
     Minute,
     Minutes,
     Overview,
@@ -72,7 +75,8 @@ from api.ops_schemas import (
 from api.problems import FieldError, ProblemError, problem_responses
 from shared import keys, store
 from shared.config import ApiSettings
-from shared.rows import JobFilter, OpsJobRow, OpsOverviewRow
+from shared.ratelimit import RateLimits
+from shared.rows import BudgetDay, JobFilter, OpsJobRow, OpsOverviewRow, RateBucketRow
 from shared.status import ErrorCode, JobStatus
 
 log = structlog.get_logger()
@@ -181,8 +185,12 @@ BeforeParam = Annotated[datetime | None, Parameter(description="Only jobs create
 JobIdParam = Annotated[str, PathParameter(description="The job's job_id.", schema_extra={"format": OpenAPIFormat.UUID})]
 
 
+_MICRO_USD = Decimal("0.000001")
+
+
 def _usd(value: Decimal | None) -> str:
-    return str(value if value is not None else Decimal("0.000000"))
+    """An amount as the ledger keeps it: six decimals."""
+    return str((value if value is not None else Decimal(0)).quantize(_MICRO_USD))
 
 
 # -- overview --------------------------------------------------------------------------
@@ -201,7 +209,35 @@ def _job_counts(completed: int, failed: int, cancelled: int) -> JobCounts:
     return JobCounts(completed=completed, failed=failed, cancelled=cancelled, failure_ratio=ratio)
 
 
-def _overview(row: OpsOverviewRow, settings: ApiSettings) -> Overview:
+def _budget_today(days: list[BudgetDay], settings: ApiSettings) -> BudgetToday:
+    everyone = next((day for day in days if day.client_id == 0), None)
+    spent = everyone.spent_usd if everyone else Decimal(0)
+    reserved = everyone.reserved_usd if everyone else Decimal(0)
+    budget = settings.budget_usd_per_day
+    return BudgetToday(spent_usd=_usd(spent), reserved_usd=_usd(reserved),
+                       budget_usd=None if budget is None else _usd(budget),
+                       left_usd=None if budget is None else _usd(max(budget - spent - reserved, Decimal(0))))
+
+
+def _limiter(buckets: list[RateBucketRow], settings: ApiSettings) -> Limiter:
+    limits = RateLimits.from_settings(settings)
+    bucket = next((b for b in buckets if b.model == settings.llm_model), None)
+
+    def kind(name: str) -> LimitKind | None:
+        rate, capacity = limits.rate(name), getattr(limits, f"{name}_capacity")
+        if rate is None or capacity is None:
+            return None
+        stored: float | None = None if bucket is None else getattr(bucket, name)
+        since_s = 0.0 if bucket is None else bucket.since_refill_s
+        available = capacity if stored is None else min(capacity, stored + rate * since_s)
+        return LimitKind(available=round(available, 3), capacity=capacity, per_minute=rate * 60)
+
+    return Limiter(model=settings.llm_model, paused_s=round(bucket.paused_s, 3) if bucket else 0.0,
+                   requests=kind("requests"), input_tokens=kind("input_tokens"), output_tokens=kind("output_tokens"))
+
+
+def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDay],
+              buckets: list[RateBucketRow]) -> Overview:
     return Overview(
         generated_at=datetime.now(UTC),
         queue=Queue(pending=row.pending, running=row.running,
@@ -215,6 +251,7 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings) -> Overview:
                                   input_tokens=row.hour_input_tokens, output_tokens=row.hour_output_tokens),
             last_day=SpendCounts(usd=_usd(row.day_spend_usd), billed_calls=row.day_billed_calls,
                                  input_tokens=row.day_input_tokens, output_tokens=row.day_output_tokens),
+            today=_budget_today(budgets, settings),
         ),
         undelivered=Undelivered(
             last_hour=UndeliveredCounts(jobs=row.hour_undelivered, usd=_usd(row.hour_undelivered_usd)),
@@ -223,6 +260,7 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings) -> Overview:
         provider=Provider(
             last_hour=ProviderCounts(rate_limited=row.hour_rate_limited, overloaded=row.hour_overloaded),
             last_day=ProviderCounts(rate_limited=row.day_rate_limited, overloaded=row.day_overloaded),
+            limiter=_limiter(buckets, settings),
         ),
     )
 
@@ -237,7 +275,9 @@ async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDepe
     async with database(api_state) as conn:
         bounds = await store.job_id_bounds(conn, created_after=_finished_since(settings, DAY), created_before=None)
         row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
-    return _overview(row, settings)
+        budgets = await store.budget_days_today(conn)
+        buckets = await store.llm_rate_bucket_list(conn)
+    return _overview(row, settings, budgets, buckets)
 
 
 @get(

@@ -61,9 +61,20 @@ class SpendCounts(msgspec.Struct, frozen=True):
     output_tokens: Count
 
 
+class BudgetToday(msgspec.Struct, frozen=True):
+    """Today (UTC) against BUDGET_USD_PER_DAY: what the jobs accepted today cost so far, and the worst
+    cases the unfinished ones hold."""
+
+    spent_usd: Usd
+    reserved_usd: Usd
+    budget_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars; null: no budget.")] | None
+    left_usd: Annotated[str, msgspec.Meta(description="What the next jobs may reserve; null: no budget.")] | None
+
+
 class Spend(msgspec.Struct, frozen=True):
     last_hour: SpendCounts
     last_day: SpendCounts
+    today: BudgetToday
 
 
 class UndeliveredCounts(msgspec.Struct, frozen=True):
@@ -85,9 +96,29 @@ class ProviderCounts(msgspec.Struct, frozen=True):
     overloaded: Annotated[int, msgspec.Meta(ge=0, description="529 answers.")]
 
 
+class LimitKind(msgspec.Struct, frozen=True):
+    """One kind of the shared rate bucket, refilled to now."""
+
+    available: float
+    capacity: float
+    per_minute: float
+
+
+class Limiter(msgspec.Struct, frozen=True):
+    """The shared rate bucket of LLM_MODEL: each configured kind (null: no limit of that kind), and how
+    long a 429 (or the provider's headers) still holds every claim."""
+
+    model: str
+    paused_s: Annotated[float, msgspec.Meta(ge=0)]
+    requests: LimitKind | None
+    input_tokens: LimitKind | None
+    output_tokens: LimitKind | None
+
+
 class Provider(msgspec.Struct, frozen=True):
     last_hour: ProviderCounts
     last_day: ProviderCounts
+    limiter: Limiter
 
 
 class Overview(msgspec.Struct, frozen=True):

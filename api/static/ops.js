@@ -253,6 +253,19 @@
         h("th", { scope: "row" }, label),
         ...["last_hour", "last_day"].map((window) => h("td", { class: "num", "data-k": `${group}.${window}.${field}` },
           format(overview[group][window][field]))))));
+    const today = overview.spend.today;
+    byId("budget-today").textContent = today.budget_usd === null
+      ? `${usd(today.spent_usd)} spent + ${usd(today.reserved_usd)} reserved (no daily budget)`
+      : `${usd(today.spent_usd)} spent + ${usd(today.reserved_usd)} reserved of ${usd(today.budget_usd)}: ` +
+        `${usd(today.left_usd)} left`;
+    const limiter = overview.provider.limiter;
+    const kinds = [["requests", "requests"], ["input_tokens", "input tokens"], ["output_tokens", "output tokens"]]
+      .filter(([kind]) => limiter[kind] !== null)
+      .map(([kind, label]) => `${label} ${count(Math.floor(limiter[kind].available))} of ` +
+        `${count(Math.floor(limiter[kind].capacity))} (${count(limiter[kind].per_minute)}/min)`);
+    byId("limiter-now").textContent = `${limiter.model}: ` +
+      (limiter.paused_s > 0 ? `held for ${duration(limiter.paused_s)} after a 429; ` : "") +
+      (kinds.length ? kinds.join(", ") : "no configured limit");
     byId("overview-updated").textContent = `as of ${when(overview.generated_at)}`;
   }
 

@@ -519,3 +519,25 @@ async def test_revoking_a_clients_keys_refuses_their_next_requests(
     assert events["ops.client_keys_revoked"]["client_id"] == acme
     assert events["ops.key_revoked"]["operator"] == "ada"
     assert globex
+
+
+async def test_the_overview_shows_todays_budget_and_the_shared_rate_bucket(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Today's spend and reservations against BUDGET_USD_PER_DAY, and what the shared bucket of LLM_MODEL holds
+    (refilled to now, capped at its capacity) and how long it is paused, are the tables' own figures."""
+    await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
+                       "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.25, 0.75)")
+    await conn.execute("INSERT INTO llm_rate_buckets (model, requests, output_tokens, refilled_at, paused_until) "
+                       "VALUES ('claude-sonnet-5-5', 3, 100, now(), now() + interval '20 seconds')")
+    key = await seed.operator_key(conn)
+    async with api_client(pool, key, budget_usd_per_day=Decimal("5"), llm_requests_per_minute=60,
+                          llm_output_tokens_per_minute=60_000) as client:
+        overview = (await client.get(f"{OPS}/overview")).json()
+    assert overview["spend"]["today"] == {"spent_usd": "1.250000", "reserved_usd": "0.750000",
+                                          "budget_usd": "5.000000", "left_usd": "3.000000"}
+    limiter = overview["provider"]["limiter"]
+    assert limiter["model"] == "claude-sonnet-5-5" and 15 < limiter["paused_s"] <= 20
+    assert limiter["input_tokens"] is None
+    assert limiter["requests"]["capacity"] == 5 and 3 <= limiter["requests"]["available"] < 5
+    assert limiter["output_tokens"]["capacity"] == 5000 and 100 <= limiter["output_tokens"]["available"] < 1100

@@ -103,7 +103,8 @@ def test_the_overview_shows_what_the_database_holds(
     system: System, database_url: str, browser: Browser, tmp_path: Path,
 ) -> None:
     """Queue, jobs finished, failure ratio, spend, undelivered stories and 429s shown for the last hour and day
-    are the counts and sums of the tables, and the chart draws the minutes that had jobs."""
+    are the counts and sums of the tables, today's budget and the rate limiter are shown as they stand, and
+    the chart draws the minutes that had jobs."""
 
     async def history(conn: psycopg.AsyncConnection[Any]) -> str:
         acme, _ = await seed.client(conn, "acme")
@@ -115,13 +116,18 @@ def test_the_overview_shows_what_the_database_holds(
                  seed.failed(acme, 700, "cancelled"), seed.failed(acme, 2 * 86400, "llm_error"),
                  seed.running(acme, 30), seed.pending(acme, 20), seed.pending(acme, 10), seed.pending(acme, 5)]
         await seed.insert_jobs(conn, jobs)
+        await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
+                           "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.5, 0.25)")
         return await seed.operator_key(conn)
 
     key = seed.seeded(database_url, history)
-    api = system.api(QUEUE_MAX=20)
+    api = system.api(QUEUE_MAX=20, BUDGET_USD_PER_DAY=4, LLM_REQUESTS_PER_MINUTE=60)
     console = Console(browser, api, LAPTOP)
     page = console.open(key)
     expect(page.locator('[data-k="jobs.last_day.completed"]')).to_have_text("12", timeout=WAIT_MS)
+    assert page.locator("#budget-today").inner_text() == (
+        "$1.500000 spent + $0.250000 reserved of $4.000000: $2.250000 left")
+    assert page.locator("#limiter-now").inner_text() == "claude-sonnet-5-5: requests 5 of 5 (60/min)"
 
     def finished(status: str, interval: str, extra: str = "") -> int:
         return int(scalar(database_url, f"SELECT count(*) FROM story_jobs WHERE status = '{status}' {extra} "  # noqa: S608
