@@ -122,6 +122,13 @@ async def count(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) ->
     return int(row[0])
 
 
+async def waiting_on_a_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether some session of conn's database waits for a lock: how a test
+    knows the statement it started now waits on the row it holds."""
+    return await count(conn, "SELECT count(*) FROM pg_stat_activity "
+                             "WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
+
+
 async def wait_until(
     check: Callable[[], bool | Awaitable[bool]], *, timeout: float = 10.0, what: str = "condition",
     interval: float = 0.02,

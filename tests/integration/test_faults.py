@@ -18,11 +18,11 @@ from shared.status import LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
     client_id_of,
-    count,
     enqueue,
     job_rows,
     running_worker,
     wait_until,
+    waiting_on_a_lock,
     worker_settings,
 )
 from worker.anthropic_writer import AnthropicWriter
@@ -41,10 +41,6 @@ async def _ledger(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
 async def _finished(conn: psycopg.AsyncConnection[Any]) -> bool:
     return all(row.status in ("completed", "failed") for row in await job_rows(conn))
 
-
-async def _waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
-    return await count(conn, "SELECT count(*) FROM pg_stat_activity "
-                             "WHERE datname = current_database() AND wait_event_type = 'Lock'") > 0
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
@@ -148,7 +144,7 @@ async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoe
             assert started.attempt == 2
             if ender == "cancel":
                 ending = asyncio.create_task(store.job_cancel(conn, client_id=client, job_id=job_id))
-                await wait_until(lambda: _waiting_on_lock(worker_conn), what="the cancellation to wait")
+                await wait_until(lambda: waiting_on_a_lock(worker_conn), what="the cancellation to wait")
             else:
                 # SKIP LOCKED: the sweeper passes over a job whose row is held
                 assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
@@ -175,7 +171,7 @@ async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
             retry = asyncio.create_task(store.llm_call_start(
                 conn, worker_id="w1", job_id=job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,
                 previous_billed=False, previous_error="429"))
-            await wait_until(lambda: _waiting_on_lock(api_conn), what="the retry to wait")
+            await wait_until(lambda: waiting_on_a_lock(api_conn), what="the retry to wait")
         started = await retry
         assert started.attempt is None and not started.owned
     assert await _ledger(conn) == [(1, "rate_limited", False, True)]

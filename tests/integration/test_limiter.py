@@ -14,7 +14,7 @@ import pytest
 from shared import store
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
-from tests.helpers import client_id_of, count, enqueue, wait_until
+from tests.helpers import client_id_of, count, enqueue, wait_until, waiting_on_a_lock
 
 MODEL = "m"
 # 5 requests and 8,000 output tokens in the bucket, refilling so slowly that
@@ -77,19 +77,13 @@ async def test_a_claimer_waiting_on_the_bucket_sees_what_the_first_took(
         async with first.transaction():
             assert len(await _claim(first, "w1", 4)) == 4
             second = asyncio.create_task(_claim(conn, "w2", 4))
-            await wait_until(lambda: _waiting_on_lock(first), what="the second claim to wait on the bucket")
+            await wait_until(lambda: waiting_on_a_lock(first), what="the second claim to wait on the bucket")
             if not first_commits:
                 raise psycopg.Rollback()  # psycopg rolls the block back and carries on
         claimed_second = await second
     assert len(claimed_second) == (1 if first_commits else 4)
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running'") == (5 if first_commits else 4)
 
-
-async def _waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
-    cur = await conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                             "AND wait_event_type = 'Lock'")
-    row = await cur.fetchone()
-    return row is not None and row[0] > 0
 
 
 async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_what_it_needs(

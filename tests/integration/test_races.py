@@ -26,6 +26,7 @@ from tests.helpers import (
     job_rows,
     running_worker,
     wait_until,
+    waiting_on_a_lock,
     worker_settings,
 )
 from worker.anthropic_writer import AnthropicWriter
@@ -70,12 +71,6 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     assert row.status == "completed" and row.story_id is not None
 
 
-async def _backend_waiting_on_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
-    return await count(
-        conn,
-        "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() AND wait_event_type = 'Lock'",
-    ) > 0
-
 
 async def test_sweeper_first_completion_loses_and_story_is_orphaned(
     database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
@@ -96,7 +91,7 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
                 swept = await store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
                 assert [s.public_id for s in swept] == [job_id]
                 hold.set()  # the story finishes; its completion now waits for our row lock
-                await wait_until(lambda: _backend_waiting_on_lock(conn), what="the completion to block")
+                await wait_until(lambda: waiting_on_a_lock(conn), what="the completion to block")
             # committed: the blocked completion re-checks status = 'running' and finds 'failed'
             await wait_until(lambda: _has_event(logs, "job.lost_race"), what="the lost race to be logged")
         await writer.aclose()
