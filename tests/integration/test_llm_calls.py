@@ -26,10 +26,6 @@ from worker.anthropic_writer import AnthropicWriter
 from worker.runner import Worker
 
 
-class LedgerRow(tuple[Any, ...]):
-    pass
-
-
 async def _ledger(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
     cur = await conn.execute(
         "SELECT attempt, outcome, billed, output_tokens, request_id FROM llm_calls ORDER BY job_id, attempt"
