@@ -1,0 +1,100 @@
+"""The command-line client's retries (shared/client.py) against a small
+in-process api of the test's own, with stamina's testing mode on: the waits
+are skipped, the rules are not."""
+
+from __future__ import annotations
+
+import io
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+import stamina
+
+from shared.client import (
+    EXIT_QUEUE_FULL,
+    EXIT_UNAVAILABLE,
+    ClientError,
+    StatusLine,
+    start_job,
+    wait_for_job,
+)
+
+
+class ScriptedApi:
+    """An ASGI app answering each request with the next (status, body, headers) of its script; it records
+    each request's method, path and headers."""
+
+    def __init__(self, *answers: tuple[int, dict[str, Any], dict[str, str]]) -> None:
+        self.answers = list(answers)
+        self.requests: list[dict[str, Any]] = []
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        assert scope["type"] == "http"
+        self.requests.append({"method": scope["method"], "path": scope["path"],
+                              "headers": {k.decode(): v.decode() for k, v in scope["headers"]}})
+        status, body, headers = self.answers.pop(0)
+        payload = json.dumps(body).encode()
+        await send({"type": "http.response.start", "status": status,
+                    "headers": [(b"content-type", b"application/json"),
+                                *((k.encode(), v.encode()) for k, v in headers.items())]})
+        await send({"type": "http.response.body", "body": payload})
+
+
+@pytest.fixture(autouse=True)
+def stamina_testing() -> Iterator[None]:
+    """stamina's testing mode: no waits, at most 10 attempts."""
+    with stamina.set_testing(True, attempts=10, cap=True):
+        yield
+
+
+def _client(api: ScriptedApi) -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=api), base_url="http://api.test")
+
+
+PROBLEM_503 = (503, {"title": "Service Unavailable", "status": 503}, {"retry-after": "1"})
+ACCEPTED = (202, {"job_id": "j1", "status": "pending"}, {})
+
+
+async def test_a_post_is_retried_through_503s_with_the_same_idempotency_key() -> None:
+    """Two 503s, then 202: three POSTs, each with the one Idempotency-Key, and the accepted job."""
+    api = ScriptedApi(PROBLEM_503, PROBLEM_503, ACCEPTED)
+    async with _client(api) as http:
+        accepted = await start_job(http, {"prompt": "a fox"}, StatusLine(io.StringIO()))
+    assert accepted == {"job_id": "j1", "status": "pending"}
+    keys = {request["headers"]["idempotency-key"] for request in api.requests}
+    assert len(api.requests) == 3 and len(keys) == 1
+
+
+async def test_a_queue_that_stays_full_ends_with_its_own_exit_code() -> None:
+    """429 on every attempt: the POST gives up after its attempts with exit code 5, saying so."""
+    full = (429, {"title": "Queue full", "status": 429, "detail": "the queue is full"}, {"retry-after": "2"})
+    api = ScriptedApi(*[full] * 10)
+    with pytest.raises(ClientError) as ended:
+        async with _client(api) as http:
+            await start_job(http, {"prompt": "a fox"}, StatusLine(io.StringIO()))
+    assert ended.value.exit_code == EXIT_QUEUE_FULL and "the queue is full" in ended.value.message
+    assert len(api.requests) == 5  # POST_ATTEMPTS
+
+
+async def test_polling_rides_out_failures_and_returns_the_finished_job() -> None:
+    """A poll that meets a 503 and a 502 tries again, and returns the job once it is completed."""
+    done = {"job_id": "j1", "status": "completed", "story": {"title": "T", "text": "B", "output_tokens": 3}}
+    api = ScriptedApi(PROBLEM_503, (502, {}, {}), (200, done, {}))
+    status = io.StringIO()
+    async with _client(api) as http:
+        job = await wait_for_job(http, "j1", StatusLine(status))
+    assert job == done and len(api.requests) == 3
+    assert "the api is unavailable (503), retrying" in status.getvalue()
+
+
+async def test_a_refused_poll_is_not_retried() -> None:
+    """A 404 is an answer, not an outage: one request, and the client ends with the problem's detail."""
+    api = ScriptedApi((404, {"title": "Not Found", "status": 404, "detail": "no such job"}, {}))
+    with pytest.raises(ClientError) as ended:
+        async with _client(api) as http:
+            await wait_for_job(http, "nope", StatusLine(io.StringIO()))
+    assert "no such job" in ended.value.message and ended.value.exit_code != EXIT_UNAVAILABLE
+    assert len(api.requests) == 1
