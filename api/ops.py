@@ -55,7 +55,6 @@ from api.ops_schemas import (
     JobSummary,
     JobWindows,
     KeysRevoked,
-    LedgerCall,
     Limiter,
     LimitKind,
     Minute,
@@ -395,13 +394,7 @@ async def get_job_detail(
         worker_id=job.worker_id, progress=job.progress, request=job.request,
         timeline=Timeline(created_at=job.created_at, claimed_at=job.started_at,
                           last_heartbeat_at=job.heartbeat_at, finished_at=job.completed_at),
-        calls=[
-            LedgerCall(attempt=call.attempt, worker_id=call.worker_id, provider=call.provider, model=call.model,
-                       started_at=call.started_at, finished_at=call.finished_at, outcome=call.outcome,
-                       billed=call.billed, input_tokens=call.input_tokens, output_tokens=call.output_tokens,
-                       cost_usd=_usd(call.cost_usd), request_id=call.request_id, error_text=call.error_text)
-            for call in calls
-        ],
+        calls=calls,
         billed_calls=len(billed),
         cost_usd=_usd(sum((call.cost_usd for call in billed), Decimal("0.000000"))),
         story=story,

@@ -15,6 +15,8 @@ from typing import Annotated, Any
 
 import msgspec
 
+from shared.rows import LlmCallRow
+
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
 # ids are Postgres bigints
 BIGINT_MAX = 2**63 - 1
@@ -186,24 +188,6 @@ class JobErrorDetail(msgspec.Struct, frozen=True):
     message: str
 
 
-class LedgerCall(msgspec.Struct, frozen=True):
-    """One request sent to the provider for the job."""
-
-    attempt: int
-    worker_id: str
-    provider: str
-    model: str
-    started_at: datetime
-    finished_at: datetime | None
-    outcome: str
-    billed: bool
-    input_tokens: int
-    output_tokens: int
-    cost_usd: Usd
-    request_id: str | None
-    error_text: str | None
-
-
 class JobStory(msgspec.Struct, frozen=True):
     story_id: uuid.UUID
     title: str
@@ -227,7 +211,8 @@ class JobDetail(msgspec.Struct, frozen=True):
     progress: int
     request: dict[str, Any]
     timeline: Timeline
-    calls: list[LedgerCall]
+    # every request sent to the provider for the job, as the ledger holds it
+    calls: list[LlmCallRow]
     billed_calls: Count
     cost_usd: Annotated[str, msgspec.Meta(description="What its billed calls cost, in US dollars.")]
     story: JobStory | None
