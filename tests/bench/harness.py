@@ -4,13 +4,13 @@ reports (median, min and max of its runs)."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import itertools
 import math
 import os
 import statistics
 import sys
-import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -23,6 +23,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 from tests import dbserver
+from tests.helpers import wait_until
 from tests.system.procs import Proc, System
 
 REPO = Path(__file__).resolve().parents[2]
@@ -216,16 +217,17 @@ class BenchDatabase:
 
     def wait_until(self, what: str, check: Callable[[], bool], procs: list[Proc], *, timeout_s: float,
                    interval_s: float = 0.2) -> None:
-        """Polls check() until true; fails early if a process under test died."""
-        deadline = time.monotonic() + timeout_s
-        while not check():
+        """Polls check() until true (tests.helpers.wait_until); fails early if
+        a process under test died."""
+
+        def done() -> bool:
             for proc in procs:
                 if proc.popen.poll() is not None:
                     raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for "
                                        f"{what}:\n{proc.output()[-3000:]}")
-            if time.monotonic() > deadline:
-                raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-            time.sleep(interval_s)
+            return check()
+
+        asyncio.run(wait_until(done, timeout=timeout_s, what=what, interval=interval_s))
 
     def wait_drained(self, procs: list[Proc], *, timeout_s: float) -> None:
         self.wait_until("the queue to drain", lambda: self.unfinished() == 0, procs,
