@@ -38,12 +38,13 @@ from tests.bench import (
     pickup,
     report,
     scale,
+    stop,
 )
 from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (drain, pickup, idle, api_load, scale, in_flight, ceiling, ops_list, peers)
+    for module in (drain, pickup, idle, api_load, scale, in_flight, ceiling, ops_list, peers, stop)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 
