@@ -51,7 +51,7 @@ def _wait_finished(database_url: str, total: int, timeout: float) -> None:
 
 
 def test_workers_sharing_the_configured_limit_drain_without_a_429(
-    system: System, database_url: str
+    system: System, database_url: str, record_property: Any
 ) -> None:
     """4 workers × concurrency 4, with the limit configured at the provider's (120 requests and
     200,000 output tokens a minute, enforced over 5 s): 30 jobs drain with no 429 at the provider, at
@@ -71,12 +71,14 @@ def test_workers_sharing_the_configured_limit_drain_without_a_429(
     assert fake.rate_limited == [] and len(fake.calls) == 30
     arrivals = sorted(call.received_at for call in fake.calls)
     per_minute = (len(arrivals) - 1) / (arrivals[-1] - arrivals[0]) * 60
+    record_property("requests_per_minute", round(per_minute, 1))
+    record_property("provider_429s", len(fake.rate_limited))
     assert per_minute >= 0.8 * 120, f"{per_minute:.0f} requests a minute"
     assert any(e["event"] == "worker.started" for w in workers for e in w.events())
 
 
 def test_without_a_configured_limit_a_429_holds_every_worker_until_its_retry_after(
-    system: System, database_url: str
+    system: System, database_url: str, record_property: Any
 ) -> None:
     """No limit configured, 30 jobs for 16 slots, a provider that allows 10 requests at once then one a
     second and says so only by its 429s: after the first 429, no request arrives until its retry-after
@@ -96,11 +98,13 @@ def test_without_a_configured_limit_a_429_holds_every_worker_until_its_retry_aft
     first = min(fake.rate_limited, key=lambda call: call.received_at)
     retry_after = 1.0  # the fake's, for one request at one a second
     held = [call for call in fake.calls if first.received_at + 0.25 <= call.received_at < first.received_at + retry_after]
+    record_property("provider_429s", len(fake.rate_limited))
+    record_property("requests_in_the_pause", len(held))
     assert held == [], [round(c.received_at - first.received_at, 3) for c in held]
     assert len(fake.billed) == 30
 
 
-def test_a_budget_holds_across_two_api_replicas(system: System, database_url: str) -> None:
+def test_a_budget_holds_across_two_api_replicas(system: System, database_url: str, record_property: Any) -> None:
     """BUDGET_USD_PER_DAY covering 7 worst cases: 100 concurrent POSTs across two api processes admit
     exactly 7, the rest are 429 budget-exhausted with nothing stored; once those 7 complete, costing a
     fraction of their worst case, more are admitted; spent + reserved never passes the budget."""
@@ -139,5 +143,10 @@ def test_a_budget_holds_across_two_api_replicas(system: System, database_url: st
     finally:
         done.set()
         sampler.join()
+    record_property("budget_usd", str(budget))
+    record_property("accepted_of_100", len(accepted))
+    record_property("accepted_after_completion_of_7", sum(1 for a in more if a.status_code == 202))
+    record_property("highest_spent_plus_reserved_usd", str(max(samples)))
+    record_property("samples", len(samples))
     assert sum(1 for a in more if a.status_code == 202) >= 6
     assert samples and max(samples) <= budget
