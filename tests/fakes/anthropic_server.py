@@ -125,6 +125,8 @@ class FakeAnthropic:
     limit_burst_s: float = 60.0
     # a provider that does not say how much is left (only its 429s do)
     send_limit_headers: bool = True
+    # the least retry-after its 429s give, in whole seconds (providers round up)
+    limit_retry_after_s: int = 1
     # probability of answering 529 instead of the default plan
     overload_rate: float = 0.0
     seed: int = 1234
@@ -254,7 +256,7 @@ class FakeAnthropic:
             if wait is not None:
                 call.limited = True
                 plan = Plan(status=429)
-                extra.append((b"retry-after", str(max(math.ceil(wait), 1)).encode()))
+                extra.append((b"retry-after", str(max(math.ceil(wait), self.limit_retry_after_s)).encode()))
         call.status = plan.status
         if plan.retry_after_ms is not None:
             extra.append((b"retry-after-ms", str(plan.retry_after_ms).encode()))
