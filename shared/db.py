@@ -14,7 +14,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from shared import migrate, store
-from shared.config import BaseSettings
+from shared.config import BaseSettings, ConfigError
 
 # msgspec decodes jsonb several times faster than the json module
 set_json_loads(msgspec.json.decode)
@@ -93,6 +93,22 @@ def database_url(settings: BaseSettings) -> str:
     from shared import embedded
 
     return embedded.url()
+
+
+def session_url(settings: BaseSettings) -> str:
+    """Where a connection that keeps its session goes (the worker's LISTEN,
+    the migrations' advisory lock): DATABASE_LISTEN_URL, else DATABASE_URL.
+    Behind a transaction pooler DATABASE_URL keeps no session, so then
+    DATABASE_LISTEN_URL must be set (ConfigError)."""
+    if settings.database_listen_url:
+        return settings.database_listen_url
+    if settings.database_pooler == "transaction":
+        raise ConfigError(
+            "DATABASE_LISTEN_URL is needed with DATABASE_POOLER=transaction: LISTEN and the migrations' "
+            "advisory lock need a session, which a transaction pooler does not keep; set it to a direct "
+            "connection to the database"
+        )
+    return database_url(settings)
 
 
 def connect_kwargs(
