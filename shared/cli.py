@@ -48,7 +48,7 @@ def _out(line: str = "") -> None:
 async def _connect() -> psycopg.AsyncConnection[Any]:
     settings = load(BaseSettings)
     return await db.connect(db.database_url(settings), application_name="storyjobs-cli",
-                            connect_timeout_s=settings.db_connect_timeout_s)
+                            connect_timeout_s=settings.db_connect_timeout_s, pooler=settings.database_pooler)
 
 
 async def _connect_session() -> psycopg.AsyncConnection[Any]:
