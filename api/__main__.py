@@ -59,6 +59,7 @@ def build_app() -> Litestar:
         min_size=2,
         max_size=settings.api_pool_size,
         wait_timeout_s=settings.api_db_wait_s,
+        pooler=settings.database_pooler,
     )
     return create_app(settings, pool, lifespan=[pool_lifespan(pool)])
 

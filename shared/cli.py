@@ -6,7 +6,9 @@
     storyjobs stats
     storyjobs generate PROMPT [--wait] [--json]      (see shared/client.py)
 
-The database commands read DATABASE_URL (unset: the embedded Postgres).
+The database commands read DATABASE_URL (unset: the embedded Postgres);
+``migrate`` holds a session advisory lock, so it connects to
+DATABASE_LISTEN_URL when that is set (required behind a transaction pooler).
 """
 
 from __future__ import annotations
@@ -46,11 +48,18 @@ def _out(line: str = "") -> None:
 async def _connect() -> psycopg.AsyncConnection[Any]:
     settings = load(BaseSettings)
     return await db.connect(db.database_url(settings), application_name="storyjobs-cli",
+                            connect_timeout_s=settings.db_connect_timeout_s, pooler=settings.database_pooler)
+
+
+async def _connect_session() -> psycopg.AsyncConnection[Any]:
+    """A connection that keeps its session (DATABASE_LISTEN_URL, else DATABASE_URL)."""
+    settings = load(BaseSettings)
+    return await db.connect(db.session_url(settings), application_name="storyjobs-migrate",
                             connect_timeout_s=settings.db_connect_timeout_s)
 
 
 async def cmd_migrate(_: argparse.Namespace) -> int:
-    async with await _connect() as conn:
+    async with await _connect_session() as conn:
         applied = await migrate.migrate(conn)
         version = await store.schema_version_get(conn)
     for migration in applied:

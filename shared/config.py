@@ -21,6 +21,8 @@ Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 PerMinute = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
+# what DATABASE_URL reaches: the database ("none") or a transaction pooler
+Pooler = Literal["none", "transaction"]
 
 DEFAULT_MODEL = "claude-sonnet-5-5"
 
@@ -43,6 +45,14 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     worker and the sweeper must agree on."""
 
     database_url: str | None = None
+    # what DATABASE_URL reaches: the database itself ("none"), or a pooler in
+    # transaction mode such as PgBouncer's ("transaction"), in front of which
+    # a connection keeps no session state and prepares no statements
+    database_pooler: Pooler = "none"
+    # a connection that keeps its session, for what needs one: the worker's
+    # LISTEN and the migrations' advisory lock; unset: DATABASE_URL. Behind a
+    # transaction pooler it must reach the database directly.
+    database_listen_url: str | None = None
     log_format: Literal["console", "json"] | None = None
     log_level: Literal["debug", "info", "warning", "error"] = "info"
     db_connect_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
@@ -84,8 +94,23 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
                 f"({self.heartbeat_interval_s:g} vs {self.heartbeat_timeout_s:g})"
             )
 
+    def _check_pooler(self) -> None:
+        if self.database_pooler == "none":
+            return
+        if not self.database_url:
+            raise ConfigError(
+                "DATABASE_POOLER=transaction needs DATABASE_URL, the pooler's address "
+                "(without it storyjobs uses the embedded Postgres, which has no pooler)"
+            )
+        if self.database_listen_url == self.database_url:
+            raise ConfigError(
+                "DATABASE_LISTEN_URL must reach the database directly, not through the transaction pooler "
+                "of DATABASE_URL: LISTEN and session advisory locks need a session of their own"
+            )
+
     def __post_init__(self) -> None:
         self._check_heartbeats()
+        self._check_pooler()
 
 
 class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
@@ -114,6 +139,7 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
 
     def __post_init__(self) -> None:
         self._check_heartbeats()
+        self._check_pooler()
         if self.client_queue_max is not None and self.client_queue_max > self.queue_max:
             raise ConfigError(
                 f"CLIENT_QUEUE_MAX ({self.client_queue_max}) must not exceed QUEUE_MAX ({self.queue_max})"
@@ -153,6 +179,13 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
 
     def __post_init__(self) -> None:
         self._check_heartbeats()
+        self._check_pooler()
+        if self.worker_listen and self.database_pooler == "transaction" and not self.database_listen_url:
+            raise ConfigError(
+                "DATABASE_LISTEN_URL is needed with DATABASE_POOLER=transaction: the worker's LISTEN needs a "
+                "session, which a transaction pooler does not keep; set it to a direct connection to the "
+                "database, or set WORKER_LISTEN=false to poll every WORKER_POLL_INTERVAL_S instead"
+            )
         if self.llm_timeout_s >= self.job_timeout_s:
             raise ConfigError(
                 f"LLM_TIMEOUT_S ({self.llm_timeout_s:g}) must be shorter than JOB_TIMEOUT_S "

@@ -1,8 +1,17 @@
 """Connections and pools. Every connection is autocommit: a statement is its
-own transaction unless a query function opens one on purpose."""
+own transaction unless a query function opens one on purpose.
+
+Behind a pooler in transaction mode (DATABASE_POOLER=transaction), two
+consecutive transactions of one pooled connection may run on two different
+server connections, so a pooled connection relies on no session state: it
+sends no startup ``options``, prepares no statements, and its statement
+timeout is kept by the client (``DeadlineConnection``). What needs a session
+(LISTEN, a session advisory lock) connects to ``session_url`` instead.
+"""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import Callable
 from typing import Any
 
@@ -14,7 +23,7 @@ from psycopg.types.json import set_json_loads
 from psycopg_pool import AsyncConnectionPool
 
 from shared import migrate, store
-from shared.config import BaseSettings
+from shared.config import BaseSettings, ConfigError, Pooler
 
 # msgspec decodes jsonb several times faster than the json module
 set_json_loads(msgspec.json.decode)
@@ -95,13 +104,72 @@ def database_url(settings: BaseSettings) -> str:
     return embedded.url()
 
 
+def session_url(settings: BaseSettings) -> str:
+    """Where a connection that keeps its session goes (the worker's LISTEN,
+    the migrations' advisory lock): DATABASE_LISTEN_URL, else DATABASE_URL.
+    Behind a transaction pooler DATABASE_URL keeps no session, so then
+    DATABASE_LISTEN_URL must be set (ConfigError)."""
+    if settings.database_listen_url:
+        return settings.database_listen_url
+    if settings.database_pooler == "transaction":
+        raise ConfigError(
+            "DATABASE_LISTEN_URL is needed with DATABASE_POOLER=transaction: LISTEN and the migrations' "
+            "advisory lock need a session, which a transaction pooler does not keep; set it to a direct "
+            "connection to the database"
+        )
+    return database_url(settings)
+
+
+class DeadlineConnection(AsyncConnection[Any]):
+    """A pooled connection behind a transaction pooler, where a statement
+    timeout cannot be a session setting: the client keeps it instead. Every
+    wait for the server (a statement, a pipeline's results, a commit) ends
+    after ``statement_timeout_s``: psycopg then sends the server a cancel
+    request, which the pooler relays to the server connection running the
+    statement, and the caller gets QueryCanceled, the error the server's own
+    statement_timeout raises (a transient one, see ``is_transient``)."""
+
+    statement_timeout_s: float | None = None
+
+    async def wait(self, gen: Any, *args: Any, **kwargs: Any) -> Any:
+        if self.statement_timeout_s is None:
+            return await super().wait(gen, *args, **kwargs)
+        deadline = asyncio.timeout(self.statement_timeout_s)
+        try:
+            async with deadline:
+                return await super().wait(gen, *args, **kwargs)
+        except TimeoutError:
+            if not deadline.expired():
+                raise
+            raise psycopg.errors.QueryCanceled(
+                f"canceling statement due to statement timeout ({self.statement_timeout_s:g} s, "
+                "kept by the client)"
+            ) from None
+
+
+def _deadline_connection(statement_timeout_s: float | None) -> type[DeadlineConnection]:
+    class Bounded(DeadlineConnection):
+        pass
+
+    Bounded.statement_timeout_s = statement_timeout_s
+    return Bounded
+
+
 def connect_kwargs(
     *,
     application_name: str,
     connect_timeout_s: float,
     statement_timeout_s: float | None = None,
     generic_plans: bool = False,
+    pooler: Pooler = "none",
 ) -> dict[str, Any]:
+    if pooler == "transaction":
+        # A transaction pooler refuses startup options, and hands each
+        # transaction whichever server connection is free: a statement
+        # prepared on one would be missing (or a duplicate) on the next.
+        # Every statement is then planned when it runs, with its parameters
+        # (a custom plan), so the generic-plan settings below have no use.
+        return {**_client_kwargs(application_name, connect_timeout_s), "prepare_threshold": None}
     options = []
     if statement_timeout_s:
         options.append(f"-c statement_timeout={int(statement_timeout_s * 1000)}")
@@ -113,11 +181,17 @@ def connect_kwargs(
         # table was nearly empty (a fresh database, a new connection at the
         # start of a burst) still uses the index when the table has grown.
         options.append("-c plan_cache_mode=force_generic_plan -c enable_seqscan=off")
+    return {**_client_kwargs(application_name, connect_timeout_s), "options": " ".join(options)}
+
+
+def _client_kwargs(application_name: str, connect_timeout_s: float) -> dict[str, Any]:
+    """What every connection sends or sets, pooler or not. A pooler such as
+    PgBouncer passes application_name on to the server connection a client
+    is using, so pg_stat_activity names the process behind each one."""
     return {
         "autocommit": True,
         "application_name": application_name,
         "connect_timeout": max(1, round(connect_timeout_s)),
-        "options": " ".join(options),
         # notice a dead server or a cut network in seconds, not hours
         "keepalives": 1,
         "keepalives_idle": 5,
@@ -140,15 +214,23 @@ def make_pool(
     max_size: int,
     wait_timeout_s: float,
     generic_plans: bool = False,
+    pooler: Pooler = "none",
 ) -> AsyncConnectionPool:
-    """A pool that is not yet open: ``await pool.open()`` (or ``async with``)."""
+    """A pool that is not yet open: ``await pool.open()`` (or ``async with``).
+    Behind a transaction pooler its connections keep the statement timeout
+    on the client (DeadlineConnection) and prepare nothing."""
+    connection_class = (
+        _deadline_connection(statement_timeout_s) if pooler == "transaction" else psycopg.AsyncConnection
+    )
     return AsyncConnectionPool(
         url,
+        connection_class=connection_class,
         kwargs=connect_kwargs(
             application_name=application_name,
             connect_timeout_s=connect_timeout_s,
             statement_timeout_s=statement_timeout_s,
             generic_plans=generic_plans,
+            pooler=pooler,
         ),
         min_size=min_size,
         max_size=max_size,

@@ -48,7 +48,12 @@ def main() -> None:
     else:
         _say("== starting the embedded Postgres (data in .data/postgres)")
         url = db.database_url(settings)
-    key, operator_key = asyncio.run(_prepare(url))
+    try:
+        # the migrations hold a session advisory lock: not through a transaction pooler
+        session = db.session_url(settings) if settings.database_url else url
+    except ConfigError as exc:
+        sys.exit(f"storyjobs: configuration error: {exc}")
+    key, operator_key = asyncio.run(_prepare(session))
     env = {**os.environ, "DATABASE_URL": url}
     offline = not env.get("ANTHROPIC_API_KEY")
     processes: list[tuple[str, subprocess.Popen[bytes]]] = []

@@ -2,7 +2,9 @@
 in order, each in its own transaction, recorded in schema_migrations.
 
 A session advisory lock is held for the whole run, so replicas that start at
-once migrate one after the other; the second finds nothing left to do.
+once migrate one after the other; the second finds nothing left to do. The
+connection must keep its session: never one through a transaction pooler
+(``storyjobs migrate`` uses ``db.session_url``).
 """
 
 from __future__ import annotations

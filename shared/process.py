@@ -40,7 +40,9 @@ async def database_pool(
 ) -> AsyncIterator[AsyncConnectionPool]:
     """Once the database answers with a schema this code can use: a pool,
     opened without waiting (the caller's loop rides out an outage itself),
-    closed on exit. Statements are planned once and run on generic plans."""
+    closed on exit. Statements are planned once and run on generic plans,
+    unless a transaction pooler is in front (DATABASE_POOLER): then each is
+    planned when it runs, and the statement timeout is kept by the client."""
     url = db.database_url(settings)
     await wait_for_schema(url, settings, process=process)
     pool = db.make_pool(
@@ -53,6 +55,7 @@ async def database_pool(
         # short: during an outage the process's loop backs off and retries itself
         wait_timeout_s=2.0,
         generic_plans=True,
+        pooler=settings.database_pooler,
     )
     await pool.open(wait=False)
     try:

@@ -29,7 +29,8 @@ async def wait_for_schema(url: str, settings: BaseSettings, *, process: str) -> 
             with attempt:
                 try:
                     conn = await db.connect(url, application_name=f"storyjobs-{process}",
-                                            connect_timeout_s=settings.db_connect_timeout_s)
+                                            connect_timeout_s=settings.db_connect_timeout_s,
+                                            pooler=settings.database_pooler)
                     async with conn:
                         return await db.require_schema(conn)
                 except psycopg.OperationalError as exc:

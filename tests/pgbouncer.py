@@ -162,6 +162,11 @@ class PgBouncer:
         except psycopg.OperationalError as exc:
             raise RuntimeError(f"pgbouncer cannot reach the server: {exc}\n{self.log()}") from exc
 
+    @property
+    def pid(self) -> int:
+        """The PgBouncer process's id (to read its CPU time)."""
+        return self._process.pid
+
     def url(self, dbname: str) -> str:
         """A connection string to database ``dbname`` through the pool."""
         return make_conninfo(

@@ -41,7 +41,8 @@ async def serve(settings: WorkerSettings) -> int:
             )
         store = PgWorkerStore(
             pool, worker_id=new_worker_id(), provider=writer.provider, model=writer.model,
-            listen_url=db.database_url(settings), connect_timeout_s=settings.db_connect_timeout_s,
+            listen_url=db.session_url(settings) if settings.worker_listen else None,
+            connect_timeout_s=settings.db_connect_timeout_s,
             limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens,
         )
         await store.ensure_rate_bucket()

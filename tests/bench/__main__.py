@@ -33,6 +33,7 @@ from tests.bench import (
     drain,
     idle,
     in_flight,
+    in_flight_pooler,
     ops_list,
     peers,
     pickup,
@@ -44,7 +45,7 @@ from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (drain, pickup, idle, api_load, scale, in_flight, ceiling, ops_list, peers, stop)
+    for module in (drain, pickup, idle, api_load, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers, stop)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

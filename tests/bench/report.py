@@ -60,6 +60,8 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("scale", "claim_p99_ratio"): at_most(1.5),
     ("scale", "sweep_ratio"): at_most(1.5),
     ("in_flight", "db_cpu_pct_of_core"): below(10),
+    ("in_flight_pooler", "server_connections_peak"): at_most(25),
+    ("in_flight_pooler", "db_cpu_pct_of_core"): below(10),
     # a cancelled job's stream is closed at its worker's next heartbeat
     ("stop", "close_after_cancel_over_interval"): at_most(1.5),
     ("ops_list", "first_p99_ms"): at_most(50),

@@ -1,0 +1,216 @@
+"""The connection budget of the README's Operations table, held under load.
+
+One api, one worker and one sweeper serve 120 jobs while a sampler counts,
+every few milliseconds, the database's server connections by
+application_name in pg_stat_activity (each process names its connections:
+storyjobs-api, storyjobs-worker, storyjobs-worker-listen, storyjobs-sweeper)
+and, behind PgBouncer, the pooler's client connections by application_name
+(SHOW CLIENTS). PgBouncer 1.18 passes a client's application_name on to the
+server connection it is using, so there a server connection carries the
+name of the process that used it last; what each process holds is then its
+client connections, and the server connections are the pooler's.
+
+The load is built to fill the pools: POSTs and GETs from 30 connections at
+once, and jobs whose first request the provider answers 529 (retry after
+50 ms), so that the jobs a round claimed together open their retry ledger
+rows at the same moment, while the worker's rounds and heartbeats run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable
+from typing import Any
+
+import httpx
+import psycopg
+import pytest
+
+from tests import dbserver
+from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
+from tests.helpers import create_key_sync
+from tests.pgbouncer import PgBouncer
+from tests.system.procs import Proc, System
+
+pytestmark = pytest.mark.system
+
+API_POOL_SIZE = 4
+# the README's table (Operations, "Connection budget"), for these settings
+DIRECT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-listen": 1,
+                 "storyjobs-sweeper": 1}
+POOLED_CLIENT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-sweeper": 1}
+POOLED_DIRECT_BUDGET = {"storyjobs-worker-listen": 1}
+TIMINGS = {"HEARTBEAT_INTERVAL_S": 0.2, "HEARTBEAT_TIMEOUT_S": 5, "SWEEPER_INTERVAL_S": 0.2,
+           "JOB_TIMEOUT_S": 120, "LLM_TIMEOUT_S": 60, "LLM_READ_TIMEOUT_S": 30, "WORKER_POLL_INTERVAL_S": 0.5}
+JOBS = 120
+
+
+class ConnectionSampler:
+    """On a thread of its own, counts the connections of one database by application_name, every few
+    milliseconds, and keeps the most of each seen at once: server connections (pg_stat_activity, read over
+    a connection to the maintenance database, which is not counted), the pooler's client connections
+    (SHOW CLIENTS) when a pooler is given, and all the database's server connections together."""
+
+    def __init__(self, server_url: str, dbname: str, bouncer: PgBouncer | None = None) -> None:
+        self._server_url = server_url
+        self._dbname = dbname
+        self._bouncer = bouncer
+        self.server: Counter[str] = Counter()
+        self.clients: Counter[str] = Counter()
+        self.server_total = 0
+        self.samples = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="connection-sampler", daemon=True)
+        self._error: BaseException | None = None
+
+    def __enter__(self) -> ConnectionSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            with dbserver.admin(self._server_url) as conn:
+                while not self._stop.is_set():
+                    rows = conn.execute(
+                        "SELECT application_name, count(*) FROM pg_stat_activity "
+                        "WHERE datname = %s AND backend_type = 'client backend' GROUP BY 1", (self._dbname,),
+                    ).fetchall()
+                    self._keep_most(self.server, {name: int(n) for name, n in rows})
+                    self.server_total = max(self.server_total, sum(int(n) for _, n in rows))
+                    if self._bouncer is not None:
+                        clients = Counter(row["application_name"] for row in self._bouncer.show("clients")
+                                          if row["database"] == self._dbname)
+                        self._keep_most(self.clients, clients)
+                    self.samples += 1
+                    self._stop.wait(0.005)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the test's thread by __exit__
+            self._error = exc
+
+    @staticmethod
+    def _keep_most(most: Counter[str], now: dict[str, int]) -> None:
+        for name, count in now.items():
+            most[name] = max(most[name], count)
+
+
+def _load(api_url: str, key: str) -> list[int]:
+    """120 POSTs, 30 at a time, then GETs from 30 clients until every job is finished; the answers' statuses."""
+    statuses: list[int] = []
+
+    async def run() -> None:
+        limit = asyncio.Semaphore(30)
+        async with httpx.AsyncClient(base_url=api_url, timeout=20, headers={"Authorization": f"Bearer {key}"},
+                                     limits=httpx.Limits(max_connections=40)) as client:
+            async def post(n: int) -> str:
+                async with limit:
+                    answer = await client.post("/stories/generate", json={"prompt": f"budget #{n}#"},
+                                               headers={"Idempotency-Key": str(uuid.uuid4())})
+                statuses.append(answer.status_code)
+                return str(answer.json()["job_id"])
+
+            job_ids = await asyncio.gather(*(post(n) for n in range(JOBS)))
+
+            async def follow(job_id: str) -> None:
+                while True:
+                    async with limit:
+                        answer = await client.get(f"/stories/jobs/{job_id}")
+                    statuses.append(answer.status_code)
+                    if answer.json()["status"] in ("completed", "failed"):
+                        return
+                    await asyncio.sleep(0.05)
+
+            await asyncio.wait_for(asyncio.gather(*(follow(job_id) for job_id in job_ids)), timeout=120)
+
+    asyncio.run(run())
+    return statuses
+
+
+def _start(system: System, fake_llm: FakeAnthropicServer, env: dict[str, Any]) -> list[Proc]:
+    fake_llm.fake.default = Plan(chunks=5, duration_s=0.5)
+    for n in range(JOBS):
+        fake_llm.fake.queue_for(f"#{n}#", Plan(status=529, retry_after_ms=50))
+    llm = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    return [
+        system.api(QUEUE_MAX=1000, API_POOL_SIZE=API_POOL_SIZE, **env),
+        system.worker(WORKER_CONCURRENCY=20, **env, **llm),
+        system.sweeper(**env),
+    ]
+
+
+def _wait_listening(server_url: str, dbname: str, procs: list[Proc]) -> None:
+    deadline = time.monotonic() + 30
+    with dbserver.admin(server_url) as conn:
+        while True:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                               "AND application_name = 'storyjobs-worker-listen'", (dbname,)).fetchone()
+            if row is not None and row[0] == 1:
+                return
+            for proc in procs:
+                if proc.popen.poll() is not None:
+                    raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode})")
+            if time.monotonic() > deadline:
+                raise TimeoutError("the worker never listened")
+            time.sleep(0.05)
+
+
+def _completed(database_url: str) -> int:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def test_without_a_pooler_each_process_holds_at_most_its_stated_server_connections(
+    system: System, fake_llm: FakeAnthropicServer, server_url: str, database_name: str, database_url: str,
+) -> None:
+    """Directly on Postgres under a load that fills the pools: the api holds at most API_POOL_SIZE server
+    connections, the worker 3 plus its LISTEN connection, the sweeper 1."""
+    key = create_key_sync(database_url, "budget")
+    procs = _start(system, fake_llm, TIMINGS)
+    _wait_listening(server_url, database_name, procs)
+    with ConnectionSampler(server_url, database_name) as sampler:
+        statuses = _load(procs[0].base_url, key)  # type: ignore[attr-defined]
+    assert _completed(database_url) == JOBS
+    assert set(statuses) == {200, 202}
+    assert sampler.samples > 100
+    held = {name: sampler.server[name] for name in DIRECT_BUDGET}
+    assert all(held[name] <= budget for name, budget in DIRECT_BUDGET.items()), (held, DIRECT_BUDGET)
+    assert set(sampler.server) <= set(DIRECT_BUDGET), sampler.server
+    assert held["storyjobs-api"] == API_POOL_SIZE, "the load did not fill the api's pool"
+    assert held["storyjobs-worker"] == 3, "the load did not fill the worker's pool"
+
+
+def test_behind_pgbouncer_each_process_holds_its_stated_client_connections_and_the_server_only_the_pool(
+    system: System, fake_llm: FakeAnthropicServer, server_url: str, database_name: str, database_url: str,
+    pgbouncer_factory: Callable[..., PgBouncer],
+) -> None:
+    """Through PgBouncer (3 server connections) under load: the database sees the pooler's 3 server connections
+    and the worker's direct LISTEN connection, nothing more; at the pooler the api holds at most API_POOL_SIZE
+    client connections, the worker 3, the sweeper 1."""
+    bouncer = pgbouncer_factory(default_pool_size=3)
+    env = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
+           "DATABASE_LISTEN_URL": database_url, **TIMINGS}
+    key = create_key_sync(database_url, "budget")
+    procs = _start(system, fake_llm, env)
+    _wait_listening(server_url, database_name, procs)
+    with ConnectionSampler(server_url, database_name, bouncer) as sampler:
+        statuses = _load(procs[0].base_url, key)  # type: ignore[attr-defined]
+    assert _completed(database_url) == JOBS
+    assert set(statuses) == {200, 202}
+    assert sampler.samples > 100
+    assert sampler.server_total <= 3 + 1, sampler.server
+    assert sampler.server["storyjobs-worker-listen"] <= POOLED_DIRECT_BUDGET["storyjobs-worker-listen"]
+    clients = {name: sampler.clients[name] for name in POOLED_CLIENT_BUDGET}
+    assert all(clients[name] <= budget for name, budget in POOLED_CLIENT_BUDGET.items()), (clients,)
+    assert set(sampler.clients) <= set(POOLED_CLIENT_BUDGET), sampler.clients
+    assert clients["storyjobs-api"] == API_POOL_SIZE, "the load did not fill the api's pool"
+    assert clients["storyjobs-worker"] == 3, "the load did not fill the worker's pool"
