@@ -364,3 +364,18 @@ async def test_a_worker_with_every_slot_busy_waits_for_a_job_to_finish() -> None
     clock.now += 60.0
     idle = await worker.round_once()
     assert idle.claimed == 0 and idle.wait_s > 0
+
+
+async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sent() -> None:
+    """A job the heartbeat finds gone between its claim and its task's first step is never started: no
+    request, its slot freed, no completion or failure written for it."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    assert (await worker.round_once()).claimed == 1
+    store.end_elsewhere(1)
+    assert await worker.heartbeat_once() == [1]  # before the job's task took a step
+    await _let_tasks_run()
+    assert writer.sent == [] and worker.held_job_ids == []
+    await worker.round_once()
+    assert store.named("fail_running") == [] and store.named("settle_and_claim")[-1][0] == []
