@@ -451,7 +451,9 @@ class Worker:
     def _job_call(self, job: ClaimedJob) -> JobCall:
         return JobCall(self._writer.price, _JobHooks(self, job), max_tokens=job.max_tokens)
 
-    def _heard(self, headers: Mapping[str, str]) -> None:
+    def heard(self, headers: Mapping[str, str]) -> None:
+        """An answer's anthropic-ratelimit-* headers: told to the shared bucket
+        at the next claim round."""
         view = ProviderView.from_headers(headers, seen_at=self._clock())
         if view is not None:
             self._provider_view = view
@@ -638,7 +640,9 @@ class _JobHooks:
     async def next_attempt(self, attempt: int, previous: LlmOutcome, error: str) -> RetryStart:
         started = await self._worker.store.call_retry(self._job.id, attempt, previous, storable(error))
         if started.attempt is None and started.owned:
-            metrics.LLM_RATELIMIT_WAITS.inc()  # asked again after the pause: counted once then
+            # held by a 429's pause: the previous attempt is counted when the
+            # retry's row is opened, after the wait
+            metrics.LLM_RATELIMIT_WAITS.inc()
         else:
             metrics.LLM_REQUESTS_BY_OUTCOME[previous].inc()
         return started
@@ -652,7 +656,7 @@ class _JobHooks:
             log.warning("llm.pause_not_shared", pause_s=round(pause_s, 3), error=db.describe(exc))
 
     def provider_said(self, headers: Mapping[str, str]) -> None:
-        self._worker._heard(headers)
+        self._worker.heard(headers)
 
 
 def _completion(job: ClaimedJob, attempt: int, draft: Draft) -> Completion:
@@ -671,5 +675,3 @@ def _completion(job: ClaimedJob, attempt: int, draft: Draft) -> Completion:
         request_id=storable_or_none(draft.request_id),
     )
 
-
-__all__: Sequence[str] = ["RoundResult", "Worker", "WorkerCrashed", "new_worker_id"]
