@@ -2,6 +2,9 @@
 
 A block starts with ``-- name: <name>``; the comment lines after it describe
 the query and are dropped; the rest, up to the next block, is one statement.
+A line ``-- include: <name>`` inside a statement stands for that block's
+text, so that two statements can share a part (the worker's round statement,
+with and without the rate limiter) without a second copy of it.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ import re
 from importlib.resources import files
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$")
+_INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 
 
 def parse(text: str) -> dict[str, str]:
@@ -36,7 +40,15 @@ def parse(text: str) -> dict[str, str]:
         elif name is not None and not (not lines and line.startswith("--")):
             lines.append(line)
     flush()
-    return queries
+
+    def expand(name: str, seen: tuple[str, ...]) -> str:
+        if name in seen:
+            raise ValueError(f"query {name!r} includes itself")
+        if name not in queries:
+            raise ValueError(f"query {seen[-1]!r} includes {name!r}, which is not defined")
+        return _INCLUDE.sub(lambda match: expand(match.group(1), (*seen, name)), queries[name])
+
+    return {name: expand(name, ()) for name in queries}
 
 
 QUERIES: dict[str, str] = parse(files("sql").joinpath("queries.sql").read_text("utf-8"))

@@ -1,8 +1,8 @@
 """The job vocabulary: statuses, error codes and LLM call outcomes.
 
 Each exists once in SQL too: JobStatus is the enum type ``job_status``;
-ErrorCode and LlmOutcome are the CHECK constraints
-``story_jobs_error_code_known`` and ``llm_calls_outcome_known``.
+ErrorCode and LlmOutcome are the domains ``error_code`` and ``llm_outcome``
+(their constraints ``error_code_known`` and ``llm_outcome_known``).
 tests/integration/test_schema.py fails when the two sides drift apart.
 """
 

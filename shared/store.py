@@ -252,6 +252,12 @@ def _json(value: object) -> Jsonb:
     return Jsonb(value, dumps=_json_encoder.encode)
 
 
+def settle_and_claim_query(limiter: Mapping[str, Any]) -> str:
+    """The round statement's name: without a configured rate limit, the one
+    without the limiter's arithmetic."""
+    return "job_settle_and_claim_limited" if limiter["limited"] else "job_settle_and_claim"
+
+
 async def job_settle_and_claim(
     conn: Conn,
     *,
@@ -274,10 +280,10 @@ async def job_settle_and_claim(
         "model": model,
         "completions": _json(completions),
     }
-    cur = await conn.execute(Q["job_settle_and_claim"], params)
+    cur = await conn.execute(Q[settle_and_claim_query(limiter)], params)
     row = await cur.fetchone()
     assert row is not None
-    completed_ids, already_completed_ids, claimed_json, limiter_json = row
+    claimed_json, completed_ids, already_completed_ids, limiter_json = row
     return SettleResult(
         completed_ids=list(completed_ids),
         already_completed_ids=list(already_completed_ids),

@@ -378,30 +378,21 @@ FROM (
 ) recent;
 
 
--- name: job_settle_and_claim
--- The worker's one statement per round: complete the jobs whose stories are
--- written (story insert, ledger update and running -> completed, guarded by
--- status and worker_id) and claim up to %(claim_limit)s pending jobs, writing
--- each claimed job's first ledger row before its LLM call can start.
+-- name: job_settle_ctes
+-- The first half of the worker's round statement (job_settle_and_claim and
+-- job_settle_and_claim_limited include it): complete the jobs whose stories
+-- are written (story insert, ledger update and running -> completed, guarded
+-- by status and worker_id).
 --
 -- A story is inserted even when its job lost the race to the sweeper: it was
 -- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
---
--- The shared rate limiter lives here too, so it costs no statement of its
--- own: while a limit is configured (%(limited)s), the model's bucket row is
--- locked, refilled to now, given back what the completed calls did not use,
--- capped by what the provider's headers last said was left, and a job is
--- claimed only while the bucket covers one request, its estimated input
--- tokens and its max_tokens; a job it does not cover stays pending. Without a
--- configured limit the row is only read, for a pause (a 429's retry-after, or
--- the provider saying nothing is left), during which nothing is claimed.
 --
 -- The written stories arrive as one JSON array: one parameter to encode,
 -- however many stories the round carries. Rows are reached by id through
 -- `id = ANY (ARRAY(...))`, an index lookup whatever the planner guesses of
 -- how many there are: the statement is prepared once and runs on a generic
 -- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
-WITH done AS MATERIALIZED (
+done AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
         job_id bigint, client_id bigint, attempt smallint, title text, body text, model text,
         prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
@@ -435,20 +426,110 @@ completed AS (
               -- what the claim reserved and the call did not use, given back
               coalesce(j.input_tokens_estimate, 0) - done.input_tokens AS input_tokens_back,
               coalesce(j.max_tokens, 0) - done.output_tokens AS output_tokens_back
+)
+
+-- name: job_claim_ctes
+-- The claim of the round statement: the jobs in `chosen` (locked by the
+-- including statement) go pending -> running, and each gets its first ledger
+-- row before its LLM call can start.
+claimed AS (
+    UPDATE story_jobs j
+    SET status = 'running', started_at = now(), heartbeat_at = now(),
+        worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+              j.max_tokens, j.input_tokens_estimate
 ),
--- The bucket as it stands now, one row (a missing row, with a limit
--- configured, covers nothing this round and is recreated below).
+first_calls AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
+    RETURNING job_id
+)
+
+-- name: job_settle_and_claim_answer
+-- What the round statement answers, before its limiter column. The claim
+-- comes first: evaluated first, it locks its jobs as soon after the
+-- statement's snapshot as it can, so that fewer of the rows it reaches have
+-- been claimed by another worker since (each such row costs a recheck).
+coalesce((
+    SELECT json_agg(json_build_object(
+        'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
+        'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
+        'input_tokens_estimate', c.input_tokens_estimate)
+        ORDER BY c.id)
+    FROM claimed c JOIN first_calls f ON f.job_id = c.id
+)::text, '[]') AS claimed,
+-- done jobs: completed now, or (after an ambiguous commit) already completed
+-- by this worker; the caller treats every other done job as a lost race
+coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
+coalesce((
+    SELECT array_agg(j.id) FROM story_jobs j
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
+      AND j.status = 'completed' AND j.worker_id = %(worker_id)s
+), '{}') AS already_completed_ids
+
+-- name: job_settle_and_claim
+-- The worker's one statement per round while no rate limit is configured:
+-- complete the written stories and claim up to %(claim_limit)s pending jobs,
+-- one commit per round however many jobs it carries.
+--
+-- The model's bucket row is only read, for a pause (a 429's retry-after, or
+-- the provider's headers saying nothing is left), during which nothing is
+-- claimed; a pause the headers announce (%(provider_pause_until)s) is written
+-- there for every worker. Without the limiter's arithmetic the statement is
+-- a fifth cheaper for the database (tests/bench/peers.py).
+WITH
+-- include: job_settle_ctes
+,
+paused AS MATERIALIZED (
+    SELECT greatest((SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s),
+                    %(provider_pause_until)s::timestamptz) AS until
+),
+claimable AS MATERIALIZED (
+    SELECT id FROM story_jobs
+    WHERE status = 'pending'
+    ORDER BY created_at, id
+    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM paused)
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+chosen AS (SELECT id FROM claimable),
+-- include: job_claim_ctes
+,
+pause_shared AS (
+    INSERT INTO llm_rate_buckets AS b (model, paused_until)
+    SELECT %(model)s, %(provider_pause_until)s::timestamptz
+    WHERE %(provider_pause_until)s::timestamptz > now()
+    ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
+)
+SELECT
+-- include: job_settle_and_claim_answer
+,
+(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM until - now()), 0), 0))
+ FROM paused)::text AS limiter;
+
+-- name: job_settle_and_claim_limited
+-- The worker's one statement per round while a rate limit is configured:
+-- job_settle_and_claim with the shared rate limiter, so that it costs no
+-- statement of its own. The model's bucket row is locked, refilled to now,
+-- given back what the completed calls did not use, capped by what the
+-- provider's headers last said was left, and a job is claimed only while the
+-- bucket covers one request, its estimated input tokens and its max_tokens;
+-- a job it does not cover stays pending. A pause (a 429's retry-after, or the
+-- provider saying nothing is left) claims nothing.
+WITH
+-- include: job_settle_ctes
+,
+-- The bucket as it stands now, one row (a missing row covers nothing this
+-- round and is recreated below).
 bucket AS MATERIALIZED (
     SELECT b.* FROM llm_rate_buckets b
-    WHERE b.model = %(model)s AND %(limited)s
+    WHERE b.model = %(model)s
     FOR NO KEY UPDATE
 ),
 bucket_now AS MATERIALIZED (
     SELECT
         -- greatest() passes over NULLs: no row, no pause
-        greatest(CASE WHEN %(limited)s THEN b.paused_until
-                      ELSE (SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s) END,
-                 %(provider_pause_until)s::timestamptz) AS paused_until,
+        greatest(b.paused_until, %(provider_pause_until)s::timestamptz) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
@@ -482,7 +563,7 @@ claimable AS MATERIALIZED (
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 -- the longest run of the claimable jobs, in order, that the bucket covers
-covered AS MATERIALIZED (
+chosen AS MATERIALIZED (
     SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
         SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
                sum(c.output_tokens_need) OVER w AS output_tokens_cum
@@ -492,23 +573,12 @@ covered AS MATERIALIZED (
       AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
       AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
 ),
-claimed AS (
-    UPDATE story_jobs j
-    SET status = 'running', started_at = now(), heartbeat_at = now(),
-        worker_id = %(worker_id)s
-    WHERE j.id = ANY (ARRAY(SELECT id FROM covered)) AND j.status = 'pending'
-    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-              j.max_tokens, j.input_tokens_estimate
-),
-first_calls AS (
-    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
-    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
-    RETURNING job_id
-),
+-- include: job_claim_ctes
+,
 taken AS MATERIALIZED (
     SELECT count(*)::float8 AS requests, coalesce(sum(c.input_tokens_need), 0)::float8 AS input_tokens,
            coalesce(sum(c.output_tokens_need), 0)::float8 AS output_tokens
-    FROM covered c JOIN claimed USING (id)
+    FROM chosen c JOIN claimed USING (id)
 ),
 bucket_left AS MATERIALIZED (
     SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
@@ -519,7 +589,6 @@ bucket_written AS (
     INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until)
     SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity')
     FROM bucket_left l
-    WHERE %(limited)s OR %(provider_pause_until)s::timestamptz > now()
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens,
@@ -527,33 +596,19 @@ bucket_written AS (
         paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
-    -- done jobs: completed now, or (after an ambiguous commit) already completed
-    -- by this worker; the caller treats every other done job as a lost race
-    coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
-    coalesce((
-        SELECT array_agg(j.id) FROM story_jobs j
-        WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
-          AND j.status = 'completed' AND j.worker_id = %(worker_id)s
-    ), '{}') AS already_completed_ids,
-    coalesce((
-        SELECT json_agg(json_build_object(
-            'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
-            'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
-            'input_tokens_estimate', c.input_tokens_estimate)
-            ORDER BY c.id)
-        FROM claimed c JOIN first_calls f ON f.job_id = c.id
-    )::text, '[]') AS claimed,
-    -- the bucket after this round, and the needs of the first job it held back
-    (SELECT json_build_object(
-        'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
-        'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
-        'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
-     FROM bucket_left l
-     LEFT JOIN LATERAL (
-         SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
-         WHERE c.id <> ALL (ARRAY(SELECT id FROM covered))
-         ORDER BY c.created_at, c.id LIMIT 1
-     ) n ON true)::text AS limiter;
+-- include: job_settle_and_claim_answer
+,
+-- the bucket after this round, and the needs of the first job it held back
+(SELECT json_build_object(
+    'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
+    'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
+    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
+ FROM bucket_left l
+ LEFT JOIN LATERAL (
+     SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
+     WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
+     ORDER BY c.created_at, c.id LIMIT 1
+ ) n ON true)::text AS limiter;
 
 -- name: job_fail_running
 -- The worker gives up on jobs it owns (LLM error, rejected request): running ->

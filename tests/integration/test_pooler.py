@@ -301,7 +301,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     statements = [
         ("job_heartbeat", {"worker_id": "w", "beats": beats}),
         ("job_settle_and_claim", claim),
-        ("job_settle_and_claim", {**claim, **limited}),
+        ("job_settle_and_claim_limited", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),
         ("llm_call_start", {"model": "m", "worker_id": "w", "job_id": running[0], "previous_attempt": 1,
                             "previous_outcome": "rate_limited", "previous_billed": False, "previous_error": "x"}),

@@ -21,13 +21,13 @@ async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> No
 
 
 @pytest.mark.parametrize(("constraint", "vocabulary"), [
-    ("story_jobs_error_code_known", ErrorCode),
-    ("llm_calls_outcome_known", LlmOutcome),
+    ("error_code_known", ErrorCode),
+    ("llm_outcome_known", LlmOutcome),
 ])
 async def test_error_codes_and_ledger_outcomes_match_sql(
     conn: psycopg.AsyncConnection[Any], constraint: str, vocabulary: type[StrEnum]
 ) -> None:
-    """The CHECK constraint that lists a column's values and the Python enum have the same values."""
+    """The domain constraint that lists a column's values and the Python enum have the same values."""
     cur = await conn.execute("SELECT pg_get_constraintdef(oid) FROM pg_constraint WHERE conname = %s", (constraint,))
     row = await cur.fetchone()
     assert row is not None, f"no constraint {constraint}"
@@ -47,6 +47,18 @@ async def test_unknown_error_codes_and_outcomes_are_refused(conn: psycopg.AsyncC
         await conn.execute("UPDATE llm_calls SET outcome = 'exploded', finished_at = now()")
     with pytest.raises(psycopg.errors.CheckViolation):
         await conn.execute("UPDATE llm_calls SET finished_at = now()")
+
+
+@pytest.mark.parametrize("assignment", [
+    "max_tokens = 0", "input_tokens_estimate = -1", "reserved_usd = -0.01", "charged_usd = -1",
+])
+async def test_token_counts_and_money_are_never_negative(conn: psycopg.AsyncConnection[Any], assignment: str) -> None:
+    """The bounds the columns' domains carry hold on every update that sets them."""
+    from tests.helpers import client_id_of, enqueue
+
+    await enqueue(conn, await client_id_of(conn), "a fox")
+    with pytest.raises(psycopg.errors.CheckViolation):
+        await conn.execute(f"UPDATE story_jobs SET {assignment}")
 
 
 async def test_migrate_is_idempotent(conn: psycopg.AsyncConnection[Any]) -> None:
