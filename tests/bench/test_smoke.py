@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -16,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from tests.bench import statement_cost
 from tests.bench.harness import REPO
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -120,3 +122,23 @@ def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -
     expected = {f"{case}_{p}_ms" for case in ("first", "deep", "failed", "nomatch") for p in ("p50", "p99")}
     assert set(bench["figures"]) == expected
     assert all(figure["median"] > 0 for figure in bench["figures"].values())
+
+
+def test_quick_statement_cost_counts_the_round_statement(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only statement_cost` exits 0 and counts the instructions per job of
+    the round statement under callgrind, with and without a rate limit: a round of ten costs less per job
+    than a round of one (one statement and one commit for ten), and the limiter's arithmetic costs more."""
+    if shutil.which("valgrind") is None or statement_cost._server_bindir() is None:
+        pytest.skip("valgrind or the Postgres server binaries are not installed")
+    finished = subprocess.run(
+        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "statement_cost",
+         "--out", str(tmp_path), "--quiet"],
+        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
+        capture_output=True, text=True, timeout=280, check=False,
+    )
+    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
+    bench = json.loads((tmp_path / "latest.json").read_text())["benchmarks"]["statement_cost"]
+    assert bench["error"] is None
+    one, batched, limited = (bench["figures"][f"{key}_kinstr_per_job"]["median"]
+                             for key in ("one", "batched", "one_limited"))
+    assert 0 < batched < one < limited

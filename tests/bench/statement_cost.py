@@ -1,0 +1,222 @@
+"""statement_cost: the database's instructions per job in the worker's round
+statement, counted by valgrind's callgrind.
+
+CPU time moves with whatever else a shared machine is doing; an instruction
+count does not (the same statements give the same count, to a fraction of a
+percent, whatever the load), so a change to the statement or the schema is
+measured on its own, in one run. The count leaves out what only the kernel
+does (the commit's write and fsync, the socket).
+
+A private Postgres from this machine's binaries runs under callgrind, which
+follows each backend it forks. One connection sends the round statement as a
+worker does: it completes the jobs it claimed in the previous round and
+claims the next ones, one job a round and ten, without and with a rate limit
+configured. Each figure is the difference between two connections' totals,
+of ROUNDS/5 and of ROUNDS rounds, over the difference in jobs, so connecting,
+warming up and planning cancel out. Needs valgrind and the Postgres server
+binaries (Debian's postgresql package); without them it reports nothing.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from decimal import Decimal
+from pathlib import Path
+from typing import Any
+
+import psycopg
+
+from shared import db, migrate, store
+from shared.ratelimit import UNLIMITED, RateLimits, claim_params
+from shared.rows import ClaimedJob, Completion
+from tests.bench.harness import (
+    BENCH_FINGERPRINT,
+    BENCH_REQUEST_JSON,
+    BenchContext,
+    BenchResult,
+    FigureSpec,
+)
+
+NAME = "statement_cost"
+SPECS = {
+    "one_kinstr_per_job": FigureSpec("round statement, one job a round: instructions per job", "k"),
+    "batched_kinstr_per_job": FigureSpec("round statement, ten jobs a round: instructions per job", "k"),
+    "one_limited_kinstr_per_job": FigureSpec(
+        "round statement with a rate limit, one job a round: instructions per job", "k"),
+}
+ROUNDS, QUICK_ROUNDS = 200, 20
+# so generous that the bucket never holds a job back
+_LIMITS = RateLimits(1e6, 1e9, 1e9, 1e12, 1e9, 1e12)
+_RUN_AS_WHEN_ROOT = "postgres"
+
+
+def run(ctx: BenchContext, result: BenchResult) -> None:
+    bindir = _server_bindir()
+    missing = [what for what, found in (("valgrind", shutil.which("valgrind")), ("the Postgres server", bindir))
+               if not found]
+    if missing:
+        result.note(f"not measured: {' and '.join(missing)} not found")
+        return
+    assert bindir is not None
+    rounds = QUICK_ROUNDS if ctx.quick else ROUNDS
+    result.params.update({"rounds": rounds, "server": bindir})
+    with _server_under_callgrind(bindir) as server:
+        for run_number in range(1, ctx.runs + 1):
+            for key, batch, limited in (("one_kinstr_per_job", 1, False), ("batched_kinstr_per_job", 10, False),
+                                        ("one_limited_kinstr_per_job", 1, True)):
+                per_job = _instructions_per_job(server, rounds=rounds, batch=batch, limited=limited)
+                result.add(key, per_job / 1000)
+                ctx.progress(f"statement_cost run {run_number}/{ctx.runs}: {key} {per_job / 1000:,.0f} k")
+
+
+class _Server:
+    def __init__(self, url: str, profiles: Path) -> None:
+        self.url = url
+        self.profiles = profiles
+        self._databases = 0
+
+    def new_database(self) -> str:
+        """A copy of the migrated template (migrating under callgrind is slow)."""
+        if self._databases == 0:
+            with psycopg.connect(self.url, autocommit=True) as conn:
+                conn.execute("CREATE DATABASE cost_template")
+            asyncio.run(_migrate(self._url_of("cost_template")))
+        self._databases += 1
+        name = f"cost_{self._databases}"
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute(f"CREATE DATABASE {name} TEMPLATE cost_template")
+        return self._url_of(name)
+
+    def _url_of(self, name: str) -> str:
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
+    def instructions(self, pid: int) -> int:
+        """The backend's total, written by callgrind when the backend exits."""
+        path = self.profiles / f"cg.{pid}"
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if path.exists():
+                for line in path.read_text(errors="replace").splitlines():
+                    if line.startswith("totals:"):
+                        return int(line.split()[1])
+            time.sleep(0.2)
+        raise TimeoutError(f"callgrind wrote no totals for backend {pid}")
+
+
+def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool) -> float:
+    url = server.new_database()
+    asyncio.run(_prepare(url, jobs=2 * (rounds + 40) * batch, limited=limited))
+    short = rounds // 5
+    totals = [server.instructions(asyncio.run(_rounds(url, rounds=n, batch=batch, limited=limited)))
+              for n in (short, rounds)]
+    return (totals[1] - totals[0]) / ((rounds - short) * batch)
+
+
+async def _migrate(url: str) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await migrate.migrate(conn)
+
+
+async def _prepare(url: str, *, jobs: int, limited: bool) -> None:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        await conn.execute("INSERT INTO api_clients (name) VALUES ('bench')")
+        await conn.execute(
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
+            "SELECT 1, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb FROM generate_series(1, %(jobs)s) AS n",
+            {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
+        if limited:
+            await store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
+        await conn.execute("VACUUM ANALYZE")
+
+
+async def _rounds(url: str, *, rounds: int, batch: int, limited: bool) -> int:
+    """20 warm-up rounds, then ``rounds`` more, on one connection set up as
+    a worker's; returns the backend's pid."""
+    limiter = claim_params(_LIMITS, None, default_max_tokens=4000) if limited else UNLIMITED
+    conn = await db.connect(url, application_name="statement_cost", connect_timeout_s=60, generic_plans=True)
+    async with conn:
+        cur = await conn.execute("SELECT pg_backend_pid()")
+        row = await cur.fetchone()
+        assert row is not None
+        held: list[ClaimedJob] = []
+        for _ in range(20 + rounds):
+            settled = await store.job_settle_and_claim(
+                conn, worker_id="w1", completions=[_completion(job) for job in held], claim_limit=batch,
+                provider="p", model="m", limiter=limiter)
+            held = settled.claimed
+        return int(row[0])
+
+
+def _completion(job: ClaimedJob) -> Completion:
+    return Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox and the Moon",
+                      body="Once upon a time, a small fox could not sleep. " * 20, model="m", prompt_version="v1",
+                      input_tokens=100, output_tokens=180, cost_usd=Decimal("0.0027"), request_id="req_1")
+
+
+def _server_bindir() -> str | None:
+    """The newest Postgres server binaries on this machine: pg_config's, else Debian's."""
+    candidates = []
+    if shutil.which("pg_config"):
+        found = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=False)
+        candidates.append(found.stdout.strip())
+    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda path: int(path.split("/")[-2]),
+                         reverse=True)
+    for bindir in candidates:
+        if bindir and all(os.access(Path(bindir, name), os.X_OK) for name in ("postgres", "initdb")):
+            return bindir
+    return None
+
+
+@contextmanager
+def _server_under_callgrind(bindir: str) -> Iterator[_Server]:
+    directory = Path(tempfile.mkdtemp(prefix="storyjobs-callgrind-"))
+    # Postgres refuses to run as root
+    identity: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        user = pwd.getpwnam(_RUN_AS_WHEN_ROOT)
+        os.chown(directory, user.pw_uid, user.pw_gid)
+        identity = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    data = directory / "data"
+    subprocess.run([f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
+                   check=True, capture_output=True, **identity)
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    log = open(directory / "server.log", "wb")  # noqa: SIM115 - closed below, after the server
+    server = subprocess.Popen(
+        ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={directory}/cg.%p",
+         f"{bindir}/postgres", "-D", str(data), "-p", str(port), "-k", str(directory),
+         "-c", "listen_addresses=127.0.0.1", "-c", "autovacuum=off", "-c", "fsync=off"],
+        stdout=log, stderr=subprocess.STDOUT, **identity,
+    )
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    try:
+        deadline = time.monotonic() + 180
+        while True:
+            try:
+                psycopg.connect(url, connect_timeout=5).close()
+                break
+            except psycopg.OperationalError:
+                if server.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError(f"Postgres under callgrind did not start; see {directory}/server.log") from None
+                time.sleep(0.5)
+        yield _Server(url, directory)
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)
