@@ -8,8 +8,8 @@
 -- worker's round statement updates story_jobs twice and writes llm_calls
 -- twice, so the long value lists, the single-column checks and the budget
 -- trigger's WHEN were parsed and compiled on every round, for columns the
--- round does not set: by an instruction count of the round (callgrind), a
--- fifth of the database's work per job. A domain's check runs only where a
+-- round does not set: by an instruction count of the round (callgrind,
+-- tests/bench/statement_cost.py), a sixth of the database's work per job. A domain's check runs only where a
 -- value is assigned to the column, and Postgres sends a domain's values as
 -- its base type, so clients see no change.
 --

@@ -476,8 +476,8 @@ coalesce((
 -- The model's bucket row is only read, for a pause (a 429's retry-after, or
 -- the provider's headers saying nothing is left), during which nothing is
 -- claimed; a pause the headers announce (%(provider_pause_until)s) is written
--- there for every worker. Without the limiter's arithmetic the statement is
--- a fifth cheaper for the database (tests/bench/peers.py).
+-- there for every worker. Without the limiter's arithmetic the statement
+-- costs the database about a quarter less (tests/bench/statement_cost.py).
 WITH
 -- include: job_settle_ctes
 ,
