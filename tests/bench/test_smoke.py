@@ -7,18 +7,14 @@ that the harness runs the real processes, measures, and writes its results.
 from __future__ import annotations
 
 import importlib.util
-import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from tests.bench import statement_cost
-from tests.bench.harness import REPO
+from tests.bench.smoke import run_quick
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -31,15 +27,7 @@ EXPECTED_POSITIVE = {
 def test_quick_drain_and_pickup_write_json_with_positive_figures(server_url: str, tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only drain,pickup` exits 0 and writes a JSON result in
     which every expected figure has a positive median, min and max, and a Markdown table."""
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "drain,pickup",
-         "--out", str(tmp_path), "--quiet"],
-        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
-        capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-
-    document = json.loads((tmp_path / "latest.json").read_text())
+    document = run_quick("drain,pickup", server_url, tmp_path)
     assert document["quick"] is True
     assert set(document["benchmarks"]) == set(EXPECTED_POSITIVE)
     for name, keys in EXPECTED_POSITIVE.items():
@@ -51,7 +39,7 @@ def test_quick_drain_and_pickup_write_json_with_positive_figures(server_url: str
             assert {"label", "unit", "median", "min", "max", "samples"} <= set(figure)
             assert figure["min"] > 0 and figure["median"] > 0 and figure["max"] > 0, (name, key, figure)
     assert {row["benchmark"] for row in document["table"]} == set(EXPECTED_POSITIVE)
-    assert (tmp_path / "latest.md").read_text().startswith("# storyjobs benchmarks")
+    assert document["markdown"].startswith("# storyjobs benchmarks")
 
 
 # figures every system of the peer comparison reports, wherever Postgres runs
@@ -63,17 +51,7 @@ PEER_FIGURES = {"drain_one_jobs_per_s", "drain_batched_jobs_per_s", "drain_one_x
 @pytest.fixture(scope="module")
 def quick_peers(server_url: str, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     """One quick run of the peer comparison, shared by the tests below."""
-    out = tmp_path_factory.mktemp("bench-peers")
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "peers", "--out", str(out),
-         "--quiet"],
-        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
-        capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    document = json.loads((out / "latest.json").read_text())
-    document["markdown"] = (out / "latest.md").read_text()
-    return document
+    return run_quick("peers", server_url, tmp_path_factory.mktemp("bench-peers"))
 
 
 def _assert_positive_figures(bench: dict[str, Any], system: str) -> None:
@@ -110,14 +88,7 @@ def test_quick_peers_measure_each_installed_peer(quick_peers: dict[str, Any], pe
 def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only ops_list` exits 0 and writes p50 and p99 for the first page, the
     deep page, the failed jobs and the filter matching nothing, each positive."""
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "ops_list",
-         "--out", str(tmp_path), "--quiet"],
-        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
-        capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    bench = json.loads((tmp_path / "latest.json").read_text())["benchmarks"]["ops_list"]
+    bench = run_quick("ops_list", server_url, tmp_path)["benchmarks"]["ops_list"]
     assert bench["error"] is None
     expected = {f"{case}_{p}_ms" for case in ("first", "deep", "failed", "nomatch") for p in ("p50", "p99")}
     assert set(bench["figures"]) == expected
@@ -130,14 +101,7 @@ def test_quick_statement_cost_counts_the_round_statement(server_url: str, tmp_pa
     than a round of one (one statement and one commit for ten), and the limiter's arithmetic costs more."""
     if shutil.which("valgrind") is None or statement_cost._server_bindir() is None:
         pytest.skip("valgrind or the Postgres server binaries are not installed")
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "statement_cost",
-         "--out", str(tmp_path), "--quiet"],
-        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
-        capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    bench = json.loads((tmp_path / "latest.json").read_text())["benchmarks"]["statement_cost"]
+    bench = run_quick("statement_cost", server_url, tmp_path)["benchmarks"]["statement_cost"]
     assert bench["error"] is None
     one, batched, limited = (bench["figures"][f"{key}_kinstr_per_job"]["median"]
                              for key in ("one", "batched", "one_limited"))

@@ -7,17 +7,13 @@ measured and written.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
 from tests import pgbouncer
-from tests.bench.harness import REPO
 from tests.bench.in_flight_pooler import POOL_SIZE
+from tests.bench.smoke import run_quick
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 
@@ -27,14 +23,7 @@ def test_quick_in_flight_behind_pgbouncer_runs_every_job_through_the_pool(server
     connections stayed within the pooler's pool, and every figure of the benchmark is written."""
     if pgbouncer.binary() is None:
         pytest.skip("the pgbouncer binary is not installed (Debian package pgbouncer)")
-    finished = subprocess.run(
-        [sys.executable, "-m", "tests.bench", "--quick", "--runs", "1", "--only", "in_flight_pooler",
-         "--out", str(tmp_path), "--quiet"],
-        cwd=REPO, env={**os.environ, "TEST_DATABASE_URL": server_url},
-        capture_output=True, text=True, timeout=280, check=False,
-    )
-    assert finished.returncode == 0, finished.stdout[-3000:] + finished.stderr[-3000:]
-    bench = json.loads((tmp_path / "latest.json").read_text())["benchmarks"]["in_flight_pooler"]
+    bench = run_quick("in_flight_pooler", server_url, tmp_path)["benchmarks"]["in_flight_pooler"]
     assert bench["error"] is None
     figures = {key: figure["median"] for key, figure in bench["figures"].items()}
     jobs = bench["params"]["jobs"]
