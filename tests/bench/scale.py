@@ -168,9 +168,9 @@ async def _claim_access_path(conn: store.Conn) -> str:
         return "(plan not captured: store.job_settle_and_claim no longer calls conn.execute)"
     claimable = next((node for node in _nodes(explaining.plan) if node.get("Subplan Name") == "CTE claimable"),
                      explaining.plan)
-    scans = [node for node in _nodes(claimable) if "Scan" in node["Node Type"]]
+    scans = [node for node in _nodes(claimable) if node.get("Relation Name") == "story_jobs"]
     if not scans:
-        return "(no scan found in the plan)"
+        return "(no scan of story_jobs found in the plan)"
     scan = scans[0]
     removed = scan.get("Rows Removed by Filter", 0)
     statement = explaining.plan
