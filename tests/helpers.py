@@ -7,11 +7,12 @@ import concurrent.futures
 import contextlib
 import inspect
 import socket
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import msgspec
 import psycopg
@@ -22,6 +23,7 @@ from shared import keys, store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
 from shared.ratelimit import RateLimits
 from shared.story_request import StoryRequest
+from tests import dbserver
 from worker.runner import Worker, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
@@ -177,3 +179,39 @@ def failed_in_call(request: Any) -> bool:
     """Whether the test of a fixture's ``request`` failed (set by the hook in tests/conftest.py)."""
     report = getattr(request.node, "rep_call", None)
     return report is not None and bool(report.failed)
+
+
+class AdminSampler:
+    """Calls ``sample(conn)`` on a thread of its own every ``interval_s``,
+    over a connection to the server's maintenance database (which a count of
+    the tests' own connections does not see), from ``with`` until its end;
+    an error on that thread is raised again when the block ends."""
+
+    def __init__(self, server_url: str, interval_s: float) -> None:
+        self._server_url = server_url
+        self._interval_s = interval_s
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=type(self).__name__, daemon=True)
+        self._error: BaseException | None = None
+
+    def sample(self, conn: psycopg.Connection[Any]) -> None:
+        raise NotImplementedError
+
+    def __enter__(self) -> Self:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: object) -> None:
+        self._stop.set()
+        self._thread.join(timeout=10)
+        if self._error is not None:
+            raise self._error
+
+    def _run(self) -> None:
+        try:
+            with dbserver.admin(self._server_url) as conn:
+                while not self._stop.is_set():
+                    self.sample(conn)
+                    self._stop.wait(self._interval_s)
+        except BaseException as exc:  # noqa: BLE001 - raised again in the caller's thread by __exit__
+            self._error = exc

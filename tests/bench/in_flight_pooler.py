@@ -32,12 +32,12 @@ The jobs are then left to complete, which checks that the streams were real.
 
 from __future__ import annotations
 
-import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
-from tests import dbserver
+import psycopg
+
 from tests.bench.harness import (
     BenchContext,
     BenchDatabase,
@@ -48,6 +48,7 @@ from tests.bench.harness import (
     is_postgres_process,
     rss_bytes,
 )
+from tests.helpers import AdminSampler
 from tests.pgbouncer import PgBouncer
 from tests.system.procs import Proc
 
@@ -89,53 +90,33 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
         result.note(f"streams of {chunks} chunks over {stream_s:g} s (quick mode)")
 
 
-class ConnectionPeaks:
+class ConnectionPeaks(AdminSampler):
     """Samples, on a thread, the server connections of the benchmark database (the pooler's, from SHOW
     POOLS, plus direct ones of the workers, from pg_stat_activity) and the workers' client connections at
     the pooler (SHOW POOLS), keeping the most of each seen at once."""
 
     def __init__(self, bouncer: PgBouncer, bench_db: BenchDatabase, interval_s: float = 0.05) -> None:
+        super().__init__(bench_db.server_url, interval_s)
         self._bouncer = bouncer
         self._bench_db = bench_db
-        self._interval_s = interval_s
         self.server = 0
         self.clients = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="connection-peaks", daemon=True)
-        self._error: BaseException | None = None
 
-    def __enter__(self) -> ConnectionPeaks:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        try:
-            with dbserver.admin(self._bench_db.server_url) as conn:
-                while not self._stop.is_set():
-                    pools = [row for row in self._bouncer.show("pools") if row["database"] == self._bench_db.name]
-                    if not pools:  # no client has asked for the database yet
-                        self._stop.wait(self._interval_s)
-                        continue
-                    (pool,) = pools
-                    through_pooler = sum(int(pool[column]) for column in
-                                         ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
-                    row = conn.execute(
-                        "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                        "AND application_name = 'storyjobs-worker-listen'", (self._bench_db.name,),
-                    ).fetchone()
-                    direct = int(row[0]) if row else 0
-                    self.server = max(self.server, through_pooler + direct)
-                    # PgBouncer 1.18 counts an idle client in cl_active
-                    self.clients = max(self.clients, int(pool["cl_active"]) + int(pool["cl_waiting"]))
-                    self._stop.wait(self._interval_s)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the benchmark's thread by __exit__
-            self._error = exc
+    def sample(self, conn: psycopg.Connection[Any]) -> None:
+        pools = [row for row in self._bouncer.show("pools") if row["database"] == self._bench_db.name]
+        if not pools:  # no client has asked for the database yet
+            return
+        (pool,) = pools
+        through_pooler = sum(int(pool[column]) for column in
+                             ("sv_active", "sv_idle", "sv_used", "sv_tested", "sv_login"))
+        row = conn.execute(
+            "SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+            "AND application_name = 'storyjobs-worker-listen'", (self._bench_db.name,),
+        ).fetchone()
+        direct = int(row[0]) if row else 0
+        self.server = max(self.server, through_pooler + direct)
+        # PgBouncer 1.18 counts an idle client in cl_active
+        self.clients = max(self.clients, int(pool["cl_active"]) + int(pool["cl_waiting"]))
 
 
 def _queries(bouncer: PgBouncer, dbname: str) -> int:

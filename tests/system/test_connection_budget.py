@@ -19,7 +19,6 @@ rows at the same moment, while the worker's rounds and heartbeats run.
 from __future__ import annotations
 
 import asyncio
-import threading
 import time
 import uuid
 from collections import Counter
@@ -32,7 +31,7 @@ import pytest
 
 from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.helpers import AdminSampler, create_key_sync
 from tests.pgbouncer import PgBouncer
 from tests.system.procs import Proc, System
 
@@ -49,52 +48,33 @@ TIMINGS = {"HEARTBEAT_INTERVAL_S": 0.2, "HEARTBEAT_TIMEOUT_S": 5, "SWEEPER_INTER
 JOBS = 120
 
 
-class ConnectionSampler:
+class ConnectionSampler(AdminSampler):
     """On a thread of its own, counts the connections of one database by application_name, every few
     milliseconds, and keeps the most of each seen at once: server connections (pg_stat_activity, read over
     a connection to the maintenance database, which is not counted), the pooler's client connections
     (SHOW CLIENTS) when a pooler is given, and all the database's server connections together."""
 
     def __init__(self, server_url: str, dbname: str, bouncer: PgBouncer | None = None) -> None:
-        self._server_url = server_url
+        super().__init__(server_url, interval_s=0.005)
         self._dbname = dbname
         self._bouncer = bouncer
         self.server: Counter[str] = Counter()
         self.clients: Counter[str] = Counter()
         self.server_total = 0
         self.samples = 0
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name="connection-sampler", daemon=True)
-        self._error: BaseException | None = None
 
-    def __enter__(self) -> ConnectionSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *_: object) -> None:
-        self._stop.set()
-        self._thread.join(timeout=10)
-        if self._error is not None:
-            raise self._error
-
-    def _run(self) -> None:
-        try:
-            with dbserver.admin(self._server_url) as conn:
-                while not self._stop.is_set():
-                    rows = conn.execute(
-                        "SELECT application_name, count(*) FROM pg_stat_activity "
-                        "WHERE datname = %s AND backend_type = 'client backend' GROUP BY 1", (self._dbname,),
-                    ).fetchall()
-                    self._keep_most(self.server, {name: int(n) for name, n in rows})
-                    self.server_total = max(self.server_total, sum(int(n) for _, n in rows))
-                    if self._bouncer is not None:
-                        clients = Counter(row["application_name"] for row in self._bouncer.show("clients")
-                                          if row["database"] == self._dbname)
-                        self._keep_most(self.clients, clients)
-                    self.samples += 1
-                    self._stop.wait(0.005)
-        except BaseException as exc:  # noqa: BLE001 - raised again in the test's thread by __exit__
-            self._error = exc
+    def sample(self, conn: psycopg.Connection[Any]) -> None:
+        rows = conn.execute(
+            "SELECT application_name, count(*) FROM pg_stat_activity "
+            "WHERE datname = %s AND backend_type = 'client backend' GROUP BY 1", (self._dbname,),
+        ).fetchall()
+        self._keep_most(self.server, {name: int(n) for name, n in rows})
+        self.server_total = max(self.server_total, sum(int(n) for _, n in rows))
+        if self._bouncer is not None:
+            clients = Counter(row["application_name"] for row in self._bouncer.show("clients")
+                              if row["database"] == self._dbname)
+            self._keep_most(self.clients, clients)
+        self.samples += 1
 
     @staticmethod
     def _keep_most(most: Counter[str], now: dict[str, int]) -> None:
