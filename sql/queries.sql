@@ -1040,6 +1040,12 @@ WITH page AS MATERIALIZED (
     ORDER BY j.id DESC
     LIMIT %(limit)s
 )
+-- include: ops_job_list_page
+ORDER BY p.id DESC;
+
+-- name: ops_job_list_page
+-- What both jobs lists answer for the rows of their `page`: each job with
+-- its client's name and what its calls cost (billed calls only).
 SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
        p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
        cost.calls, cost.billed_calls, cost.cost_usd
@@ -1050,7 +1056,6 @@ CROSS JOIN LATERAL (
            coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
     FROM llm_calls l WHERE l.job_id = p.id
 ) cost
-ORDER BY p.id DESC;
 
 -- name: ops_job_list_live
 -- The jobs list for one live status (pending or running), newest first by
@@ -1070,16 +1075,7 @@ WITH page AS MATERIALIZED (
     ORDER BY j.created_at DESC, j.id DESC
     LIMIT %(limit)s
 )
-SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
-       p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
-       cost.calls, cost.billed_calls, cost.cost_usd
-FROM page p
-LEFT JOIN api_clients c ON c.id = p.client_id
-CROSS JOIN LATERAL (
-    SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
-           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
-    FROM llm_calls l WHERE l.job_id = p.id
-) cost
+-- include: ops_job_list_page
 ORDER BY p.created_at DESC, p.id DESC;
 
 -- name: ops_job_get
