@@ -203,11 +203,12 @@ def test_page_shows_why_a_story_could_not_be_written(
 
 
 def test_page_files_are_served_with_their_types_and_security_headers(system: System) -> None:
-    """/, the script, the style and the icon come with their content types, the CSP, nosniff and no-referrer."""
+    """/, the script, the styles and the icon come with their content types, the CSP, nosniff and no-referrer."""
     api = system.api()
     expected_types = {
         "/": "text/html; charset=utf-8",
         "/static/app.js": "text/javascript; charset=utf-8",
+        "/static/base.css": "text/css; charset=utf-8",
         "/static/style.css": "text/css; charset=utf-8",
         "/static/icon.svg": "image/svg+xml",
     }
