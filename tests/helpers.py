@@ -11,6 +11,7 @@ import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any, Self
 
@@ -35,6 +36,13 @@ FAST = {
     "job_timeout_s": 30.0,
     "pending_timeout_s": 60.0,
 }
+
+
+# A sweeper pass (store.job_fail_stale) as if run two hours from now: every
+# running job's heartbeat and every job's age is then past these timeouts.
+LATER = datetime.now(UTC) + timedelta(hours=2)
+SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
+         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
 
 
 def worker_settings(**overrides: Any) -> WorkerSettings:

@@ -6,7 +6,6 @@ endings leave open. Orderings are forced with row locks, never with sleeps."""
 from __future__ import annotations
 
 import asyncio
-from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -17,6 +16,8 @@ from shared import store
 from shared.status import LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
+    LATER,
+    SWEEP,
     client_id_of,
     enqueue,
     job_rows,
@@ -26,10 +27,6 @@ from tests.helpers import (
     worker_settings,
 )
 from worker.anthropic_writer import AnthropicWriter
-
-LATER = datetime.now(UTC) + timedelta(hours=2)
-SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
-         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
 
 
 async def _ledger(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:

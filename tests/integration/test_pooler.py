@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -27,6 +26,8 @@ from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from tests.api_helpers import api_client, new_key
 from tests.helpers import (
+    LATER,
+    SWEEP,
     client_id_of,
     count,
     create_key,
@@ -37,10 +38,6 @@ from tests.helpers import (
 )
 from tests.pgbouncer import PgBouncer
 from worker.offline import OfflineWriter
-
-LATER = datetime.now(UTC) + timedelta(hours=2)
-SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
-         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
 
 
 @contextlib.asynccontextmanager

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Sequence
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -20,6 +20,8 @@ from shared.rows import Completion, SettleResult
 from shared.status import ErrorCode, LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
+    LATER,
+    SWEEP,
     client_id_of,
     count,
     enqueue,
@@ -31,10 +33,6 @@ from tests.helpers import (
 )
 from worker.anthropic_writer import AnthropicWriter
 from worker.store import PgWorkerStore
-
-LATER = datetime.now(UTC) + timedelta(hours=2)
-SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
-         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
