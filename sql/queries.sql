@@ -392,10 +392,15 @@ FROM (
 -- `id = ANY (ARRAY(...))`, an index lookup whatever the planner guesses of
 -- how many there are: the statement is prepared once and runs on a generic
 -- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
+-- `done` is sorted by job id: every statement that waits for several job
+-- rows (this one, job_fail_running, job_heartbeat, the console's bulk cancel)
+-- locks them in ascending id order, so that two of them (a worker's heartbeat
+-- and its round, on two pooled connections) queue instead of deadlocking.
 done AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
         job_id bigint, client_id bigint, attempt smallint, title text, body text, model text,
         prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
+    ORDER BY job_id
 ),
 stories_inserted AS (
     INSERT INTO stories (job_id, client_id, title, body, model, prompt_version,
@@ -616,11 +621,13 @@ SELECT
 -- same statement, the job charged what its billed call cost, and the rate
 -- bucket given back what the claim reserved and the call did not use.
 -- Returns the jobs that were still ours. Rows are reached by id as in
--- job_settle_and_claim, to keep a good generic plan.
+-- job_settle_and_claim, to keep a good generic plan, and locked in ascending
+-- id order like theirs.
 WITH failing AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
         job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
         billed boolean, input_tokens int, output_tokens int, cost_usd numeric)
+    ORDER BY job_id
 ),
 calls_finished AS (
     UPDATE llm_calls c
@@ -656,8 +663,10 @@ SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids;
 -- refresh heartbeat_at and progress where the job is still ours. It touches no
 -- indexed column, so it is a HOT update. A job missing from alive_ids was
 -- failed by the sweeper or cancelled: its worker stops paying for the stream.
+-- Rows are locked in ascending id order, as job_settle_and_claim locks them.
 WITH beat AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb) AS b(id bigint, progress int)
+    ORDER BY id
 ),
 refreshed AS (
     UPDATE story_jobs j

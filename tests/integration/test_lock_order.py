@@ -1,0 +1,69 @@
+"""Every statement that waits for several job rows locks them in ascending id
+order, whatever order its caller lists them in: two such statements (a
+worker's heartbeat and its round, say, on two pooled connections) then queue
+behind each other instead of deadlocking."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Awaitable, Callable
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+
+from shared import store
+from shared.rows import Completion, Failure
+from shared.status import ErrorCode, LlmOutcome
+from tests.helpers import client_id_of, enqueue, wait_until, waiting_on_a_lock
+
+Statement = Callable[[psycopg.AsyncConnection[Any], list[int]], Awaitable[Any]]
+
+
+def _completion(job_id: int) -> Completion:
+    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
+                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
+
+
+def _failure(job_id: int) -> Failure:
+    return Failure(job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="no",
+                   call_outcome=LlmOutcome.FAILED, billed=False)
+
+
+async def _heartbeat(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> Any:
+    return await store.job_heartbeat(conn, worker_id="w1", progress={job_id: 5 for job_id in ids})
+
+
+async def _settle(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> Any:
+    return await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(i) for i in ids],
+                                            claim_limit=0, provider="offline", model="offline-writer")
+
+
+async def _fail(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> Any:
+    return await store.job_fail_running(conn, worker_id="w1", failures=[_failure(i) for i in ids])
+
+
+@pytest.mark.parametrize("statement", [_heartbeat, _settle, _fail], ids=["heartbeat", "settle", "fail_running"])
+async def test_job_rows_are_locked_in_ascending_id_order(
+    database_url: str, conn: psycopg.AsyncConnection[Any], statement: Statement
+) -> None:
+    client = await client_id_of(conn)
+    for n in range(4):
+        await enqueue(conn, client, f"story {n}")
+    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=4,
+                                               provider="offline", model="offline-writer")
+    ids = sorted(job.id for job in claimed.claimed)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder, \
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as actor:
+        async with holder.transaction():
+            # the highest id is held elsewhere; the statement gets the rows listed highest first
+            await holder.execute("SELECT id FROM story_jobs WHERE id = %s FOR UPDATE", (ids[-1],))
+            running = asyncio.ensure_future(statement(actor, ids[::-1]))
+            await wait_until(lambda: waiting_on_a_lock(conn), what="the statement to wait for the held row")
+            # waiting for the highest, it already holds every lower one
+            with pytest.raises(psycopg.errors.LockNotAvailable):
+                await conn.execute("SELECT id FROM story_jobs WHERE id = ANY(%s) FOR NO KEY UPDATE NOWAIT",
+                                   (ids[:-1],))
+            await conn.rollback()
+        await asyncio.wait_for(running, timeout=10)
