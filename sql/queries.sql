@@ -524,12 +524,20 @@ SELECT
 WITH
 -- include: job_settle_ctes
 ,
+-- What the completed calls did not use, given back below.
+given_back AS MATERIALIZED (
+    SELECT coalesce(sum(input_tokens_back), 0)::float8 AS input_tokens,
+           coalesce(sum(output_tokens_back), 0)::float8 AS output_tokens
+    FROM completed
+),
 -- The bucket as it stands now, one row (a missing row covers nothing this
--- round and is recreated below).
+-- round and is recreated below). Locked after the completed jobs, as every
+-- statement takes it after the job rows it waits for: a statement holding
+-- the bucket never waits for a job row, so the bucket joins no deadlock.
 bucket AS MATERIALIZED (
-    SELECT b.* FROM llm_rate_buckets b
+    SELECT b.* FROM llm_rate_buckets b, given_back
     WHERE b.model = %(model)s
-    FOR NO KEY UPDATE
+    FOR NO KEY UPDATE OF b
 ),
 bucket_now AS MATERIALIZED (
     SELECT
@@ -542,20 +550,16 @@ bucket_now AS MATERIALIZED (
         CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(input_tokens_capacity)s::float8,
-                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + r.input_tokens_back,
+                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
                         coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
         CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(output_tokens_capacity)s::float8,
-                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + r.output_tokens_back,
+                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
                         coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
-    FROM (SELECT 1) one
+    FROM given_back g
     LEFT JOIN bucket b ON true
-    CROSS JOIN LATERAL (
-        SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed,
-               coalesce((SELECT sum(input_tokens_back) FROM completed), 0)::float8 AS input_tokens_back,
-               coalesce((SELECT sum(output_tokens_back) FROM completed), 0)::float8 AS output_tokens_back
-    ) r
+    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
 ),
 claimable AS MATERIALIZED (
     SELECT id, created_at,

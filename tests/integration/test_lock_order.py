@@ -1,7 +1,8 @@
 """Every statement that waits for several job rows locks them in ascending id
-order, whatever order its caller lists them in: two such statements (a
-worker's heartbeat and its round, say, on two pooled connections) then queue
-behind each other instead of deadlocking."""
+order, whatever order its caller lists them in, and takes the shared rate
+bucket only after them: two such statements (a worker's heartbeat and its
+round, say, on two pooled connections) then queue behind each other instead
+of deadlocking."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ import psycopg
 import pytest
 
 from shared import store
+from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from tests.helpers import client_id_of, enqueue, wait_until, waiting_on_a_lock
@@ -67,3 +69,33 @@ async def test_job_rows_are_locked_in_ascending_id_order(
                                    (ids[:-1],))
             await conn.rollback()
         await asyncio.wait_for(running, timeout=10)
+
+
+async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(
+    database_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """The round with a rate limit locks the model's bucket after the jobs it completes: while it waits
+    for one of them, a retry's statement (which holds its job's row, then takes from the bucket) does not
+    wait for the bucket, so the three cannot close a cycle."""
+    limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+                        output_tokens_rate=None, output_tokens_capacity=None)
+    limiter = claim_params(limits, None, default_max_tokens=100)
+    await store.llm_rate_bucket_ensure(conn, model="offline-writer", limits=limits)
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+                                               provider="offline", model="offline-writer", limiter=limiter)
+    (job,) = claimed.claimed
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder, \
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as actor:
+        async with holder.transaction():
+            await holder.execute("SELECT id FROM story_jobs WHERE id = %s FOR UPDATE", (job.id,))
+            running = asyncio.ensure_future(store.job_settle_and_claim(
+                actor, worker_id="w1", completions=[_completion(job.id)], claim_limit=1,
+                provider="offline", model="offline-writer", limiter=limiter))
+            await wait_until(lambda: waiting_on_a_lock(conn), what="the round to wait for the held job")
+            # raises LockNotAvailable if the waiting round holds the bucket
+            await conn.execute("SELECT model FROM llm_rate_buckets WHERE model = 'offline-writer' "
+                               "FOR NO KEY UPDATE NOWAIT")
+        settled = await asyncio.wait_for(running, timeout=10)
+    assert settled.completed_ids == [job.id]
