@@ -720,12 +720,16 @@ paused AS MATERIALIZED (
     SELECT coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
                      WHERE model = %(model)s), 0)::float8 AS paused_s
 ),
+-- Joined to the job's lock (one row, ours or not), so that the job's row is
+-- locked before this ledger row: a cancellation or a sweep locks the job's
+-- row and then closes its open call, and the two must not wait in a cycle.
 previous AS (
-    UPDATE llm_calls
-    SET finished_at = coalesce(finished_at, now()), outcome = %(previous_outcome)s, billed = %(previous_billed)s,
-        error_text = %(previous_error)s
-    WHERE job_id = %(job_id)s AND attempt = %(previous_attempt)s
-    RETURNING job_id, attempt, worker_id, provider, model
+    UPDATE llm_calls c
+    SET finished_at = coalesce(c.finished_at, now()), outcome = %(previous_outcome)s,
+        billed = %(previous_billed)s, error_text = %(previous_error)s
+    FROM (SELECT count(*) FROM owned) job_locked
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s
+    RETURNING c.job_id, c.attempt, c.worker_id, c.provider, c.model
 ),
 opened AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)

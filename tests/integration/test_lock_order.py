@@ -99,3 +99,28 @@ async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(
                                "FOR NO KEY UPDATE NOWAIT")
         settled = await asyncio.wait_for(running, timeout=10)
     assert settled.completed_ids == [job.id]
+
+
+async def test_a_retry_waiting_for_its_job_row_holds_no_ledger_row(
+    database_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A retry's statement locks its job's row before it closes the previous attempt's ledger row: while
+    it waits for the job (held by a cancellation or a sweep, whose next statement closes that ledger
+    row), it holds no ledger row, so the two cannot deadlock."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+                                               provider="offline", model="offline-writer")
+    (job,) = claimed.claimed
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder, \
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as actor:
+        async with holder.transaction():
+            await holder.execute("SELECT id FROM story_jobs WHERE id = %s FOR UPDATE", (job.id,))
+            running = asyncio.ensure_future(store.llm_call_start(
+                actor, worker_id="w1", job_id=job.id, previous_attempt=1, previous_outcome=LlmOutcome.FAILED,
+                previous_billed=False, previous_error="529", model="offline-writer"))
+            await wait_until(lambda: waiting_on_a_lock(conn), what="the retry to wait for the held job")
+            # raises LockNotAvailable if the waiting retry holds the ledger row
+            await conn.execute("SELECT job_id FROM llm_calls WHERE job_id = %s FOR NO KEY UPDATE NOWAIT", (job.id,))
+        started = await asyncio.wait_for(running, timeout=10)
+    assert started.attempt == 2
