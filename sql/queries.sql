@@ -766,14 +766,19 @@ ON CONFLICT (model) DO NOTHING;
 -- job was no longer ours. Whoever ended the job charged it its worst case,
 -- not knowing what the call cost; now that it is known, the charge comes down
 -- to it (the budget follows), and the rate bucket gets back what the claim
--- reserved and the call did not use.
-WITH closed AS (
-    UPDATE llm_calls
+-- reserved and the call did not use. The job's row is locked first, as
+-- every statement that writes a job and its ledger locks them.
+WITH job_locked AS MATERIALIZED (
+    SELECT id FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
+),
+closed AS (
+    UPDATE llm_calls c
     SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
         input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
         cost_usd = %(cost_usd)s, error_text = %(error_text)s
-    WHERE job_id = %(job_id)s AND attempt = %(attempt)s
-    RETURNING job_id, model
+    FROM (SELECT count(*) FROM job_locked) l
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(attempt)s
+    RETURNING c.job_id, c.model
 ),
 charged AS (
     UPDATE story_jobs j

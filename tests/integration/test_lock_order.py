@@ -124,3 +124,33 @@ async def test_a_retry_waiting_for_its_job_row_holds_no_ledger_row(
             await conn.execute("SELECT job_id FROM llm_calls WHERE job_id = %s FOR NO KEY UPDATE NOWAIT", (job.id,))
         started = await asyncio.wait_for(running, timeout=10)
     assert started.attempt == 2
+
+
+async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_row(
+    database_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Closing the call of a stream stopped because its job was cancelled locks the job's row before
+    the ledger row, like every other statement that writes both."""
+    client = await client_id_of(conn)
+    job_id = await enqueue(conn, client, "a fox")
+    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+                                               provider="offline", model="offline-writer")
+    (job,) = claimed.claimed
+    cancelled = await store.job_cancel(conn, client_id=client, job_id=job_id)
+    assert cancelled is not None and cancelled.cancelled
+    # the worst case a budget's reservation would have charged it, which the close brings down
+    await conn.execute("UPDATE story_jobs SET charged_usd = 0.04 WHERE id = %s", (job.id,))
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder, \
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as actor:
+        async with holder.transaction():
+            await holder.execute("SELECT id FROM story_jobs WHERE id = %s FOR UPDATE", (job.id,))
+            running = asyncio.ensure_future(store.llm_call_finish(
+                actor, job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED, billed=True, input_tokens=1,
+                output_tokens=2, cost_usd=Decimal("0.001"), error_text=None))
+            await wait_until(lambda: waiting_on_a_lock(conn), what="the close to wait for the held job")
+            # raises LockNotAvailable if the waiting close holds the ledger row
+            await conn.execute("SELECT job_id FROM llm_calls WHERE job_id = %s FOR NO KEY UPDATE NOWAIT", (job.id,))
+        await asyncio.wait_for(running, timeout=10)
+    cur = await conn.execute("SELECT c.outcome::text, c.billed, j.charged_usd FROM llm_calls c "
+                             "JOIN story_jobs j ON j.id = c.job_id WHERE c.job_id = %s", (job.id,))
+    assert await cur.fetchall() == [("succeeded", True, Decimal("0.001"))]
