@@ -12,6 +12,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from pathlib import Path
 from typing import Any, Self
 
@@ -23,6 +24,7 @@ from api.admission import admission
 from shared import keys, store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
 from shared.ratelimit import RateLimits
+from shared.rows import Completion
 from shared.story_request import StoryRequest
 from tests import dbserver
 from worker.runner import Worker, new_worker_id
@@ -43,6 +45,12 @@ FAST = {
 LATER = datetime.now(UTC) + timedelta(hours=2)
 SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
          "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
+
+
+def story_written(job_id: int) -> Completion:
+    """A worker's written story for job_id, first attempt, as the round statement takes it."""
+    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
+                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
 
 def worker_settings(**overrides: Any) -> WorkerSettings:

@@ -1,8 +1,9 @@
-"""Every statement that waits for several job rows locks them in ascending id
-order, whatever order its caller lists them in, and takes the shared rate
-bucket only after them: two such statements (a worker's heartbeat and its
-round, say, on two pooled connections) then queue behind each other instead
-of deadlocking."""
+"""Every statement that may wait for a lock takes job rows first, in ascending
+id order whatever order its caller lists them in, and the shared rate bucket
+and ledger rows only after them: two such statements (a worker's heartbeat
+and its round, say, on two pooled connections) then queue behind each other
+instead of deadlocking. Each test holds a row in another session and checks
+what the statement waiting for it already holds."""
 
 from __future__ import annotations
 
@@ -16,16 +17,11 @@ import pytest
 
 from shared import store
 from shared.ratelimit import RateLimits, claim_params
-from shared.rows import Completion, Failure
+from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
-from tests.helpers import client_id_of, enqueue, wait_until, waiting_on_a_lock
+from tests.helpers import client_id_of, enqueue, story_written, wait_until, waiting_on_a_lock
 
 Statement = Callable[[psycopg.AsyncConnection[Any], list[int]], Awaitable[Any]]
-
-
-def _completion(job_id: int) -> Completion:
-    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
-                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
 
 def _failure(job_id: int) -> Failure:
@@ -38,7 +34,7 @@ async def _heartbeat(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> Any:
 
 
 async def _settle(conn: psycopg.AsyncConnection[Any], ids: list[int]) -> Any:
-    return await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(i) for i in ids],
+    return await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(i) for i in ids],
                                             claim_limit=0, provider="offline", model="offline-writer")
 
 
@@ -91,7 +87,7 @@ async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(
         async with holder.transaction():
             await holder.execute("SELECT id FROM story_jobs WHERE id = %s FOR UPDATE", (job.id,))
             running = asyncio.ensure_future(store.job_settle_and_claim(
-                actor, worker_id="w1", completions=[_completion(job.id)], claim_limit=1,
+                actor, worker_id="w1", completions=[story_written(job.id)], claim_limit=1,
                 provider="offline", model="offline-writer", limiter=limiter))
             await wait_until(lambda: waiting_on_a_lock(conn), what="the round to wait for the held job")
             # raises LockNotAvailable if the waiting round holds the bucket

@@ -11,7 +11,6 @@ import contextlib
 import json
 import time
 from collections.abc import AsyncIterator, Callable
-from decimal import Decimal
 from typing import Any
 
 import httpx
@@ -22,7 +21,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import db, store
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from shared.rows import Completion, Failure
+from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
 from tests.api_helpers import api_client, new_key
 from tests.helpers import (
@@ -34,6 +33,7 @@ from tests.helpers import (
     enqueue,
     job_rows,
     running_worker,
+    story_written,
     worker_settings,
 )
 from tests.pgbouncer import PgBouncer
@@ -52,11 +52,6 @@ async def pooled(bouncer: PgBouncer, database_name: str, *, max_size: int = 10,
         yield pool
     finally:
         await pool.close()
-
-
-def _completion(job_id: int) -> Completion:
-    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
-                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
 
 async def _advisory_locks(conn: psycopg.AsyncConnection[Any]) -> int:
@@ -103,7 +98,7 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    await store.job_settle_and_claim(c, worker_id=worker_id, completions=[_completion(job.id)],
+                    await store.job_settle_and_claim(c, worker_id=worker_id, completions=[story_written(job.id)],
                                                      claim_limit=0, provider="offline", model="offline-writer")
             done += 1
 
@@ -205,7 +200,7 @@ async def test_a_job_swept_through_the_pooler_is_a_lost_race_for_its_worker(
         assert [s.id for s in swept] == [job.id]
         (beat,) = await store.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
         assert not beat.alive and beat.error_code == "timed_out"
-        settled = await store.job_settle_and_claim(c, worker_id="w1", completions=[_completion(job.id)],
+        settled = await store.job_settle_and_claim(c, worker_id="w1", completions=[story_written(job.id)],
                                                    claim_limit=0, provider="offline", model="offline-writer")
         assert settled.completed_ids == [] and settled.already_completed_ids == []
     (row,) = await job_rows(conn)

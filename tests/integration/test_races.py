@@ -6,7 +6,6 @@ import asyncio
 import threading
 from collections.abc import Sequence
 from datetime import timedelta
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -27,6 +26,7 @@ from tests.helpers import (
     enqueue,
     job_rows,
     running_worker,
+    story_written,
     wait_until,
     waiting_on_a_lock,
     worker_settings,
@@ -42,11 +42,6 @@ async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
     return result.claimed[0].id
 
 
-def _completion(job_id: int) -> Completion:
-    return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
-                      input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
-
-
 async def test_completion_first_sweeper_changes_nothing(database_url: str, conn: psycopg.AsyncConnection[Any]) -> None:
     """Ordering A: a completion holds the row while the sweeper passes; the job ends completed."""
     client = await client_id_of(conn)
@@ -57,7 +52,7 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
             settled = await store.job_settle_and_claim(
-                worker_conn, worker_id="w1", completions=[_completion(job.id)], claim_limit=0,
+                worker_conn, worker_id="w1", completions=[story_written(job.id)], claim_limit=0,
                 provider="offline", model="offline-writer")
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
@@ -140,7 +135,7 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "owner")
-    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[_completion(job_id)],
+    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[story_written(job_id)],
                                               claim_limit=0, provider="offline", model="offline-writer")
     assert result.completed_ids == [] and result.already_completed_ids == []
     (row,) = await job_rows(conn)
@@ -152,7 +147,7 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
-    done = [_completion(job_id)]
+    done = [story_written(job_id)]
     first = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
                                              provider="offline", model="offline-writer")
     again = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
@@ -169,7 +164,7 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     if status == "completed":
-        await store.job_settle_and_claim(conn, worker_id="w1", completions=[_completion(job_id)],
+        await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(job_id)],
                                          claim_limit=0, provider="offline", model="offline-writer")
     else:
         from shared.rows import Failure
