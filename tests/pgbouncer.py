@@ -31,6 +31,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
+from tests.helpers import free_port
+
 # where Debian puts it; a non-login PATH may lack /usr/sbin
 _DEBIAN_BINARY = "/usr/sbin/pgbouncer"
 RUN_AS_WHEN_ROOT = "postgres"
@@ -45,12 +47,6 @@ def binary() -> str | None:
     if found:
         return found
     return _DEBIAN_BINARY if os.access(_DEBIAN_BINARY, os.X_OK) else None
-
-
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _quote(value: str) -> str:
@@ -89,7 +85,7 @@ class PgBouncer:
         self.user = str(server.get("user") or pwd.getpwuid(os.geteuid()).pw_name)
         self.password = str(server["password"]) if server.get("password") else None
         self.host = "127.0.0.1"
-        self.port = _free_port()
+        self.port = free_port()
         self.default_pool_size = default_pool_size
         self.directory = Path(tempfile.mkdtemp(prefix="storyjobs-pgbouncer-"))
         self.log_path = self.directory / "pgbouncer.log"

@@ -24,7 +24,6 @@ import glob
 import os
 import pwd
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,9 +35,10 @@ from typing import Any
 
 import psycopg
 
-from shared import db, migrate, store
+from shared import db, store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion
+from tests import dbserver
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -46,6 +46,7 @@ from tests.bench.harness import (
     BenchResult,
     FigureSpec,
 )
+from tests.helpers import free_port
 
 NAME = "statement_cost"
 SPECS = {
@@ -88,17 +89,9 @@ class _Server:
     def new_database(self) -> str:
         """A copy of the migrated template (migrating under callgrind is slow)."""
         if self._databases == 0:
-            with psycopg.connect(self.url, autocommit=True) as conn:
-                conn.execute("CREATE DATABASE cost_template")
-            asyncio.run(_migrate(self._url_of("cost_template")))
+            dbserver.create_migrated_database(self.url, "cost_template")
         self._databases += 1
-        name = f"cost_{self._databases}"
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            conn.execute(f"CREATE DATABASE {name} TEMPLATE cost_template")
-        return self._url_of(name)
-
-    def _url_of(self, name: str) -> str:
-        return self.url.rsplit("/", 1)[0] + f"/{name}"
+        return dbserver.create_database_from_template(self.url, f"cost_{self._databases}", "cost_template")
 
     def instructions(self, pid: int) -> int:
         """The backend's total, written by callgrind when the backend exits."""
@@ -120,11 +113,6 @@ def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: 
     totals = [server.instructions(asyncio.run(_rounds(url, rounds=n, batch=batch, limited=limited)))
               for n in (short, rounds)]
     return (totals[1] - totals[0]) / ((rounds - short) * batch)
-
-
-async def _migrate(url: str) -> None:
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        await migrate.migrate(conn)
 
 
 async def _prepare(url: str, *, jobs: int, limited: bool) -> None:
@@ -189,9 +177,7 @@ def _server_under_callgrind(bindir: str) -> Iterator[_Server]:
     data = directory / "data"
     subprocess.run([f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
                    check=True, capture_output=True, **identity)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
+    port = free_port()
     log = open(directory / "server.log", "wb")  # noqa: SIM115 - closed below, after the server
     server = subprocess.Popen(
         ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={directory}/cg.%p",
