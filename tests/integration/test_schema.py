@@ -13,6 +13,7 @@ import pytest
 from shared import db, migrate, store
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 from tests.dbserver import with_dbname
+from tests.helpers import client_id_of, enqueue
 
 
 async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -54,8 +55,6 @@ async def test_unknown_error_codes_and_outcomes_are_refused(conn: psycopg.AsyncC
 ])
 async def test_token_counts_and_money_are_never_negative(conn: psycopg.AsyncConnection[Any], assignment: str) -> None:
     """The bounds the columns' domains carry hold on every update that sets them."""
-    from tests.helpers import client_id_of, enqueue
-
     await enqueue(conn, await client_id_of(conn), "a fox")
     with pytest.raises(psycopg.errors.CheckViolation):
         await conn.execute(f"UPDATE story_jobs SET {assignment}")
