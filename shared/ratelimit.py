@@ -17,9 +17,13 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
+import structlog
 
 from shared.config import BaseSettings
 from shared.prompt import INPUT_TOKENS_ESTIMATE_MAX
+from shared.provider_numbers import header_number
+
+log = structlog.get_logger()
 
 KINDS = ("requests", "input_tokens", "output_tokens")
 
@@ -81,15 +85,22 @@ class ProviderView(msgspec.Struct, frozen=True):
         resets: dict[str, datetime] = {}
         for kind, header in _HEADER_KINDS.items():
             prefix = f"anthropic-ratelimit-{header}"
-            try:
-                if (left := headers.get(f"{prefix}-remaining")) is not None:
-                    remaining[kind] = float(left)
-                if (limit := headers.get(f"{prefix}-limit")) is not None and float(limit) > 0:
-                    limits[kind] = float(limit)
-                if (reset := headers.get(f"{prefix}-reset")) is not None:
-                    resets[kind] = datetime.fromisoformat(reset.replace("Z", "+00:00"))
-            except ValueError:
-                continue  # a header we cannot read says nothing
+            # a value we cannot use says nothing (provider_numbers logs it)
+            left = header_number(headers.get(f"{prefix}-remaining"), what=f"{prefix}-remaining")
+            if left is not None:
+                remaining[kind] = left
+            limit = header_number(headers.get(f"{prefix}-limit"), what=f"{prefix}-limit")
+            if limit is not None and limit >= 1:
+                limits[kind] = limit
+            if (reset := headers.get(f"{prefix}-reset")) is not None:
+                try:
+                    at = datetime.fromisoformat(reset.replace("Z", "+00:00"))
+                except ValueError:
+                    at = None
+                if at is not None and at.tzinfo is not None:
+                    resets[kind] = at
+                else:
+                    log.warning("llm.odd_value", what=f"{prefix}-reset", value=reset[:80])
         if not remaining:
             return None
         return cls(seen_at=seen_at, seen_wall=datetime.now(UTC), remaining=remaining, limits=limits,
@@ -107,10 +118,12 @@ class ProviderView(msgspec.Struct, frozen=True):
             if left >= needs[kind]:
                 continue
             if kind in self.limits:
-                refill_s = (needs[kind] - left) / (self.limits[kind] / 60.0)
+                # both validated, so finite; at most the minute a limit refills in
+                refill_s = min((needs[kind] - left) / (self.limits[kind] / 60.0), 60.0)
                 until.append(self.seen_wall + timedelta(seconds=refill_s))
             elif kind in self.resets:
-                until.append(self.resets[kind])
+                # a minute's limit is whole again within the minute: a later reset is not believed
+                until.append(min(self.resets[kind], self.seen_wall + timedelta(seconds=60.0)))
         return max(until, default=None)
 
 

@@ -159,6 +159,7 @@ class Failure(msgspec.Struct, frozen=True):
     input_tokens: int = 0
     output_tokens: int = 0
     cost_usd: Decimal = Decimal(0)
+    request_id: str | None = None
 
 
 class RetryStart(msgspec.Struct, frozen=True):

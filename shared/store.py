@@ -376,6 +376,7 @@ async def llm_call_finish(
     output_tokens: int,
     cost_usd: Any,
     error_text: str | None,
+    request_id: str | None = None,
 ) -> None:
     await conn.execute(
         Q["llm_call_finish"],
@@ -388,6 +389,7 @@ async def llm_call_finish(
             "output_tokens": output_tokens,
             "cost_usd": cost_usd,
             "error_text": error_text,
+            "request_id": request_id,
         },
     )
 

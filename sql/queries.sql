@@ -630,17 +630,26 @@ SELECT
 WITH failing AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
         job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
-        billed boolean, input_tokens int, output_tokens int, cost_usd numeric)
+        billed boolean, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
     ORDER BY job_id
 ),
+-- The attempt named is the last one the worker could have sent (it sends an
+-- attempt only once its row is open): a later row, opened by a retry whose
+-- answer was lost, is closed as not sent.
 calls_finished AS (
     UPDATE llm_calls c
-    SET finished_at = now(), outcome = failing.call_outcome, billed = failing.billed,
-        input_tokens = failing.input_tokens, output_tokens = failing.output_tokens,
-        cost_usd = failing.cost_usd, error_text = failing.error_text
+    SET finished_at = now(),
+        outcome = CASE WHEN c.attempt = failing.attempt THEN failing.call_outcome ELSE 'not_sent' END,
+        billed = c.attempt = failing.attempt AND failing.billed,
+        input_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.input_tokens ELSE 0 END,
+        output_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.output_tokens ELSE 0 END,
+        cost_usd = CASE WHEN c.attempt = failing.attempt THEN failing.cost_usd ELSE 0 END,
+        request_id = CASE WHEN c.attempt = failing.attempt THEN coalesce(failing.request_id, c.request_id) END,
+        error_text = failing.error_text
     FROM failing
     WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
-      AND c.job_id = failing.job_id AND c.attempt = failing.attempt
+      AND c.job_id = failing.job_id
+      AND (c.attempt = failing.attempt OR (c.attempt > failing.attempt AND c.outcome = 'started'))
 ),
 failed AS (
     UPDATE story_jobs j
@@ -693,7 +702,10 @@ LISTEN storyjobs_pending;
 -- After a claim statement failed without an answer (connection lost around
 -- its commit), the claims it may have made belong to this worker but never
 -- reached it: no LLM call was sent for them, so the worker runs them now.
-SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at
+-- The same columns as the claim's answer: an adopted job runs with the
+-- max_tokens it was accepted with.
+SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+       j.max_tokens, j.input_tokens_estimate
 FROM story_jobs j
 JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
 WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
@@ -711,6 +723,8 @@ WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
 -- (llm_call_close_*). While the shared rate bucket is paused (another
 -- worker's 429), no row is opened either: the answer says how long to wait
 -- before asking again. An opened retry takes its request from the bucket.
+-- Idempotent: run again after its answer was lost, it finds the row it
+-- opened (still started) and answers it, taking nothing more from the bucket.
 WITH owned AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
@@ -731,19 +745,23 @@ previous AS (
     WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s
     RETURNING c.job_id, c.attempt, c.worker_id, c.provider, c.model
 ),
+already AS MATERIALIZED (
+    SELECT c.attempt, c.outcome FROM llm_calls c JOIN owned o ON o.id = c.job_id
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s + 1
+),
 opened AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
     SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
     FROM previous p JOIN owned o ON o.id = p.job_id
-    WHERE (SELECT paused_s FROM paused) = 0
+    WHERE (SELECT paused_s FROM paused) = 0 AND NOT EXISTS (SELECT 1 FROM already)
     RETURNING attempt
 ),
 request_taken AS (
     UPDATE llm_rate_buckets b SET requests = b.requests - 1
     WHERE b.model = %(model)s AND b.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
 )
-SELECT (SELECT attempt FROM opened) AS attempt, (SELECT paused_s FROM paused) AS paused_s,
-       EXISTS (SELECT 1 FROM owned) AS owned;
+SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE outcome = 'started')) AS attempt,
+       (SELECT paused_s FROM paused) AS paused_s, EXISTS (SELECT 1 FROM owned) AS owned;
 
 -- name: llm_rate_bucket_pause
 -- A 429: no worker claims, and no retry is sent, for the model until its
@@ -766,8 +784,10 @@ ON CONFLICT (model) DO NOTHING;
 -- job was no longer ours. Whoever ended the job charged it its worst case,
 -- not knowing what the call cost; now that it is known, the charge comes down
 -- to it (the budget follows), and the rate bucket gets back what the claim
--- reserved and the call did not use. The job's row is locked first, as
--- every statement that writes a job and its ledger locks them.
+-- reserved and the call did not use. A later attempt's row (a retry opened
+-- by a statement whose answer was lost, never sent) is closed as not sent.
+-- The job's row is locked first, as every statement that writes a job and
+-- its ledger locks them.
 WITH job_locked AS MATERIALIZED (
     SELECT id FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
 ),
@@ -775,10 +795,17 @@ closed AS (
     UPDATE llm_calls c
     SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
         input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
-        cost_usd = %(cost_usd)s, error_text = %(error_text)s
+        cost_usd = %(cost_usd)s, error_text = %(error_text)s,
+        request_id = coalesce(%(request_id)s, c.request_id)
     FROM (SELECT count(*) FROM job_locked) l
     WHERE c.job_id = %(job_id)s AND c.attempt = %(attempt)s
     RETURNING c.job_id, c.model
+),
+never_sent AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = 'not_sent', billed = false, error_text = %(error_text)s
+    FROM (SELECT count(*) FROM job_locked) l
+    WHERE c.job_id = %(job_id)s AND c.attempt > %(attempt)s AND c.outcome IN ('started', 'interrupted')
 ),
 charged AS (
     UPDATE story_jobs j

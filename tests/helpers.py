@@ -27,7 +27,7 @@ from shared.ratelimit import RateLimits
 from shared.rows import Completion
 from shared.story_request import StoryRequest
 from tests import dbserver
-from worker.runner import Worker, new_worker_id
+from worker.coordinator import Coordinator, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
@@ -169,19 +169,19 @@ async def wait_until(
 def worker_on(
     settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
     worker_id: str | None = None,
-) -> Worker:
-    """A Worker on the test's pool, as python -m worker builds one."""
+) -> Coordinator:
+    """A worker coordinator on the test's pool, as python -m worker builds one."""
     store = PgWorkerStore(pool, worker_id=worker_id or new_worker_id(), provider=writer.provider,
                           model=writer.model, listen_url=listen_url, connect_timeout_s=5,
                           limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens)
-    return Worker(settings, store, writer, listen=listen_url is not None)
+    return Coordinator(settings, store, writer, listen=listen_url is not None)
 
 
 @contextlib.asynccontextmanager
 async def running_worker(
     settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
-) -> AsyncIterator[Worker]:
-    """A Worker running in this event loop; stopped (gracefully) on exit."""
+) -> AsyncIterator[Coordinator]:
+    """A worker coordinator running in this event loop; stopped (gracefully) on exit."""
     worker = worker_on(settings, pool, writer, listen_url=listen_url)
     task = asyncio.create_task(worker.run())
     try:

@@ -7,7 +7,7 @@ import structlog
 from shared import db, process
 from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
-from worker.runner import Worker, WorkerCrashed, new_worker_id
+from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
@@ -30,7 +30,8 @@ def make_writer(settings: WorkerSettings) -> StoryWriter:
 
 
 async def serve(settings: WorkerSettings) -> int:
-    async with process.database_pool(settings, process="worker", statement_timeout_s=30.0, max_size=3) as pool:
+    async with process.database_pool(settings, process="worker", statement_timeout_s=STATEMENT_TIMEOUT_S,
+                                      max_size=3) as pool:
         writer = make_writer(settings)
         if settings.offline:
             log.warning(
@@ -46,10 +47,10 @@ async def serve(settings: WorkerSettings) -> int:
             limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens,
         )
         await store.ensure_rate_bucket()
-        worker = Worker(settings, store, writer, listen=settings.worker_listen)
-        process.on_stop_signal(worker.stop)
+        coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen)
+        process.on_stop_signal(coordinator.stop)
         try:
-            clean = await worker.run()
+            clean = await coordinator.run()
         except WorkerCrashed:
             return EXIT_CRASHED
         finally:

@@ -15,6 +15,11 @@ billed; retrying cannot help), a timeout, a dropped stream or a 5xx as
 ``llm_error`` (it may have been billed). Retries use stamina (jittered
 exponential backoff, ``retry-after`` honoured, bounded attempts and deadline),
 and each one gets its own ledger row before it is sent.
+
+What was sent is said on the JobCall as it happens (sending, then refused,
+accepted or nothing, then finished), never inferred from an exception, and
+every number the provider sends (usage, retry-after) is checked by
+shared.provider_numbers before it is used.
 """
 
 from __future__ import annotations
@@ -28,6 +33,7 @@ import structlog
 
 from shared import prompt
 from shared.config import WorkerSettings
+from shared.provider_numbers import header_number, token_count
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from worker.writing import Draft, JobCall, WriteFailed
@@ -41,6 +47,13 @@ _CHARS_PER_TOKEN = 4
 _MAX_RETRY_AFTER_S = 60.0
 # how long a 429 that says nothing of when to come back holds every worker
 _DEFAULT_429_PAUSE_S = 1.0
+# no prompt of ours comes near this many input tokens: a larger count is absurd
+_INPUT_TOKENS_MAX = 1_000_000
+
+
+class Refused(WriteFailed):
+    """A final refusal before any generation (a 4xx, or a 429 that says not
+    to retry): the job fails, and nothing was billed."""
 
 
 class NotBilled(Exception):
@@ -54,14 +67,12 @@ class NotBilled(Exception):
 
 
 def _retry_after_s(response: httpx2.Response) -> float | None:
+    """The answer's retry-after, in seconds, when it is a usable number (an
+    HTTP date or ``nan`` is not: then the backoff decides)."""
     for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = response.headers.get(header)
-        if value is None:
-            continue
-        try:
-            return max(float(value) * scale, 0.0)
-        except ValueError:
-            continue
+        value = header_number(response.headers.get(header), what=header)
+        if value is not None:
+            return min(value * scale, _MAX_RETRY_AFTER_S)
     return None
 
 
@@ -74,12 +85,11 @@ def _classify_before_stream(exc: anthropic.APIError) -> Exception:
         and isinstance(exc, anthropic.APIStatusError)
         and exc.response.headers.get("x-should-retry", "").strip().lower() == "false"
     ):
-        return WriteFailed(
+        return Refused(
             ErrorCode.LLM_REJECTED,
             f"the LLM provider refused the request ({exc.status_code}) and asked not to retry it: "
             f"{_provider_message(exc)}",
             outcome=classified.outcome,
-            billed=False,
         )
     return classified
 
@@ -94,17 +104,15 @@ def _classify_status(exc: anthropic.APIError) -> Exception:
     ):
         return NotBilled(LlmOutcome.CONNECT_FAILED, f"could not connect: {exc.__cause__}")
     if isinstance(exc, anthropic.APIStatusError) and 400 <= exc.status_code < 500:
-        return WriteFailed(
+        return Refused(
             ErrorCode.LLM_REJECTED,
             f"the LLM provider rejected the request ({exc.status_code}): {_provider_message(exc)}",
             outcome=LlmOutcome.REJECTED,
-            billed=False,
         )
     return WriteFailed(
         ErrorCode.LLM_ERROR,
         f"the LLM call failed and was not retried, as it may have been billed: {_describe(exc)}",
         outcome=LlmOutcome.FAILED,
-        billed=True,
     )
 
 
@@ -138,8 +146,14 @@ def _backoff(exc: Exception) -> bool | float:
     if not isinstance(exc, NotBilled):
         return False
     if exc.retry_after_s is not None:
-        return min(max(exc.retry_after_s, 0.01), _MAX_RETRY_AFTER_S)
+        return max(exc.retry_after_s, 0.01)
     return True
+
+
+def _request_id(exc: anthropic.APIError) -> str | None:
+    if isinstance(exc, anthropic.APIStatusError):
+        return exc.request_id or exc.response.headers.get("request-id")
+    return None
 
 
 class AnthropicWriter:
@@ -182,30 +196,31 @@ class AnthropicWriter:
                                      retry_after_s=exc.retry_after_s)
                             if exc.outcome is LlmOutcome.RATE_LIMITED:
                                 # every worker holds its requests, not only this one
-                                await call.rate_limited(min(exc.retry_after_s or _DEFAULT_429_PAUSE_S, _MAX_RETRY_AFTER_S))
+                                await call.rate_limited(exc.retry_after_s or _DEFAULT_429_PAUSE_S)
                             raise
         except NotBilled as exc:
             raise WriteFailed(
                 ErrorCode.LLM_UNAVAILABLE,
                 f"the LLM provider stayed unavailable after {call.attempt} attempts: {exc.message}",
                 outcome=exc.outcome,
-                billed=False,
             ) from None
         except TimeoutError:
+            # billed or not as the call's record says: a timeout during a
+            # retry's wait bills nothing
             raise WriteFailed(
                 ErrorCode.LLM_ERROR,
                 f"the LLM call took longer than LLM_TIMEOUT_S ({self._settings.llm_timeout_s:g} s)",
                 outcome=LlmOutcome.FAILED,
-                billed=True,
             ) from None
         raise AssertionError("unreachable: stamina either returns or raises")
 
     async def _stream_once(self, request: StoryRequest, call: JobCall) -> Draft:
         streamed_chars = 0
+        call.sending()
         try:
             manager = self._client.messages.stream(
                 model=self.model,
-                max_tokens=call.max_tokens or prompt.max_tokens(request, self._settings.llm_max_tokens),
+                max_tokens=call.max_tokens,
                 system=prompt.SYSTEM,
                 messages=[{"role": "user", "content": prompt.user_message(request)}],
             )
@@ -213,18 +228,25 @@ class AnthropicWriter:
         except anthropic.APIError as exc:
             if isinstance(exc, anthropic.APIStatusError):
                 call.provider_said(exc.response.headers)
-            raise _classify_before_stream(exc) from None
+            classified = _classify_before_stream(exc)
+            if isinstance(classified, (NotBilled, Refused)):
+                call.refused(classified.outcome, _request_id(exc))
+            else:
+                call.answered_with_error(_request_id(exc))
+            raise classified from None
+        call.accepted(stream.request_id)
         call.provider_said(stream.response.headers)
         # From here on the provider is generating: any failure may have billed.
         try:
             async for event in stream:
                 if event.type == "message_start":
-                    call.input_tokens = event.message.usage.input_tokens
+                    call.input_tokens = _input_tokens(event.message.usage.input_tokens, call)
                 elif event.type == "text":
                     streamed_chars += len(event.text)
-                    call.output_tokens = max(call.output_tokens, streamed_chars // _CHARS_PER_TOKEN)
+                    call.output_tokens = min(max(call.output_tokens, streamed_chars // _CHARS_PER_TOKEN),
+                                             call.max_tokens)
                 elif event.type == "message_delta":
-                    call.output_tokens = event.usage.output_tokens
+                    call.output_tokens = _output_tokens(event.usage.output_tokens, call, final=False)
             message = await stream.get_final_message()
         except (anthropic.APIError, httpx2.HTTPError) as exc:
             # inside a stream the SDK lets transport errors (read timeout,
@@ -233,17 +255,15 @@ class AnthropicWriter:
                 ErrorCode.LLM_ERROR,
                 f"the LLM stream broke after it started, so it was not retried: {_describe(exc)}",
                 outcome=LlmOutcome.FAILED,
-                billed=True,
             ) from None
         finally:
             await manager.__aexit__(None, None, None)
-        call.input_tokens = message.usage.input_tokens
-        call.output_tokens = message.usage.output_tokens
+        call.finished(_input_tokens(message.usage.input_tokens, call),
+                      _output_tokens(message.usage.output_tokens, call, final=True))
         text = "".join(block.text for block in message.content if block.type == "text")
         title, body = prompt.split_title(text)
         if not body:
-            raise WriteFailed(ErrorCode.LLM_ERROR, "the LLM answered with no story text",
-                              outcome=LlmOutcome.FAILED, billed=True)
+            raise WriteFailed(ErrorCode.LLM_ERROR, "the LLM answered with no story text", outcome=LlmOutcome.FAILED)
         return Draft(
             title=title,
             body=body,
@@ -252,5 +272,21 @@ class AnthropicWriter:
             input_tokens=call.input_tokens,
             output_tokens=call.output_tokens,
             cost_usd=call.cost_usd,
-            request_id=stream.request_id,
+            request_id=call.request_id,
         )
+
+
+def _input_tokens(reported: object, call: JobCall) -> int:
+    """The provider's input count; absent or absurd: the job's estimate."""
+    counted = token_count(reported, what="usage.input_tokens", upper=_INPUT_TOKENS_MAX)
+    return call.input_tokens_estimate if counted is None else counted
+
+
+def _output_tokens(reported: object, call: JobCall, *, final: bool) -> int:
+    """The provider's output count, never above the max_tokens it was asked
+    for; absent or absurd: the worst case, max_tokens, once final (while
+    streaming, the estimate so far stands)."""
+    counted = token_count(reported, what="usage.output_tokens", upper=call.max_tokens)
+    if counted is None:
+        return call.max_tokens if final else call.output_tokens
+    return counted

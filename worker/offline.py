@@ -46,12 +46,15 @@ class OfflineWriter:
     async def write(self, request: StoryRequest, call: JobCall) -> Draft:
         title, body = self.compose(request)
         words = len(body.split())
+        # nothing leaves the machine, but the ledger says what a provider would have done
+        call.sending()
+        call.accepted()
         call.input_tokens = len(prompt.user_message(request).split()) + len(prompt.SYSTEM.split())
         if self.delay_s > 0:
             for step in range(1, _STEPS + 1):
                 await asyncio.sleep(self.delay_s / _STEPS)
                 call.output_tokens = words * step // _STEPS
-        call.output_tokens = words
+        call.finished(call.input_tokens, words)
         return Draft(
             title=title,
             body=body,

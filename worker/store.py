@@ -40,8 +40,10 @@ class WorkerStore(Protocol):
         ...
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
-        """Jobs running under this worker, not in known_ids, whose first call
-        was never sent: claimed by a statement whose answer was lost."""
+        """Jobs running under this worker, not in known_ids, whose first
+        call's row is still open and no retry's row exists: claimed by a
+        statement whose answer was lost (the caller holds every job it
+        began, so known_ids rules out a job that was begun)."""
         ...
 
     async def heartbeat(self, progress: Mapping[int, int]) -> list[HeartbeatRow]:
@@ -52,7 +54,8 @@ class WorkerStore(Protocol):
         self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
     ) -> RetryStart:
         """Closes an unbilled attempt's ledger row and opens the next one if
-        the job is still ours and the rate bucket is not paused."""
+        the job is still ours and the rate bucket is not paused. Idempotent:
+        run again, it answers the row it opened."""
         ...
 
     async def pause(self, pause_s: float) -> None:
@@ -61,9 +64,10 @@ class WorkerStore(Protocol):
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
-        output_tokens: int, cost_usd: Decimal, error_text: str | None,
+        output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
     ) -> None:
-        """Closes a ledger row outside a job transition (a stream we stopped)."""
+        """Closes a ledger row outside a job transition (a stream we stopped
+        for a job no longer ours), and any later attempt's row as not sent."""
         ...
 
     def notifications(self) -> AsyncIterator[None]:
@@ -100,10 +104,6 @@ class PgWorkerStore:
     @property
     def worker_id(self) -> str:
         return self._worker_id
-
-    @property
-    def can_listen(self) -> bool:
-        return self._listen_url is not None
 
     async def ensure_rate_bucket(self) -> None:
         """The model's bucket, full, when a limit is configured and it does
@@ -151,12 +151,12 @@ class PgWorkerStore:
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
-        output_tokens: int, cost_usd: Decimal, error_text: str | None,
+        output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
     ) -> None:
         async with self._pool.connection() as conn:
             await store.llm_call_finish(
                 conn, job_id=job_id, attempt=attempt, outcome=outcome, billed=billed, input_tokens=input_tokens,
-                output_tokens=output_tokens, cost_usd=cost_usd, error_text=error_text,
+                output_tokens=output_tokens, cost_usd=cost_usd, error_text=error_text, request_id=request_id,
             )
 
     async def notifications(self) -> AsyncIterator[None]:

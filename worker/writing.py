@@ -1,46 +1,71 @@
-"""The contract between the worker's runner and a story writer (the
+"""The contract between a job's executor and a story writer (the
 ``anthropic`` one or the offline one).
 
-The runner owns the job and its ledger rows; a writer only turns a request
-into a Draft. It reports usage as it streams into its JobCall, so that a
-stream stopped half-way still records what was billed, and it asks the
-JobCall for a new ledger row before every retry: JobCall.retry raises
-LostOwnership instead when the job is no longer this worker's, and then no
-request may be sent.
+A writer only turns a request into a Draft. What it sends is not inferred
+afterwards from how it failed: it says so on its JobCall as it happens
+(``sending``, then ``refused``, ``accepted`` or nothing when the answer never
+comes, then ``finished``), and the ledger row of each attempt is derived from
+that record alone (``JobCall.record``). Before every retry it asks the JobCall
+for the next attempt's ledger row; ``JobCall.retry`` raises LostOwnership
+instead when the job is no longer this worker's, and then no request may be
+sent.
 """
 
 from __future__ import annotations
 
-import asyncio
+import enum
 from collections.abc import Mapping
 from decimal import Decimal
 from typing import Protocol
+
+import msgspec
 
 from shared.pricing import FREE, Price
 from shared.rows import Draft, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 
-__all__ = ["FREE", "CallHooks", "Draft", "JobCall", "LostOwnership", "Price", "StoryWriter", "WriteFailed"]
+__all__ = ["FREE", "CallHooks", "CallRecord", "Draft", "JobCall", "LostOwnership", "Price", "Sent",
+           "StoryWriter", "WriteFailed"]
 
 
 class WriteFailed(Exception):
-    """The writer gave up; the job fails with ``error_code``.
+    """The writer gave up; the job fails with ``error_code``. ``outcome`` is
+    how the last request ended when it was sent and not refused; whether it
+    was billed comes from the JobCall's record, not from here."""
 
-    ``outcome`` and ``billed`` describe the last request sent, for the ledger.
-    """
-
-    def __init__(self, error_code: ErrorCode, message: str, *, outcome: LlmOutcome, billed: bool) -> None:
+    def __init__(self, error_code: ErrorCode, message: str, *, outcome: LlmOutcome) -> None:
         super().__init__(message)
         self.error_code = error_code
         self.message = message
         self.outcome = outcome
-        self.billed = billed
 
 
 class LostOwnership(Exception):
     """The job was cancelled or swept while its call waited to be retried:
     the previous attempt's row is closed, and no further request may be sent."""
+
+
+class Sent(enum.Enum):
+    """Where the current attempt's request stands."""
+
+    NOT_SENT = "not_sent"  # its ledger row is open; nothing has left
+    SENT = "sent"  # it left, and no answer says what came of it: maybe billed
+    REFUSED = "refused"  # answered with a refusal before any generation: not billed
+    ACCEPTED = "accepted"  # a 200 arrived: billed; usage so far on the call
+    FINISHED = "finished"  # the final usage arrived
+
+
+class CallRecord(msgspec.Struct, frozen=True):
+    """How one attempt ended, as its ledger row says it."""
+
+    attempt: int
+    outcome: LlmOutcome
+    billed: bool
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    request_id: str | None = None
 
 
 class CallHooks(Protocol):
@@ -62,33 +87,58 @@ class CallHooks(Protocol):
 
 class JobCall:
     """One job's LLM call as it happens: which attempt (ledger row) is under
-    way, the usage so far (what heartbeats report as progress), and the
-    max_tokens fixed when the job was accepted (None: the writer's own)."""
+    way, where its request stands, the usage so far (what heartbeats report
+    as progress), and the job's worst case: its max_tokens and input
+    estimate, fixed when the job was accepted."""
 
-    __slots__ = ("attempt", "input_tokens", "output_tokens", "price", "max_tokens", "_hooks")
+    __slots__ = ("attempt", "sent", "refusal", "input_tokens", "output_tokens", "request_id", "price",
+                 "max_tokens", "input_tokens_estimate", "_hooks")
 
-    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int | None = None) -> None:
+    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int, input_tokens_estimate: int = 0) -> None:
         # attempt 1's ledger row was written by the claim
         self.attempt = 1
+        self.sent = Sent.NOT_SENT
+        self.refusal: LlmOutcome | None = None
         self.input_tokens = 0
         self.output_tokens = 0
+        self.request_id: str | None = None
         self.price = price
         self.max_tokens = max_tokens
+        self.input_tokens_estimate = input_tokens_estimate
         self._hooks = hooks
 
+    # -- what a writer says as it happens ------------------------------------------------
+
+    def sending(self) -> None:
+        self.sent = Sent.SENT
+
+    def refused(self, outcome: LlmOutcome, request_id: str | None = None) -> None:
+        """The provider answered with a refusal that certainly billed nothing."""
+        self.sent, self.refusal = Sent.REFUSED, outcome
+        self.request_id = request_id or self.request_id
+
+    def accepted(self, request_id: str | None = None) -> None:
+        self.sent = Sent.ACCEPTED
+        self.request_id = request_id or self.request_id
+
+    def answered_with_error(self, request_id: str | None) -> None:
+        """An error answer that says nothing of what was billed (a 5xx): the
+        request stays SENT, its outcome unknown; only its id is kept."""
+        self.request_id = request_id or self.request_id
+
+    def finished(self, input_tokens: int, output_tokens: int) -> None:
+        self.sent = Sent.FINISHED
+        self.input_tokens, self.output_tokens = input_tokens, output_tokens
+
     async def retry(self, previous: LlmOutcome, error: str) -> None:
-        """Closes the current ledger row as certainly unbilled and writes the
-        next attempt's row, before its request is sent; waits first while
-        another worker's 429 holds every request; raises LostOwnership when
-        the job is no longer ours."""
-        while True:
-            started = await self._hooks.next_attempt(self.attempt, previous, error)
-            if not started.owned:
-                raise LostOwnership(f"the job was ended elsewhere while attempt {self.attempt} waited to be retried")
-            if started.attempt is not None:
-                break
-            await asyncio.sleep(started.paused_s)
+        """Closes the current, refused attempt's ledger row and writes the
+        next attempt's row, before its request is sent; raises
+        LostOwnership when the job is no longer ours."""
+        started = await self._hooks.next_attempt(self.attempt, previous, error)
+        if not started.owned or started.attempt is None:
+            raise LostOwnership(f"the job was ended elsewhere while attempt {self.attempt} waited to be retried")
         self.attempt = started.attempt
+        self.sent, self.refusal, self.request_id = Sent.NOT_SENT, None, None
         self.input_tokens = 0
         self.output_tokens = 0
 
@@ -98,9 +148,35 @@ class JobCall:
     def provider_said(self, headers: Mapping[str, str]) -> None:
         self._hooks.provider_said(headers)
 
+    # -- what it cost -----------------------------------------------------------------
+
+    @property
+    def billed(self) -> bool:
+        """True when the provider accepted the request or its outcome cannot
+        be known; False when nothing left or it was refused."""
+        return self.sent not in (Sent.NOT_SENT, Sent.REFUSED)
+
     @property
     def cost_usd(self) -> Decimal:
         return self.price.cost(self.input_tokens, self.output_tokens)
+
+    def record(self, outcome: LlmOutcome) -> CallRecord:
+        """The ledger row of the current attempt, ended as ``outcome`` says
+        where the request stands: nothing sent or refused is not billed and
+        keeps its refusal; an accepted stream we stopped, or a finished one,
+        costs its usage; a request whose outcome cannot be known is charged
+        the job's worst case, as a sweep would."""
+        if self.sent is Sent.NOT_SENT:
+            return CallRecord(self.attempt, LlmOutcome.NOT_SENT, False, 0, 0, Decimal(0), self.request_id)
+        if self.sent is Sent.REFUSED:
+            assert self.refusal is not None
+            return CallRecord(self.attempt, self.refusal, False, 0, 0, Decimal(0), self.request_id)
+        if self.sent is Sent.FINISHED or (self.sent is Sent.ACCEPTED and outcome is LlmOutcome.STOPPED):
+            return CallRecord(self.attempt, outcome, True, self.input_tokens, self.output_tokens, self.cost_usd,
+                              self.request_id)
+        input_tokens = max(self.input_tokens, self.input_tokens_estimate)
+        return CallRecord(self.attempt, outcome, True, input_tokens, self.max_tokens,
+                          self.price.cost(input_tokens, self.max_tokens), self.request_id)
 
 
 class StoryWriter(Protocol):

@@ -23,7 +23,7 @@ from tests.helpers import (
     worker_settings,
 )
 from worker.anthropic_writer import AnthropicWriter
-from worker.runner import Worker
+from worker.coordinator import Coordinator
 
 
 async def _ledger(conn: psycopg.AsyncConnection[Any]) -> list[tuple[Any, ...]]:
@@ -241,5 +241,5 @@ async def test_a_swept_job_has_its_stream_closed_at_the_next_heartbeat(
     assert not any(e["event"] in ("job.completed", "job.lost_race") for e in logs)
 
 
-async def _no_jobs_held(worker: Worker) -> bool:
+async def _no_jobs_held(worker: Coordinator) -> bool:
     return not worker.held_job_ids

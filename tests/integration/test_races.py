@@ -200,15 +200,15 @@ async def test_a_claim_whose_answer_was_lost_is_run_by_its_worker_once(
     """A claim that committed but whose answer never reached the worker leaves a job running under the
     worker's id: the worker adopts it at its next round, also when it is stopping, and writes its story,
     with one ledger row and nothing claimed twice."""
+    from worker.coordinator import Coordinator
     from worker.offline import OfflineWriter
-    from worker.runner import Worker
 
     client = await client_id_of(conn)
     await enqueue(conn, client, "a story claimed in the dark")
     writer = OfflineWriter(0)
     store_ = AnswerLosingStore(pool, worker_id="w-lost", provider=writer.provider, model=writer.model,
                                listen_url=None, connect_timeout_s=5)
-    worker = Worker(worker_settings(), store_, writer, listen=False)
+    worker = Coordinator(worker_settings(), store_, writer, listen=False)
     lost = await worker.round_once()
     assert lost.database_error is not None and lost.claimed == 0
     if stop_first:

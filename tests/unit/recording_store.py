@@ -134,6 +134,9 @@ class RecordingStore:
         failed = []
         for failure in failures:
             self.ledger[(failure.job_id, failure.attempt)] = failure.call_outcome
+            for key, later in self.ledger.items():
+                if key[0] == failure.job_id and key[1] > failure.attempt and later is LlmOutcome.STARTED:
+                    self.ledger[key] = LlmOutcome.NOT_SENT
             if self._ours(failure.job_id):
                 job = self.jobs[failure.job_id]
                 job.status, job.error_code = JobStatus.FAILED, failure.error_code
@@ -169,9 +172,13 @@ class RecordingStore:
         fault = self._enter("call_retry", (job_id, previous_attempt, previous_outcome))
         self.ledger[(job_id, previous_attempt)] = previous_outcome
         attempt = None
-        if self._ours(job_id) and not self.paused_s:
+        following = (job_id, previous_attempt + 1)
+        if self._ours(job_id) and following in self.ledger:
+            # run again after its answer was lost: the row it opened
+            attempt = previous_attempt + 1 if self.ledger[following] is LlmOutcome.STARTED else None
+        elif self._ours(job_id) and not self.paused_s:
             attempt = previous_attempt + 1
-            self.ledger[(job_id, attempt)] = LlmOutcome.STARTED
+            self.ledger[following] = LlmOutcome.STARTED
         self._leave(fault)
         return RetryStart(attempt=attempt, paused_s=self.paused_s, owned=self._ours(job_id))
 
@@ -181,10 +188,13 @@ class RecordingStore:
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
-        output_tokens: int, cost_usd: Decimal, error_text: str | None,
+        output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
     ) -> None:
         fault = self._enter("call_finish", (job_id, attempt, outcome, billed))
         self.ledger[(job_id, attempt)] = outcome
+        for key, later in self.ledger.items():
+            if key[0] == job_id and key[1] > attempt and later in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED):
+                self.ledger[key] = LlmOutcome.NOT_SENT
         self._leave(fault)
 
     async def notifications(self) -> AsyncIterator[None]:

@@ -22,7 +22,7 @@ from kubernetes_validate import utils as kubernetes_validate_utils
 from prometheus_client import REGISTRY
 
 from shared import config
-from worker.runner import SHUTDOWN_FLUSH_S
+from worker.coordinator import SHUTDOWN_FLUSH_S
 
 ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"

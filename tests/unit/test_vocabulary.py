@@ -11,7 +11,7 @@ from shared import keys, prompt
 from shared.pricing import Price
 from shared.queries import QUERIES, parse
 from shared.story_request import StoryRequest, fingerprint
-from worker.runner import new_worker_id
+from worker.coordinator import new_worker_id
 
 
 def test_named_queries_are_parsed_without_their_descriptions() -> None:

@@ -18,7 +18,8 @@ from shared.rows import Draft
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 from shared.story_request import StoryRequest
 from tests.unit.recording_store import RecordingStore
-from worker.runner import BACKOFF_MAX_S, SHUTDOWN_FLUSH_S, Worker, WorkerCrashed
+from worker.coordinator import SHUTDOWN_FLUSH_S, Coordinator, WorkerCrashed
+from worker.executor import BACKOFF_MAX_S
 from worker.writing import FREE, JobCall
 
 
@@ -50,12 +51,16 @@ class GatedWriter:
 
     async def write(self, request: StoryRequest, call: JobCall) -> Draft:
         if self.retry_first:
+            call.sending()
+            call.refused(LlmOutcome.RATE_LIMITED)
             await call.retry(LlmOutcome.RATE_LIMITED, "429 rate limited")
+        call.sending()
         self.sent.append(request.prompt)
+        call.accepted()
         gate = self.gates.setdefault(request.prompt, asyncio.Event())
         if not self.open_all:
             await gate.wait()
-        call.output_tokens = 7
+        call.finished(3, 7)
         return Draft(title=f"Title\x00 of {request.prompt}", body=self.text, model="m\ud800",
                      prompt_version="v1", input_tokens=3, output_tokens=7, cost_usd=Decimal("0.001"))
 
@@ -70,8 +75,8 @@ def _settings(**overrides: Any) -> WorkerSettings:
     return WorkerSettings(**values)
 
 
-def _worker(store: RecordingStore, writer: GatedWriter, clock: FakeClock, **settings: Any) -> Worker:
-    return Worker(_settings(**settings), store, writer, listen=False, clock=clock)
+def _worker(store: RecordingStore, writer: GatedWriter, clock: FakeClock, **settings: Any) -> Coordinator:
+    return Coordinator(_settings(**settings), store, writer, listen=False, clock=clock)
 
 
 async def _let_tasks_run() -> None:
@@ -124,7 +129,7 @@ async def test_an_empty_claim_waits_for_a_notify_or_the_poll() -> None:
     clock.now += 5.0
     assert (await worker.round_once()).claimed == 1
     store.add_pending(1)
-    worker._notified()
+    worker.notified()
     assert (await worker.round_once()).claimed == 1
     assert len(store.named("settle_and_claim")) == 3
 
@@ -300,6 +305,7 @@ async def test_a_retry_refused_for_a_job_no_longer_ours_sends_nothing() -> None:
     store.end_elsewhere(1)
     with capture_logs() as logs:
         await _let_tasks_run()
+        assert (await worker.round_once()).let_go == 1
     assert writer.sent == [] and worker.held_job_ids == []
     assert store.ledger == {(1, 1): LlmOutcome.RATE_LIMITED}
     events = [e["event"] for e in logs]
@@ -317,6 +323,7 @@ async def test_a_heartbeat_that_finds_a_job_gone_stops_its_stream_and_records_wh
     store.end_elsewhere(1, ErrorCode.INTERRUPTED)
     assert await worker.heartbeat_once() == [1]
     await _let_tasks_run()
+    assert (await worker.round_once()).let_go == 1
     assert store.named("call_finish") == [(1, 1, LlmOutcome.STOPPED, True)]
     assert worker.held_job_ids == [] and store.named("fail_running") == []
 
@@ -327,7 +334,7 @@ async def test_a_helper_task_that_dies_takes_the_worker_down() -> None:
     store = RecordingStore()
     store.add_pending(1)
     store.fail_next("heartbeat", RuntimeError("a bug"))
-    worker = Worker(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
+    worker = Coordinator(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
                     listen=False)
     with capture_logs() as logs, pytest.raises(WorkerCrashed):
         await asyncio.wait_for(worker.run(), 10)
@@ -340,7 +347,7 @@ async def test_heartbeat_database_errors_are_survived() -> None:
     store.add_pending(1)
     for _ in range(3):
         store.fail_next("heartbeat", _read_only())
-    worker = Worker(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
+    worker = Coordinator(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
                     listen=False)
     with capture_logs() as logs:
         task = asyncio.create_task(worker.run())
@@ -376,6 +383,7 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
     store.end_elsewhere(1)
     assert await worker.heartbeat_once() == [1]  # before the job's task took a step
     await _let_tasks_run()
-    assert writer.sent == [] and worker.held_job_ids == []
     await worker.round_once()
+    assert writer.sent == [] and worker.held_job_ids == []
+    assert store.named("call_finish") == [(1, 1, LlmOutcome.NOT_SENT, False)]
     assert store.named("fail_running") == [] and store.named("settle_and_claim")[-1][0] == []
