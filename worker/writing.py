@@ -176,7 +176,7 @@ class JobCall:
                               self.request_id)
         input_tokens = max(self.input_tokens, self.input_tokens_estimate)
         return CallRecord(self.attempt, outcome, True, input_tokens, self.max_tokens,
-                          self.price.cost(input_tokens, self.max_tokens), self.request_id)
+                          self.price.worst_case(input_tokens, self.max_tokens), self.request_id)
 
 
 class StoryWriter(Protocol):

@@ -49,6 +49,12 @@ class Plan:
     # the stream waits for this before its last event, so a test decides
     # exactly when the story is finished
     hold: threading.Event | None = None
+    # the output tokens the final usage (message_delta) reports, instead of
+    # the count streamed: a provider bug or a proxy can send any number
+    final_output_tokens: int | None = None
+    # headers added to the answer as they are, whatever its status (e.g. a
+    # retry-after or an anthropic-ratelimit-* header no parser expects)
+    headers: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass
@@ -262,6 +268,7 @@ class FakeAnthropic:
             extra.append((b"retry-after-ms", str(plan.retry_after_ms).encode()))
         if plan.should_retry is not None:
             extra.append((b"x-should-retry", b"true" if plan.should_retry else b"false"))
+        extra += [(name.encode(), value.encode()) for name, value in plan.headers]
         if plan.status != 200:
             kind = {429: "rate_limit_error", 529: "overloaded_error", 400: "invalid_request_error",
                     401: "authentication_error"}.get(plan.status, "api_error")
@@ -338,9 +345,10 @@ class FakeAnthropic:
             while not plan.hold.is_set():
                 await _sleep_or_disconnect(0.01, disconnected)
         await event("content_block_stop", {"type": "content_block_stop", "index": 0})
+        reported = output_tokens if plan.final_output_tokens is None else plan.final_output_tokens
         await event("message_delta", {"type": "message_delta", "delta": {"stop_reason": "end_turn",
                                                                         "stop_sequence": None},
-                                      "usage": {"output_tokens": output_tokens}})
+                                      "usage": {"output_tokens": reported}})
         await event("message_stop", {"type": "message_stop"})
         await send({"type": "http.response.body", "body": b"", "more_body": False})
         call.finished = True

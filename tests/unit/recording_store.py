@@ -40,10 +40,18 @@ class Fault:
 
 
 class RecordingStore:
-    def __init__(self, worker_id: str = "w-test") -> None:
+    def __init__(self, worker_id: str = "w-test", *, max_tokens: int | None = None,
+                 input_tokens_estimate: int | None = None, worst_case_usd: Decimal = Decimal(0)) -> None:
         self._worker_id = worker_id
         self.jobs: dict[int, StoredJob] = {}
         self.ledger: dict[tuple[int, int], LlmOutcome] = {}
+        self.billed: dict[tuple[int, int], bool] = {}
+        # what each job was accepted with, and what the budget charged an
+        # ended job (as story_jobs.charged_usd and the budget trigger do)
+        self.max_tokens = max_tokens
+        self.input_tokens_estimate = input_tokens_estimate
+        self.worst_case_usd = worst_case_usd
+        self.charged: dict[int, Decimal] = {}
         self.calls: list[tuple[str, Any]] = []
         self._faults: dict[str, list[Fault]] = {}
         self._notifications: asyncio.Queue[None] = asyncio.Queue()
@@ -71,12 +79,19 @@ class RecordingStore:
         self._faults.setdefault(method, []).append(Fault(error, after_effect))
 
     def end_elsewhere(self, job_id: int, code: ErrorCode = ErrorCode.CANCELLED) -> None:
-        """What a cancellation or the sweeper does: the job fails, its open call is closed."""
+        """What a cancellation or the sweeper does: the job fails, charged its
+        worst case if it was running, and its open call is closed."""
         job = self.jobs[job_id]
+        if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
+            self.charged[job_id] = self.worst_case_usd if job.status is JobStatus.RUNNING else Decimal(0)
         job.status, job.error_code = JobStatus.FAILED, code
         for key, outcome in self.ledger.items():
             if key[0] == job_id and outcome is LlmOutcome.STARTED:
                 self.ledger[key] = LlmOutcome.INTERRUPTED
+
+    def budget_held(self) -> Decimal:
+        """What the budget counts: an ended job's charge, a live job's reservation."""
+        return sum((self.charged.get(job.id, self.worst_case_usd) for job in self.jobs.values()), Decimal(0))
 
     def notify(self) -> None:
         self._notifications.put_nowait(None)
@@ -114,9 +129,11 @@ class RecordingStore:
         completed = []
         for completion in completions:
             self.ledger[(completion.job_id, completion.attempt)] = LlmOutcome.SUCCEEDED
+            self.billed[(completion.job_id, completion.attempt)] = True
             if self._ours(completion.job_id):
                 job = self.jobs[completion.job_id]
                 job.status, job.story = JobStatus.COMPLETED, completion
+                self.charged[job.id] = completion.cost_usd
                 completed.append(completion.job_id)
         claimed = []
         for job in self.jobs.values():
@@ -125,7 +142,7 @@ class RecordingStore:
             if job.status is JobStatus.PENDING:
                 job.status, job.worker_id = JobStatus.RUNNING, self._worker_id
                 self.ledger[(job.id, 1)] = LlmOutcome.STARTED
-                claimed.append(_claimed(job))
+                claimed.append(self._claimed(job))
         self._leave(fault)
         return SettleResult(completed_ids=completed, already_completed_ids=[], claimed=claimed, limiter=self.limiter)
 
@@ -134,12 +151,14 @@ class RecordingStore:
         failed = []
         for failure in failures:
             self.ledger[(failure.job_id, failure.attempt)] = failure.call_outcome
+            self.billed[(failure.job_id, failure.attempt)] = failure.billed
             for key, later in self.ledger.items():
                 if key[0] == failure.job_id and key[1] > failure.attempt and later is LlmOutcome.STARTED:
                     self.ledger[key] = LlmOutcome.NOT_SENT
             if self._ours(failure.job_id):
                 job = self.jobs[failure.job_id]
                 job.status, job.error_code = JobStatus.FAILED, failure.error_code
+                self.charged[job.id] = failure.cost_usd if failure.billed else Decimal(0)
                 failed.append(failure.job_id)
         self._leave(fault)
         return failed
@@ -147,7 +166,7 @@ class RecordingStore:
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
         fault = self._enter("claims_of_lost_answer", list(known_ids))
         found = [
-            _claimed(job) for job in self.jobs.values()
+            self._claimed(job) for job in self.jobs.values()
             if self._ours(job.id) and job.id not in known_ids
             and self.ledger.get((job.id, 1)) is LlmOutcome.STARTED and (job.id, 2) not in self.ledger
         ]
@@ -171,6 +190,7 @@ class RecordingStore:
     ) -> RetryStart:
         fault = self._enter("call_retry", (job_id, previous_attempt, previous_outcome))
         self.ledger[(job_id, previous_attempt)] = previous_outcome
+        self.billed[(job_id, previous_attempt)] = not previous_outcome.certainly_unbilled
         attempt = None
         following = (job_id, previous_attempt + 1)
         if self._ours(job_id) and following in self.ledger:
@@ -192,6 +212,10 @@ class RecordingStore:
     ) -> None:
         fault = self._enter("call_finish", (job_id, attempt, outcome, billed))
         self.ledger[(job_id, attempt)] = outcome
+        self.billed[(job_id, attempt)] = billed
+        job = self.jobs[job_id]
+        if job.status is JobStatus.FAILED and self.charged.get(job_id, Decimal(0)) > cost_usd:
+            self.charged[job_id] = cost_usd
         for key, later in self.ledger.items():
             if key[0] == job_id and key[1] > attempt and later in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED):
                 self.ledger[key] = LlmOutcome.NOT_SENT
@@ -204,6 +228,7 @@ class RecordingStore:
             yield
 
 
-def _claimed(job: StoredJob) -> ClaimedJob:
-    return ClaimedJob(id=job.id, public_id=job.public_id, client_id=1, request={"prompt": f"story {job.id}"},
-                      created_at=job.created_at, started_at=datetime.now(UTC))
+    def _claimed(self, job: StoredJob) -> ClaimedJob:
+        return ClaimedJob(id=job.id, public_id=job.public_id, client_id=1, request={"prompt": f"story {job.id}"},
+                          created_at=job.created_at, started_at=datetime.now(UTC), max_tokens=self.max_tokens,
+                          input_tokens_estimate=self.input_tokens_estimate)

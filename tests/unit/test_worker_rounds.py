@@ -387,3 +387,57 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
     assert writer.sent == [] and worker.held_job_ids == []
     assert store.named("call_finish") == [(1, 1, LlmOutcome.NOT_SENT, False)]
     assert store.named("fail_running") == [] and store.named("settle_and_claim")[-1][0] == []
+
+
+async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() -> None:
+    """A claim whose answer is lost while another job's request is in flight adopts only the lost
+    claim's job: the job already begun is never begun again, so one request is sent for it."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    assert writer.sent == ["story 1"]
+    store.add_pending(1)
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    worker.notified()
+    assert (await worker.round_once()).database_error is not None
+    adopted = await worker.round_once()
+    await _let_tasks_run()
+    assert adopted.adopted == 1 and sorted(worker.held_job_ids) == [1, 2]
+    assert writer.sent == ["story 1", "story 2"]
+
+
+async def test_an_adopted_job_keeps_the_max_tokens_it_was_accepted_with() -> None:
+    """A job adopted after a lost claim answer runs with its own max_tokens, not the worker's."""
+    store, clock, writer = RecordingStore(max_tokens=123), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    worker = _worker(store, writer, clock, llm_max_tokens=4000)
+    await worker.round_once()
+    await worker.round_once()
+    await _let_tasks_run()
+    (held,) = worker._jobs.values()
+    assert held.call.max_tokens == 123
+
+
+async def test_a_claim_that_commits_after_its_answer_was_lost_is_still_adopted() -> None:
+    """A lost claim statement that commits on the server after the first search is found by a later
+    round, until its statement timeout has passed; then the search stops."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"))
+    worker = _worker(store, writer, clock)
+    assert (await worker.round_once()).database_error is not None
+    assert (await worker.round_once()).adopted == 0  # nothing committed yet
+    # the statement commits late: its job is running under this worker, never begun
+    (job_id,) = store.add_pending(1)
+    store.jobs[job_id].status, store.jobs[job_id].worker_id = JobStatus.RUNNING, store.worker_id
+    store.ledger[(job_id, 1)] = LlmOutcome.STARTED
+    clock.now += 1.0
+    assert (await worker.round_once()).adopted == 1
+    clock.now += 60.0
+    await worker.round_once()
+    searches = len(store.named("claims_of_lost_answer"))
+    clock.now += 60.0
+    await worker.round_once()
+    assert len(store.named("claims_of_lost_answer")) == searches
