@@ -277,9 +277,9 @@ class AnthropicWriter:
 
 
 def _input_tokens(reported: object, call: JobCall) -> int:
-    """The provider's input count; absent or absurd: the job's estimate."""
+    """The provider's input count; absent or absurd: the bound on it."""
     counted = token_count(reported, what="usage.input_tokens", upper=_INPUT_TOKENS_MAX)
-    return call.input_tokens_estimate if counted is None else counted
+    return call.input_tokens_at_most if counted is None else counted
 
 
 def _output_tokens(reported: object, call: JobCall, *, final: bool) -> int:

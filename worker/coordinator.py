@@ -593,8 +593,7 @@ class Coordinator:
         """Holds a job and starts its task at once, so that the heartbeat
         never sees a held job that is not running."""
         hooks = LedgerHooks(self.store, job, self.heard, clock=self._clock, sleep=self._sleep)
-        call = JobCall(self._writer.price, hooks, max_tokens=job.max_tokens or self.settings.llm_max_tokens,
-                       input_tokens_estimate=job.input_tokens_estimate or 0)
+        call = JobCall(self._writer.price, hooks, max_tokens=job.max_tokens or self.settings.llm_max_tokens)
         held = HeldJob(job, call, self._clock())
         self._jobs[job.id] = held
         held.task = asyncio.create_task(execute(job, self._writer, call), name=f"job-{job.id}")

@@ -21,7 +21,7 @@ from collections.abc import Awaitable, Callable, Mapping
 import msgspec
 import structlog
 
-from shared import db
+from shared import db, prompt
 from shared.rows import ClaimedJob, Draft, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
@@ -71,6 +71,7 @@ async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall) -> Outcom
     except msgspec.ValidationError as exc:
         return Failed(ErrorCode.INVALID_REQUEST, f"the stored request is not valid: {exc}",
                       call.record(LlmOutcome.NOT_SENT))
+    call.input_tokens_at_most = prompt.input_tokens_at_most(request)
     try:
         draft = await writer.write(request, call)
     except WriteFailed as exc:

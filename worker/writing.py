@@ -88,13 +88,14 @@ class CallHooks(Protocol):
 class JobCall:
     """One job's LLM call as it happens: which attempt (ledger row) is under
     way, where its request stands, the usage so far (what heartbeats report
-    as progress), and the job's worst case: its max_tokens and input
-    estimate, fixed when the job was accepted."""
+    as progress), and the job's worst case as its reservation counts it: the
+    max_tokens fixed when the job was accepted, and the bound on its input
+    tokens."""
 
     __slots__ = ("attempt", "sent", "refusal", "input_tokens", "output_tokens", "request_id", "price",
-                 "max_tokens", "input_tokens_estimate", "_hooks")
+                 "max_tokens", "input_tokens_at_most", "_hooks")
 
-    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int, input_tokens_estimate: int = 0) -> None:
+    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int) -> None:
         # attempt 1's ledger row was written by the claim
         self.attempt = 1
         self.sent = Sent.NOT_SENT
@@ -104,7 +105,8 @@ class JobCall:
         self.request_id: str | None = None
         self.price = price
         self.max_tokens = max_tokens
-        self.input_tokens_estimate = input_tokens_estimate
+        # the bound a spend budget reserves for the request (set once it is read)
+        self.input_tokens_at_most = 0
         self._hooks = hooks
 
     # -- what a writer says as it happens ------------------------------------------------
@@ -174,7 +176,7 @@ class JobCall:
         if self.sent is Sent.FINISHED or (self.sent is Sent.ACCEPTED and outcome is LlmOutcome.STOPPED):
             return CallRecord(self.attempt, outcome, True, self.input_tokens, self.output_tokens, self.cost_usd,
                               self.request_id)
-        input_tokens = max(self.input_tokens, self.input_tokens_estimate)
+        input_tokens = max(self.input_tokens, self.input_tokens_at_most)
         return CallRecord(self.attempt, outcome, True, input_tokens, self.max_tokens,
                           self.price.worst_case(input_tokens, self.max_tokens), self.request_id)
 

@@ -15,7 +15,7 @@ from tests.unit.recording_store import RecordingStore
 class RecordingWorld:
     def __init__(self) -> None:
         self.store = RecordingStore(max_tokens=MAX_TOKENS, input_tokens_estimate=INPUT_ESTIMATE,
-                                    worst_case_usd=worst_case())
+                                    worst_case_usd=worst_case)
 
     async def add_pending(self, n: int) -> list[int]:
         return self.store.add_pending(n)

@@ -39,17 +39,17 @@ import stamina
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
+from shared import prompt
 from shared.config import WorkerSettings
-from shared.pricing import Price
 from shared.status import ErrorCode, LlmOutcome
+from shared.story_request import StoryRequest
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 from worker.store import WorkerStore
 
 MAX_TOKENS = 100
 INPUT_ESTIMATE = 50
-INPUT_BILLED = 20  # what the provider counts for every prompt: below the estimate
-PRICE = Price(input_usd_per_mtok=Decimal(3), output_usd_per_mtok=Decimal(15))
+INPUT_BILLED = 20  # what the provider counts for every prompt: below any bound
 
 # what the provider did with a request: billed, refused (not billed), or
 # answered in a way that says nothing (a 5xx): it may have billed
@@ -69,8 +69,21 @@ ANSWERS = {
 }
 
 
-def worst_case() -> Decimal:
-    return PRICE.worst_case(INPUT_ESTIMATE, MAX_TOKENS)
+def model_settings() -> WorkerSettings:
+    return WorkerSettings(worker_concurrency=2, worker_poll_interval_s=5.0, heartbeat_interval_s=1.0,
+                          heartbeat_timeout_s=3.0, worker_shutdown_grace_s=30.0, metrics_port=0,
+                          llm_max_tokens=MAX_TOKENS, llm_retry_attempts=4, anthropic_api_key="model",
+                          llm_timeout_s=300.0, job_timeout_s=480.0)
+
+
+# the default model's price, as the api reserves it
+PRICE = model_settings().price()
+
+
+def worst_case(job_id: int) -> Decimal:
+    """What a job's reservation holds: its max_tokens and the bound on its input."""
+    request = StoryRequest(prompt=f"story {job_id}")
+    return PRICE.worst_case(prompt.input_tokens_at_most(request), MAX_TOKENS)
 
 
 @dataclass
@@ -200,13 +213,6 @@ class _Dropping(httpx2.AsyncByteStream):
         raise httpx2.ReadError("the connection broke")
 
 
-def model_settings() -> WorkerSettings:
-    return WorkerSettings(worker_concurrency=2, worker_poll_interval_s=5.0, heartbeat_interval_s=1.0,
-                          heartbeat_timeout_s=3.0, worker_shutdown_grace_s=30.0, metrics_port=0,
-                          llm_max_tokens=MAX_TOKENS, llm_retry_attempts=4, anthropic_api_key="model",
-                          llm_timeout_s=300.0, job_timeout_s=480.0)
-
-
 class FakeClock:
     def __init__(self) -> None:
         self.now = 1000.0
@@ -256,7 +262,6 @@ class WorkerMachine(RuleBasedStateMachine):
         client = anthropic.AsyncAnthropic(api_key="model", base_url="http://provider.test", max_retries=0,
                                           http_client=httpx2.AsyncClient(transport=httpx2.MockTransport(provider.handle)))
         writer = AnthropicWriter(settings, client=client)
-        writer.price = PRICE
         coordinator = Coordinator(settings, world.store, writer, listen=False, clock=clock, sleep=_no_wait)
         self.d = Drive(loop, world, provider, coordinator, writer, clock, settle=self._settle)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -41,7 +41,8 @@ class Fault:
 
 class RecordingStore:
     def __init__(self, worker_id: str = "w-test", *, max_tokens: int | None = None,
-                 input_tokens_estimate: int | None = None, worst_case_usd: Decimal = Decimal(0)) -> None:
+                 input_tokens_estimate: int | None = None,
+                 worst_case_usd: Callable[[int], Decimal] = lambda _: Decimal(0)) -> None:
         self._worker_id = worker_id
         self.jobs: dict[int, StoredJob] = {}
         self.ledger: dict[tuple[int, int], LlmOutcome] = {}
@@ -83,7 +84,7 @@ class RecordingStore:
         worst case if it was running, and its open call is closed."""
         job = self.jobs[job_id]
         if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
-            self.charged[job_id] = self.worst_case_usd if job.status is JobStatus.RUNNING else Decimal(0)
+            self.charged[job_id] = self.worst_case_usd(job_id) if job.status is JobStatus.RUNNING else Decimal(0)
         job.status, job.error_code = JobStatus.FAILED, code
         for key, outcome in self.ledger.items():
             if key[0] == job_id and outcome is LlmOutcome.STARTED:
@@ -91,7 +92,8 @@ class RecordingStore:
 
     def budget_held(self) -> Decimal:
         """What the budget counts: an ended job's charge, a live job's reservation."""
-        return sum((self.charged.get(job.id, self.worst_case_usd) for job in self.jobs.values()), Decimal(0))
+        return sum((self.charged.get(job.id, self.worst_case_usd(job.id)) for job in self.jobs.values()),
+                   Decimal(0))
 
     def notify(self) -> None:
         self._notifications.put_nowait(None)

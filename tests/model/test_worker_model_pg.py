@@ -1,0 +1,176 @@
+"""The same model-based test as test_worker_model.py, on the real store: the
+coordinator's statements run on Postgres (a fresh database per example), so
+the recording store cannot drift from what the SQL does. Faults are injected
+around the real statements: refused before they run, or their answer lost
+after they committed. Cancels are the api's statement, sweeps the sweeper's."""
+
+from __future__ import annotations
+
+import itertools
+import os
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from hypothesis import HealthCheck, settings
+from hypothesis.stateful import run_state_machine_as_test
+
+from api.admission import admission
+from shared import db, store
+from shared.config import ApiSettings
+from shared.status import ErrorCode, LlmOutcome
+from shared.story_request import StoryRequest
+from tests import dbserver
+from tests.helpers import create_key
+from tests.model.worker_model import MAX_TOKENS, WorkerMachine, World
+from worker.store import PgWorkerStore
+
+WORKER_ID = "w-model"
+_counter = itertools.count()
+
+
+class FaultyStore:
+    """A WorkerStore around the real one whose next call of a method can
+    fail: refused before it runs, or its answer lost after it committed."""
+
+    def __init__(self, inner: PgWorkerStore) -> None:
+        self._inner = inner
+        self._faults: dict[str, list[tuple[Exception, bool]]] = {}
+
+    @property
+    def worker_id(self) -> str:
+        return self._inner.worker_id
+
+    def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None:
+        self._faults.setdefault(method, []).append((error, after_effect))
+
+    def __getattr__(self, method: str) -> Any:
+        real = getattr(self._inner, method)
+        if method == "notifications":
+            return real
+
+        async def call(*args: Any, **kwargs: Any) -> Any:
+            faults = self._faults.get(method)
+            fault = faults.pop(0) if faults else None
+            if fault is not None and not fault[1]:
+                raise fault[0]
+            answer = await real(*args, **kwargs)
+            if fault is not None:
+                raise fault[0]
+            return answer
+
+        return call
+
+
+class PgWorld:
+    def __init__(self, server_url: str, template: str) -> None:
+        self._server_url = server_url
+        self._name = f"storyjobs_model_{os.getpid()}_{next(_counter)}"
+        self.url = dbserver.create_database_from_template(server_url, self._name, template)
+        self._settings = ApiSettings(llm_max_tokens=MAX_TOKENS)
+
+    async def open(self) -> None:
+        self.pool = db.make_pool(self.url, application_name="storyjobs-model", connect_timeout_s=5,
+                                 statement_timeout_s=30, min_size=1, max_size=4, wait_timeout_s=5)
+        await self.pool.open(wait=True)
+        self.conn = await psycopg.AsyncConnection.connect(self.url, autocommit=True)
+        await create_key(self.conn, "model")
+        cur = await self.conn.execute("SELECT id FROM api_clients WHERE name = 'model'")
+        (self.client_id,) = await cur.fetchone() or (0,)
+        self.faulty = FaultyStore(PgWorkerStore(self.pool, worker_id=WORKER_ID, provider="anthropic",
+                                                model="model", listen_url=None, connect_timeout_s=5,
+                                                default_max_tokens=MAX_TOKENS))
+        self.store = self.faulty  # type: ignore[assignment]
+        self._public: dict[int, uuid.UUID] = {}
+
+    async def close(self) -> None:
+        await self.conn.close()
+        await self.pool.close()
+        dbserver.drop_database(self._server_url, self._name)
+
+    async def add_pending(self, n: int) -> list[int]:
+        ids = []
+        for _ in range(n):
+            # ids start at 1 in a fresh database: job n's prompt is "story n"
+            job_id = len(self._public) + 1
+            request = StoryRequest(prompt=f"story {job_id}")
+            one = admission(self.client_id, uuid.uuid4().hex, request, self._settings)
+            (result,) = await store.job_insert_if_admitted(self.conn, admissions=[one], queue_max=10_000,
+                                                           client_queue_max=10_000, budget_usd=Decimal(1000))
+            assert result.outcome == "inserted" and result.public_id is not None
+            cur = await self.conn.execute("SELECT id FROM story_jobs WHERE public_id = %s", (result.public_id,))
+            (stored_id,) = await cur.fetchone() or (0,)
+            assert stored_id == job_id
+            self._public[job_id] = result.public_id
+            ids.append(job_id)
+        return ids
+
+    async def end_elsewhere(self, job_id: int, code: ErrorCode) -> None:
+        if code is ErrorCode.CANCELLED:
+            await store.job_cancel(self.conn, client_id=self.client_id, job_id=self._public[job_id])
+            return
+        # a sweep of this job alone: its heartbeat made old, then the sweeper's pass
+        await self.conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '1 hour' "
+                                "WHERE id = %s AND status = 'running'", (job_id,))
+        await store.job_fail_stale(self.conn, heartbeat_timeout_s=600, job_timeout_s=86_400,
+                                   pending_timeout_s=86_400, judge_running=True, batch_size=10, lock_timeout_s=5,
+                                   now=datetime.now(UTC) + timedelta(seconds=1))
+
+    def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None:
+        self.faulty.fail_next(method, error, after_effect=after_effect)
+
+    async def is_ours(self, job_id: int) -> bool:
+        cur = await self.conn.execute("SELECT status = 'running' AND worker_id = %s FROM story_jobs WHERE id = %s",
+                                      (WORKER_ID, job_id))
+        row = await cur.fetchone()
+        return bool(row and row[0])
+
+    async def running(self) -> list[int]:
+        cur = await self.conn.execute("SELECT id FROM story_jobs WHERE status IN ('pending', 'running') ORDER BY id")
+        return [row[0] for row in await cur.fetchall()]
+
+    async def ledger(self) -> dict[tuple[int, int], tuple[LlmOutcome, bool]]:
+        cur = await self.conn.execute("SELECT job_id, attempt, outcome, billed FROM llm_calls")
+        return {(job_id, attempt): (LlmOutcome(outcome), billed)
+                for job_id, attempt, outcome, billed in await cur.fetchall()}
+
+    async def budget_held(self) -> Decimal:
+        cur = await self.conn.execute("SELECT coalesce(sum(spent_usd + reserved_usd), 0) FROM budget_days "
+                                      "WHERE client_id = 0")
+        (held,) = await cur.fetchone() or (Decimal(0),)
+        return Decimal(held)
+
+
+class PgStoreMachine(WorkerMachine):
+    server_url = ""
+    template = ""
+    # statements take real time: tasks are let run until they are still for longer
+    settle_rounds = 100
+
+    async def make_world(self) -> World:
+        world = PgWorld(self.server_url, self.template)
+        await world.open()
+        self._pg = world
+        return world
+
+    async def close_world(self) -> None:
+        await self._pg.close()
+
+
+@pytest.fixture
+def pg_machine(server_url: str, template_db: str) -> Iterator[type[PgStoreMachine]]:
+    PgStoreMachine.server_url, PgStoreMachine.template = server_url, template_db
+    yield PgStoreMachine
+
+
+def test_the_coordinator_keeps_its_promise_on_postgres(pg_machine: type[PgStoreMachine]) -> None:
+    """The model's invariants hold with every statement running on Postgres."""
+    examples = int(os.environ.get("STORYJOBS_MODEL_EXAMPLES", "12"))
+    run_state_machine_as_test(pg_machine, settings=settings(
+        max_examples=examples, stateful_step_count=25, deadline=None,
+        suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
