@@ -34,6 +34,7 @@ from tests.bench import (
     idle,
     in_flight,
     in_flight_pooler,
+    model,
     ops_list,
     peers,
     pickup,
@@ -47,7 +48,7 @@ from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers, stop,
-                   statement_cost)
+                   statement_cost, model)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

@@ -3,6 +3,7 @@ and invariants of tests/model/worker_model.py, in milliseconds per step."""
 
 from __future__ import annotations
 
+import os
 from decimal import Decimal
 
 from hypothesis import HealthCheck, settings
@@ -47,5 +48,6 @@ class RecordingStoreMachine(WorkerMachine):
 
 
 RecordingStoreMachine.TestCase.settings = settings(
-    max_examples=150, stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+    # CI's count; `make bench` (tests/bench/model.py) runs many more
+    max_examples=int(os.environ.get("STORYJOBS_MODEL_RECORDING_EXAMPLES", "150")), stateful_step_count=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 test_the_coordinator_keeps_its_promise_on_the_recording_store = RecordingStoreMachine.TestCase
