@@ -24,10 +24,12 @@ def _odd(what: str, value: object) -> None:
                 detail="a number from the provider was not usable; treated as absent")
 
 
-def token_count(value: object, *, what: str, upper: int = INT32_MAX) -> int | None:
-    """A whole number of tokens in [0, upper], or None."""
+def token_count(value: object, *, what: str, upper: int = INT32_MAX, quiet: bool = False) -> int | None:
+    """A whole number of tokens in [0, upper], or None. ``quiet``: a count
+    that the final one repeats (a stream's running usage) is not logged,
+    so that one odd value makes one line."""
     if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= upper:
-        if value is not None:
+        if value is not None and not quiet:
             _odd(what, value)
         return None
     return value

@@ -240,7 +240,7 @@ class AnthropicWriter:
         try:
             async for event in stream:
                 if event.type == "message_start":
-                    call.input_tokens = _input_tokens(event.message.usage.input_tokens, call)
+                    call.input_tokens = _input_tokens(event.message.usage.input_tokens, call, final=False)
                 elif event.type == "text":
                     streamed_chars += len(event.text)
                     call.output_tokens = min(max(call.output_tokens, streamed_chars // _CHARS_PER_TOKEN),
@@ -258,7 +258,7 @@ class AnthropicWriter:
             ) from None
         finally:
             await manager.__aexit__(None, None, None)
-        call.finished(_input_tokens(message.usage.input_tokens, call),
+        call.finished(_input_tokens(message.usage.input_tokens, call, final=True),
                       _output_tokens(message.usage.output_tokens, call, final=True))
         text = "".join(block.text for block in message.content if block.type == "text")
         title, body = prompt.split_title(text)
@@ -276,9 +276,10 @@ class AnthropicWriter:
         )
 
 
-def _input_tokens(reported: object, call: JobCall) -> int:
-    """The provider's input count; absent or absurd: the bound on it."""
-    counted = token_count(reported, what="usage.input_tokens", upper=_INPUT_TOKENS_MAX)
+def _input_tokens(reported: object, call: JobCall, *, final: bool) -> int:
+    """The provider's input count; absent or absurd: the bound on it (the
+    final message repeats the count of its start: logged once, there)."""
+    counted = token_count(reported, what="usage.input_tokens", upper=_INPUT_TOKENS_MAX, quiet=not final)
     return call.input_tokens_at_most if counted is None else counted
 
 
@@ -286,7 +287,7 @@ def _output_tokens(reported: object, call: JobCall, *, final: bool) -> int:
     """The provider's output count, never above the max_tokens it was asked
     for; absent or absurd: the worst case, max_tokens, once final (while
     streaming, the estimate so far stands)."""
-    counted = token_count(reported, what="usage.output_tokens", upper=call.max_tokens)
+    counted = token_count(reported, what="usage.output_tokens", upper=call.max_tokens, quiet=not final)
     if counted is None:
         return call.max_tokens if final else call.output_tokens
     return counted
