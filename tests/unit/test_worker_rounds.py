@@ -79,6 +79,11 @@ def _worker(store: RecordingStore, writer: GatedWriter, clock: FakeClock, **sett
     return Coordinator(_settings(**settings), store, writer, listen=False, clock=clock)
 
 
+async def _no_wait(_: float) -> None:
+    """The heartbeat's interval and the backoffs, passed without waiting."""
+    await asyncio.sleep(0)
+
+
 async def _let_tasks_run() -> None:
     """Lets the job tasks take every step they can without waiting on anything."""
     for _ in range(10):
@@ -334,8 +339,7 @@ async def test_a_helper_task_that_dies_takes_the_worker_down() -> None:
     store = RecordingStore()
     store.add_pending(1)
     store.fail_next("heartbeat", RuntimeError("a bug"))
-    worker = Coordinator(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
-                    listen=False)
+    worker = Coordinator(_settings(), store, GatedWriter(), listen=False, clock=FakeClock(), sleep=_no_wait)
     with capture_logs() as logs, pytest.raises(WorkerCrashed):
         await asyncio.wait_for(worker.run(), 10)
     assert [e["task"] for e in logs if e["event"] == "worker.task_crashed"] == ["heartbeat"]
@@ -347,12 +351,11 @@ async def test_heartbeat_database_errors_are_survived() -> None:
     store.add_pending(1)
     for _ in range(3):
         store.fail_next("heartbeat", _read_only())
-    worker = Coordinator(_settings(heartbeat_interval_s=0.01, heartbeat_timeout_s=0.05), store, GatedWriter(),
-                    listen=False)
+    worker = Coordinator(_settings(), store, GatedWriter(), listen=False, clock=FakeClock(), sleep=_no_wait)
     with capture_logs() as logs:
         task = asyncio.create_task(worker.run())
         while len(store.named("heartbeat")) < 5:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
         worker.stop()
         store.end_elsewhere(1)
         assert await asyncio.wait_for(task, 10)
@@ -381,10 +384,12 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
     worker = _worker(store, writer, clock)
     assert (await worker.round_once()).claimed == 1
     store.end_elsewhere(1)
-    assert await worker.heartbeat_once() == [1]  # before the job's task took a step
-    await _let_tasks_run()
-    await worker.round_once()
+    with capture_logs() as logs:
+        assert await worker.heartbeat_once() == [1]  # before the job's task took a step
+        await _let_tasks_run()
+        await worker.round_once()
     assert writer.sent == [] and worker.held_job_ids == []
+    assert [e["event"] for e in logs].count("job.lost_ownership") == 1
     assert store.named("call_finish") == [(1, 1, LlmOutcome.NOT_SENT, False)]
     assert store.named("fail_running") == [] and store.named("settle_and_claim")[-1][0] == []
 
