@@ -322,7 +322,7 @@ class Coordinator:
         adopting = self._claiming.lost_answers > 0 and now >= self._claiming.adopt_next_at
         claim_limit = self._claim_limit()
         if not (failures or closes or completions or adopting or claim_limit):
-            if shutdown is not None and not self._jobs and not self._claiming.lost_answers:
+            if shutdown is not None and not self._jobs and self._may_exit(now, shutdown):
                 result.finished = True
                 return result
             result.wait_s = self._idle_wait_s(now)
@@ -380,6 +380,18 @@ class Coordinator:
                             attempt=outcome.call.attempt, sent=held.call.sent.value,
                             output_tokens=outcome.call.output_tokens)
                 held.end = outcome.call
+
+    def _may_exit(self, now: float, shutdown: Shutdown) -> bool:
+        """Holding nothing, a stopping worker still looks for the jobs of a
+        lost claim answer, within its grace: past it, a late commit is left
+        to the sweeper, said once."""
+        if not self._claiming.lost_answers:
+            return True
+        if now < shutdown.grace_ends_at:
+            return False
+        log.warning("worker.lost_claim_unsettled", detail="a claim whose answer was lost may still commit; "
+                    "its jobs, never begun, are left to the sweeper")
+        return True
 
     def _let_go(self, held: HeldJob, reason: str, result: RoundResult) -> None:
         metrics.LOST_OWNERSHIP.inc()
@@ -497,8 +509,9 @@ class Coordinator:
         try:
             settled = await self.store.settle_and_claim(completions, claim_limit, view)
         except db.DB_ERRORS as exc:
-            if claim_limit:
-                # it may have committed: its jobs are ours, never begun
+            if claim_limit and db.is_transient(exc):
+                # no answer, or not one the server sent: it may have committed,
+                # and its jobs are ours, never begun
                 self._claiming.lost_answers += 1
                 self._claiming.adopt_until = self._clock() + self._statement_timeout_s + _ADOPTION_MARGIN_S
             self._refused(exc, batch, result)

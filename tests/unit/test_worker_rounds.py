@@ -446,3 +446,21 @@ async def test_a_claim_that_commits_after_its_answer_was_lost_is_still_adopted()
     clock.now += 60.0
     await worker.round_once()
     assert len(store.named("claims_of_lost_answer")) == searches
+
+
+async def test_a_stopping_worker_holding_nothing_exits_clean_after_a_lost_claim_answer() -> None:
+    """Stopped after a claim's answer was lost and nothing was found, the worker looks again until its
+    grace ends, then exits clean instead of giving up as if it had left jobs behind."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"))
+    worker = _worker(store, writer, clock, worker_shutdown_grace_s=5.0)
+    await worker.round_once()
+    worker.stop()
+    assert (await worker.round_once()).adopted == 0
+    waiting = await worker.round_once()
+    assert not waiting.finished and 0 < waiting.wait_s <= 5.0
+    clock.now += 5.0
+    with capture_logs() as logs:
+        rounds = [await worker.round_once() for _ in range(2)]  # one more search, then the exit
+    assert [(r.finished, r.clean) for r in rounds] == [(False, True), (True, True)]
+    assert [e["event"] for e in logs] == ["worker.lost_claim_unsettled"]
