@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api.admission import admission
-from shared import store
+from shared import prompt, store
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests import dbserver
@@ -31,7 +31,9 @@ from worker.coordinator import Coordinator
 
 # a final usage no integer column holds
 ABSURD_OUTPUT_TOKENS = 3_000_000_000
-PRICED = {"llm_model": "priced-model", "llm_prices": {"priced-model": (2.0, 10.0)}}
+PRICED: dict[str, Any] = {"llm_model": "priced-model", "llm_prices": {"priced-model": (2.0, 10.0)}}
+API = ApiSettings(**PRICED)
+PROMPT = "a sleepy otter"
 Logs = list[dict[str, Any]]
 
 
@@ -112,6 +114,13 @@ async def _cut_until_a_round_fails(conn: psycopg.AsyncConnection[Any], logs: Log
 # -- 1. an absurd final usage, then the connections cut ------------------------------------------
 
 
+def _answered_and_let_go(provider: FakeAnthropicServer, worker: Coordinator) -> bool:
+    """The story was streamed to its end and the worker holds no job: its end was written, or (before
+    the held set was kept until then) the job was dropped, still running."""
+    calls = provider.fake.calls
+    return bool(calls) and calls[0].finished and not worker.held_job_ids
+
+
 async def test_an_absurd_final_usage_is_charged_max_tokens_and_never_sent_again(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
     provider: FakeAnthropicServer,
@@ -122,19 +131,21 @@ async def test_an_absurd_final_usage_is_charged_max_tokens_and_never_sent_again(
     settings = worker_settings(anthropic_api_key="test")
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider, worker_concurrency=2) as worker:
-            public_id = await enqueue(conn, await client_id_of(conn), "a sleepy otter")
-            await wait_until(lambda: _ended(conn, public_id), timeout=20, what="the job to end")
+            public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
+            await wait_until(lambda: _answered_and_let_go(provider, worker), timeout=20,
+                             what="the story to be streamed and let go")
             await _cut_until_a_round_fails(conn, logs)
-            assert not worker.held_job_ids
+    # the worker has stopped: every request it could send was sent
     job = await _job(conn, public_id)
+    assert len(provider.fake.calls) == 1 and len(provider.fake.billed) == 1
     assert (job.status, job.error_code) == ("completed", None)
     ((attempt, outcome, billed, input_tokens, output_tokens, cost_usd),) = job.ledger
     assert (attempt, outcome, billed, output_tokens) == (1, "succeeded", True, job.max_tokens)
     assert cost_usd == settings.price().cost(input_tokens, job.max_tokens)
     cur = await conn.execute("SELECT output_tokens, cost_usd FROM stories")
     assert await cur.fetchall() == [(job.max_tokens, cost_usd)]
-    assert len(provider.fake.calls) == 1 and len(provider.fake.billed) == 1
     assert _logged(logs, "llm.odd_value", what="usage.output_tokens") >= 1
+    assert _logged(logs, "job.adopted") == 0
 
 
 async def test_an_end_the_database_refuses_keeps_the_job_held_and_is_never_sent_again(
@@ -149,9 +160,9 @@ async def test_an_end_the_database_refuses_keeps_the_job_held_and_is_never_sent_
     await conn.execute("ALTER TABLE story_jobs ADD CONSTRAINT t_refuse_failure CHECK (status <> 'failed') NOT VALID")
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider, worker_concurrency=2) as worker:
-            public_id = await enqueue(conn, await client_id_of(conn), "a sleepy otter")
-            await wait_until(lambda: _logged(logs, "job.end_refused") > 0, timeout=20,
-                             what="the story and its failure to be refused")
+            public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
+            await wait_until(lambda: _logged(logs, "job.end_refused") > 0 or _answered_and_let_go(provider, worker),
+                             timeout=20, what="the story and its failure to be refused")
             await _cut_until_a_round_fails(conn, logs)
             job = await _job(conn, public_id)
             assert (job.status, job.worker_id) == ("running", worker.worker_id)
@@ -161,11 +172,12 @@ async def test_an_end_the_database_refuses_keeps_the_job_held_and_is_never_sent_
             await conn.execute("ALTER TABLE story_jobs DROP CONSTRAINT t_refuse_failure")
             await wait_until(lambda: _ended(conn, public_id), timeout=30, what="the job's end to be written")
             await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
+    # the worker has stopped: every request it could send was sent
     job = await _job(conn, public_id)
+    assert len(provider.fake.calls) == 1 and len(provider.fake.billed) == 1
     assert (job.status, job.error_code) in (("failed", "internal_error"), ("completed", None))
     ((attempt, _, billed, _, output_tokens, _),) = job.ledger
     assert (attempt, billed, output_tokens) == (1, True, job.max_tokens)
-    assert len(provider.fake.calls) == 1 and len(provider.fake.billed) == 1
     assert _logged(logs, "job.adopted") == 0
 
 
@@ -188,7 +200,7 @@ async def test_odd_rate_limit_headers_leave_the_worker_alive(
     client = await client_id_of(conn)
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider) as worker:
-            first = await enqueue(conn, client, "a sleepy otter")
+            first = await enqueue(conn, client, PROMPT)
             await wait_until(lambda: _ended(conn, first), timeout=20, what="the first job to end")
             second = await enqueue(conn, client, "a drowsy badger")
             await wait_until(lambda: _ended(conn, second), timeout=20, what="the second job to end")
@@ -204,17 +216,21 @@ async def test_a_429_whose_retry_after_is_nan_is_retried(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
     provider: FakeAnthropicServer,
 ) -> None:
-    """A 429 with retry-after: nan is retried after the worker's own backoff: the job completes, the 429's
-    row not billed and the retry's billed."""
+    """A 429 with retry-after: nan is retried after the worker's own wait: the job completes, the 429's row
+    not billed and the retry's billed."""
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "nan"),)))
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider):
-            public_id = await enqueue(conn, await client_id_of(conn), "a sleepy otter")
+            public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
             await wait_until(lambda: _ended(conn, public_id), timeout=20, what="the job to end")
     job = await _job(conn, public_id)
     assert (job.status, job.error_code) == ("completed", None)
     assert job.calls == [(1, "rate_limited", False), (2, "succeeded", True)]
     assert [c.status for c in provider.fake.calls] == [429, 200] and len(provider.fake.billed) == 1
+    # a wait came first (a 429 without a usable retry-after holds every request for a second), not a
+    # sleep of nan, which ends at once or never
+    rate_limited, retried = provider.fake.calls
+    assert retried.received_at - rate_limited.received_at >= 0.4
     assert _logged(logs, "job.unexpected_error") == 0
 
 
@@ -231,7 +247,7 @@ async def test_a_database_outage_during_a_429s_wait_does_not_fail_the_job(
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "3"),)))
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider):
-            public_id = await enqueue(conn, await client_id_of(conn), "a sleepy otter")
+            public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
             await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
             with dbserver.database_refused(server_url, database_name):
                 # the outage lasts until the retry's ledger statement has failed on it (or, before the
@@ -261,7 +277,7 @@ async def test_a_cancel_during_a_429s_wait_leaves_the_429_unbilled(
     client = await client_id_of(conn)
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider, heartbeat_interval_s=0.2) as worker:
-            public_id = await enqueue(conn, client, "a sleepy otter")
+            public_id = await enqueue(conn, client, PROMPT)
             await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
             cancelled = await store.job_cancel(conn, client_id=client, job_id=public_id)
             assert cancelled is not None and cancelled.cancelled
@@ -282,7 +298,7 @@ async def test_llm_timeout_during_a_429s_wait_leaves_the_429_unbilled(
     row rate_limited and not billed, and no second request is sent."""
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "3"),)))
     async with _worker(pool, database_url, provider, llm_timeout_s=1.0) as worker:
-        public_id = await enqueue(conn, await client_id_of(conn), "a sleepy otter")
+        public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
         await wait_until(lambda: _ended(conn, public_id), timeout=20, what="the job to end")
         await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     job = await _job(conn, public_id)
@@ -295,18 +311,13 @@ async def test_llm_timeout_during_a_429s_wait_leaves_the_429_unbilled(
 # -- 5. an outcome that may have been billed -----------------------------------------------------
 
 
-async def test_a_500_before_the_stream_is_charged_the_jobs_worst_case(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
-    provider: FakeAnthropicServer,
-) -> None:
-    """A 500 before anything streamed may have been billed: its row is billed at the job's worst case
-    (its input estimate and max_tokens at the model's price), and the day's budget is charged the job's
-    whole reservation, as a sweep would, not nothing."""
+async def _fails_on_a_500(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+                          provider: FakeAnthropicServer) -> Job:
+    """A job admitted under a day's budget (its worst case reserved) whose one request is answered 500."""
     provider.fake.queue(Plan(status=500))
-    api = ApiSettings(**PRICED)
     client = await client_id_of(conn)
     (admitted,) = await store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a sleepy otter"), api)],
+        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.outcome == "inserted" and admitted.public_id is not None
     public_id = admitted.public_id
@@ -315,11 +326,31 @@ async def test_a_500_before_the_stream_is_charged_the_jobs_worst_case(
         await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     job = await _job(conn, public_id)
     assert (job.status, job.error_code) == ("failed", "llm_error")
-    assert job.reserved_usd > 0
+    assert job.reserved_usd > 0 and len(provider.fake.calls) == 1
+    return job
+
+
+async def test_a_500_before_the_stream_is_billed_at_the_jobs_worst_case(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    provider: FakeAnthropicServer,
+) -> None:
+    """A 500 before anything streamed may have been billed: its ledger row is billed, at the job's worst
+    case (max_tokens, and its input estimate or the bound its reservation counts, at the model's price),
+    not at nothing."""
+    job = await _fails_on_a_500(conn, pool, database_url, provider)
     ((attempt, outcome, billed, input_tokens, output_tokens, cost_usd),) = job.ledger
     assert (attempt, outcome, billed) == (1, "failed", True)
-    assert (input_tokens, output_tokens) == (job.input_tokens_estimate, job.max_tokens)
-    assert cost_usd == api.price().cost(job.input_tokens_estimate, job.max_tokens) > 0
+    assert output_tokens == job.max_tokens
+    assert input_tokens in (job.input_tokens_estimate, prompt.input_tokens_at_most(StoryRequest(prompt=PROMPT)))
+    assert cost_usd == API.price().worst_case(input_tokens, job.max_tokens) > 0
+
+
+async def test_a_500_before_the_stream_charges_the_budget_the_jobs_reservation(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    provider: FakeAnthropicServer,
+) -> None:
+    """A 500 before anything streamed, an outcome that cannot be known, charges the day's budget the
+    job's whole reservation, as a sweep would, and releases none of it as unspent."""
+    job = await _fails_on_a_500(conn, pool, database_url, provider)
     cur = await conn.execute("SELECT spent_usd, reserved_usd FROM budget_days WHERE client_id = 0")
     assert await cur.fetchall() == [(job.reserved_usd, 0)]
-    assert len(provider.fake.calls) == 1
