@@ -34,7 +34,6 @@ import argparse
 import asyncio
 import json
 import os
-import random
 import shutil
 import sys
 import uuid
@@ -45,6 +44,7 @@ from typing import Any, TextIO
 import httpx
 import stamina
 
+from shared import logs
 from shared.status import JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -64,8 +64,11 @@ POST_ATTEMPTS = 5
 RETRY_AFTER_MAX_S = 60.0
 POLL_INTERVAL_DEFAULT_S = 2.0
 POLL_INTERVAL_MAX_S = 5.0
+# stamina's jittered exponential backoff, when the api sent no Retry-After:
+# jittered, so clients cut off together do not come back together
 BACKOFF_FIRST_S = 0.5
 BACKOFF_MAX_S = 8.0
+BACKOFF_JITTER_S = 0.5
 # how long polling rides out an unreachable or failing api before giving up
 POLL_OUTAGE_MAX_S = 300.0
 REQUEST_TIMEOUT = httpx.Timeout(20.0, connect=5.0)
@@ -115,11 +118,6 @@ class StatusLine:
             self._stream.write("\n")
             self._width = 0
         self._state = ""
-
-
-def _backoff_s(failures: int) -> float:
-    # jittered, so clients cut off together do not come back together
-    return min(BACKOFF_FIRST_S * 2.0 ** (failures - 1), BACKOFF_MAX_S) * random.uniform(0.5, 1.0)
 
 
 def _retry_after_s(response: httpx.Response) -> float | None:
@@ -194,15 +192,15 @@ class _Retryable(Exception):
 
 def _retry_hook(status: StatusLine, *, max_wait_s: float) -> Callable[[Exception], bool | float]:
     """stamina's ``on``: retry a _Retryable after its Retry-After (at most
-    max_wait_s), else after a jittered backoff, saying so on the status line."""
-    failures = 0
+    max_wait_s), else after stamina's own backoff, saying so on the status line."""
 
     def hook(exc: Exception) -> bool | float:
-        nonlocal failures
         if not isinstance(exc, _Retryable):
             return False
-        failures += 1
-        delay = min(exc.retry_after_s or _backoff_s(failures), max_wait_s)
+        if exc.retry_after_s is None:
+            status.show(f"{exc.trouble},", "retrying")
+            return True
+        delay = min(exc.retry_after_s, max_wait_s)
         status.show(f"{exc.trouble},", f"retrying in {delay:.1f} s")
         return delay
 
@@ -231,6 +229,7 @@ async def start_job(http: httpx.AsyncClient, body: dict[str, Any], status: Statu
     try:
         async for attempt in stamina.retry_context(
             on=_retry_hook(status, max_wait_s=RETRY_AFTER_MAX_S), attempts=POST_ATTEMPTS, timeout=None,
+            wait_initial=BACKOFF_FIRST_S, wait_max=BACKOFF_MAX_S, wait_jitter=BACKOFF_JITTER_S,
         ):
             with attempt:
                 return await post()
@@ -260,6 +259,7 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine)
         try:
             async for attempt in stamina.retry_context(
                 on=_retry_hook(status, max_wait_s=POLL_INTERVAL_MAX_S), attempts=None, timeout=POLL_OUTAGE_MAX_S,
+                wait_initial=BACKOFF_FIRST_S, wait_max=POLL_INTERVAL_MAX_S, wait_jitter=BACKOFF_JITTER_S,
             ):
                 with attempt:
                     response = await poll()
@@ -335,9 +335,9 @@ def _story_request(args: argparse.Namespace) -> dict[str, Any]:
 
 
 async def run_generate(args: argparse.Namespace) -> int:
-    # the status line says what is retried and when; stamina's own log lines
-    # would land in the story's output
-    stamina.instrumentation.set_on_retry_hooks([])
+    # stdout is the story: log lines go to stderr, errors only (stamina logs
+    # each retry as a warning, which the status line already says)
+    logs.configure("error", process="cli")
     status = StatusLine(sys.stderr)
     job_id = None
     try:
