@@ -24,14 +24,13 @@ import signal
 import socket
 import subprocess
 import tempfile
-import time
 from pathlib import Path
 from typing import Any
 
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until_sync
 
 # where Debian puts it; a non-login PATH may lack /usr/sbin
 _DEBIAN_BINARY = "/usr/sbin/pgbouncer"
@@ -139,15 +138,13 @@ class PgBouncer:
             raise
 
     def _wait_listening(self, timeout_s: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def listening() -> bool:
             if self._process.poll() is not None:
                 raise RuntimeError(f"pgbouncer exited ({self._process.returncode}):\n{self.log()}")
             with socket.socket() as probe:
-                if probe.connect_ex((self.host, self.port)) == 0:
-                    return
-            time.sleep(0.02)
-        raise TimeoutError(f"pgbouncer did not listen on {self.host}:{self.port}:\n{self.log()}")
+                return probe.connect_ex((self.host, self.port)) == 0
+
+        wait_until_sync(listening, timeout=timeout_s, what=f"pgbouncer to listen on {self.host}:{self.port}")
 
     def _check_reaches(self, dbname: str) -> None:
         """Fails at once, with the log, when the pool cannot log in to the server

@@ -4,7 +4,6 @@ reports (median, min and max of its runs)."""
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import itertools
 import math
@@ -23,8 +22,7 @@ from psycopg.conninfo import conninfo_to_dict
 
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 from tests import dbserver
-from tests.helpers import wait_until
-from tests.system.procs import Proc, System
+from tests.system.procs import Proc, System, wait_while_running
 
 REPO = Path(__file__).resolve().parents[2]
 RESULTS_DIR = REPO / "tests" / "bench" / "results"
@@ -217,17 +215,8 @@ class BenchDatabase:
 
     def wait_until(self, what: str, check: Callable[[], bool], procs: list[Proc], *, timeout_s: float,
                    interval_s: float = 0.2) -> None:
-        """Polls check() until true (tests.helpers.wait_until); fails early if
-        a process under test died."""
-
-        def done() -> bool:
-            for proc in procs:
-                if proc.popen.poll() is not None:
-                    raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for "
-                                       f"{what}:\n{proc.output()[-3000:]}")
-            return check()
-
-        asyncio.run(wait_until(done, timeout=timeout_s, what=what, interval=interval_s))
+        """Polls check() until true; fails early if a process under test died."""
+        wait_while_running(check, procs, what=what, timeout=timeout_s, interval=interval_s)
 
     def wait_drained(self, procs: list[Proc], *, timeout_s: float) -> None:
         self.wait_until("the queue to drain", lambda: self.unfinished() == 0, procs,

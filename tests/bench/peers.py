@@ -48,6 +48,7 @@ from tests.bench.harness import (
     percentile,
 )
 from tests.bench.peer_queues import QUEUES, Enqueuer, Queue
+from tests.helpers import wait_until_sync
 from tests.system.procs import Proc
 
 NAME = "peers"
@@ -241,11 +242,8 @@ def _wait_ready(queue: Queue, bench_db: BenchDatabase, workers: list[Proc]) -> N
 
 def _wait_backends_gone(counters: DatabaseCounters, *, timeout_s: float = 15.0) -> None:
     """Until no client is connected: every backend has published its counters."""
-    deadline = time.monotonic() + timeout_s
-    while counters.backend_pids():
-        if time.monotonic() > deadline:
-            raise TimeoutError("connections to the benchmark database did not close")
-        time.sleep(0.05)
+    wait_until_sync(lambda: not counters.backend_pids(), timeout=timeout_s, interval=0.05,
+                    what="the connections to the benchmark database to close")
 
 
 def _startup_cpu_s(ctx: BenchContext, queues: list[Queue], samples: int) -> dict[str, float]:

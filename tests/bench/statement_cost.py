@@ -26,7 +26,6 @@ import pwd
 import shutil
 import subprocess
 import tempfile
-import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
@@ -46,7 +45,7 @@ from tests.bench.harness import (
     BenchResult,
     FigureSpec,
 )
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until_sync
 
 NAME = "statement_cost"
 SPECS = {
@@ -96,14 +95,16 @@ class _Server:
     def instructions(self, pid: int) -> int:
         """The backend's total, written by callgrind when the backend exits."""
         path = self.profiles / f"cg.{pid}"
-        deadline = time.monotonic() + 120
-        while time.monotonic() < deadline:
+        totals: list[int] = []
+
+        def written() -> bool:
             if path.exists():
-                for line in path.read_text(errors="replace").splitlines():
-                    if line.startswith("totals:"):
-                        return int(line.split()[1])
-            time.sleep(0.2)
-        raise TimeoutError(f"callgrind wrote no totals for backend {pid}")
+                totals.extend(int(line.split()[1]) for line in path.read_text(errors="replace").splitlines()
+                              if line.startswith("totals:"))
+            return bool(totals)
+
+        wait_until_sync(written, timeout=120, interval=0.2, what=f"callgrind's totals for backend {pid}")
+        return totals[0]
 
 
 def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool) -> float:
@@ -187,15 +188,17 @@ def _server_under_callgrind(bindir: str) -> Iterator[_Server]:
     )
     url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
     try:
-        deadline = time.monotonic() + 180
-        while True:
+        def answers() -> bool:
+            if server.poll() is not None:
+                raise RuntimeError(f"Postgres under callgrind exited; see {directory}/server.log")
             try:
                 psycopg.connect(url, connect_timeout=5).close()
-                break
             except psycopg.OperationalError:
-                if server.poll() is not None or time.monotonic() > deadline:
-                    raise RuntimeError(f"Postgres under callgrind did not start; see {directory}/server.log") from None
-                time.sleep(0.5)
+                return False
+            return True
+
+        wait_until_sync(answers, timeout=180, interval=0.5,
+                        what=f"Postgres under callgrind to start (see {directory}/server.log)")
         yield _Server(url, directory)
     finally:
         server.terminate()

@@ -24,6 +24,8 @@ from typing import Any
 
 import uvicorn
 
+from tests.helpers import wait_until_sync
+
 
 @dataclass(frozen=True)
 class Plan:
@@ -197,13 +199,11 @@ class FakeAnthropic:
             return [c for c in self.calls if prompt_fragment in c.prompt]
 
     def wait_for(self, predicate: Any, timeout: float = 10.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        def seen() -> bool:
             with self._lock:
-                if predicate(self):
-                    return
-            time.sleep(0.02)
-        raise TimeoutError("the fake provider never saw what the test waited for")
+                return bool(predicate(self))
+
+        wait_until_sync(seen, timeout=timeout, what="the fake provider to see what the test waited for")
 
     # -- ASGI ---------------------------------------------------------------------------
 
@@ -401,11 +401,7 @@ class FakeAnthropicServer:
 
     def __enter__(self) -> FakeAnthropicServer:
         self._thread.start()
-        deadline = time.monotonic() + 10
-        while not self._server.started:
-            if time.monotonic() > deadline:
-                raise RuntimeError("the fake provider did not start")
-            time.sleep(0.01)
+        wait_until_sync(lambda: self._server.started, timeout=10, what="the fake provider to start")
         return self
 
     def __exit__(self, *_: object) -> None:

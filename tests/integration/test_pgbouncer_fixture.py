@@ -5,12 +5,12 @@ reveal what would break there."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import psycopg
 import pytest
 
+from tests.helpers import wait_until_sync
 from tests.pgbouncer import PgBouncer
 
 
@@ -72,11 +72,8 @@ def test_the_pool_holds_at_most_the_chosen_number_of_server_connections(
             conn.execute("SELECT 1")
         # the third client's query waits for a server connection; PgBouncer counts it
         clients[2].pgconn.send_query(b"SELECT 1")
-        pool = bouncer.pool(database_name)
-        while int(pool["cl_waiting"]) == 0:
-            time.sleep(0.01)
-            pool = bouncer.pool(database_name)
-        assert int(pool["sv_active"]) == 2
+        wait_until_sync(lambda: int(bouncer.pool(database_name)["cl_waiting"]) > 0, what="a client to wait")
+        assert int(bouncer.pool(database_name)["sv_active"]) == 2
         clients[0].execute("COMMIT")
         result = clients[2].pgconn.get_result()
         assert result is not None

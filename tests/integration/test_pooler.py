@@ -34,6 +34,7 @@ from tests.helpers import (
     job_rows,
     running_worker,
     story_written,
+    wait_until,
     worker_settings,
 )
 from tests.pgbouncer import PgBouncer
@@ -220,26 +221,28 @@ async def test_a_worker_on_the_pooler_wakes_at_once_through_its_direct_listen_co
     client = await client_id_of(conn)
     async with pooled(pgbouncer, database_name) as pool, \
             running_worker(settings, pool, OfflineWriter(0), listen_url=db.session_url(settings)) as worker:
-        await _until(lambda: _listening(conn), "the worker to listen")
-        await asyncio.sleep(0.3)  # its first claim, at start, found nothing: it now waits
+        await wait_until(lambda: _listening(conn), what="the worker to listen")
+        # its first claim, at start, found nothing: it now waits to be woken
+        await wait_until(lambda: _claimed_once(conn), what="the worker's first claim")
         async with pool.connection() as c:
             await enqueue(c, client, "a fox")
-        await _until(lambda: _completed(conn), "the job to complete", timeout_s=5)
+        await wait_until(lambda: _completed(conn), what="the job to complete", timeout=5)
         assert worker.claims == 1
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE started_at - created_at < interval '1 s'") == 1
-
-
-async def _until(check: Callable[[], Any], what: str, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not await check():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.02)
 
 
 async def _listening(conn: psycopg.AsyncConnection[Any]) -> bool:
     return await count(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                              "AND application_name = 'storyjobs-worker-listen'") == 1
+
+
+async def _claimed_once(conn: psycopg.AsyncConnection[Any]) -> bool:
+    """Whether a server connection has run the worker's round (settle and
+    claim) and gone idle since: pg_stat_activity keeps the start of the last
+    statement, up to its first parameter."""
+    start = QUERIES["job_settle_and_claim"].split("%(")[0]
+    return await count(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                             "AND state = 'idle' AND starts_with(query, %s)", start) >= 1
 
 
 async def _completed(conn: psycopg.AsyncConnection[Any]) -> bool:

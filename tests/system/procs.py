@@ -8,15 +8,29 @@ import os
 import signal
 import subprocess
 import sys
-import time
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import httpx
 
-from tests.helpers import REPO, free_port
+from tests.helpers import REPO, free_port, wait_until_sync
 
-__all__ = ["REPO", "ApiProc", "Proc", "System", "free_port"]
+__all__ = ["REPO", "ApiProc", "Proc", "System", "free_port", "wait_while_running"]
+
+
+def wait_while_running(check: Callable[[], bool], procs: Sequence[Proc], *, what: str, timeout: float = 60.0,
+                       interval: float = 0.05) -> None:
+    """wait_until_sync, failing at once, with its output, if one of ``procs`` exits meanwhile."""
+
+    def done() -> bool:
+        for proc in procs:
+            if proc.popen.poll() is not None:
+                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) while waiting for {what}:\n"
+                                   f"{proc.output()[-3000:]}")
+        return check()
+
+    wait_until_sync(done, timeout=timeout, what=what, interval=interval)
 
 
 class Proc:
@@ -51,15 +65,14 @@ class Proc:
         return self.log_path.read_text(errors="replace")
 
     def wait_for_event(self, event: str, timeout: float = 20.0) -> dict[str, Any]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            for entry in self.events():
-                if entry.get("event") == event:
-                    return entry
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"{self.name} exited ({self.popen.returncode}):\n{self.output()[-3000:]}")
-            time.sleep(0.05)
-        raise TimeoutError(f"{self.name} never logged {event}:\n{self.output()[-3000:]}")
+        found: list[dict[str, Any]] = []
+
+        def logged() -> bool:
+            found.extend(entry for entry in self.events() if entry.get("event") == event)
+            return bool(found)
+
+        wait_while_running(logged, [self], what=f"{self.name} to log {event}", timeout=timeout)
+        return found[0]
 
     def signal(self, signum: int) -> None:
         if self.popen.poll() is None:
@@ -92,17 +105,13 @@ class ApiProc(Proc):
         self.base_url = f"http://127.0.0.1:{port}"
 
     def wait_ready(self, timeout: float = 20.0) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.popen.poll() is not None:
-                raise RuntimeError(f"api exited ({self.popen.returncode}):\n{self.output()[-3000:]}")
-            try:
-                if httpx.get(f"{self.base_url}/readyz", timeout=1).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                pass
-            time.sleep(0.05)
-        raise TimeoutError(f"api never became ready:\n{self.output()[-3000:]}")
+        wait_while_running(self.ready, [self], what="the api to be ready", timeout=timeout)
+
+    def ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.base_url}/readyz", timeout=1).status_code == 200
+        except httpx.HTTPError:
+            return False
 
 
 class System:

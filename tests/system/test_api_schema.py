@@ -4,7 +4,6 @@ a 5xx, and every answer is one the document describes."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 import httpx
@@ -15,7 +14,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from tests.helpers import create_key_sync
-from tests.system.procs import ApiProc, System
+from tests.system.procs import ApiProc, System, wait_while_running
 
 pytestmark = pytest.mark.system
 
@@ -33,10 +32,9 @@ def _seed_jobs(system: System, api: ApiProc, key: str) -> dict[str, str]:
         worker = system.worker(OFFLINE_DELAY_S=0)
         completed = client.post("/stories/generate", json={"prompt": "a sleepy owl"},
                                 headers={"Idempotency-Key": "seed-completed"}).json()["job_id"]
-        deadline = time.monotonic() + 20
-        while (job := client.get(f"/stories/jobs/{completed}").json())["status"] != "completed":
-            assert time.monotonic() < deadline, "the seed job never completed"
-            time.sleep(0.05)
+        wait_while_running(lambda: client.get(f"/stories/jobs/{completed}").json()["status"] == "completed",
+                           [worker], what="the seed job to complete", timeout=20)
+        job = client.get(f"/stories/jobs/{completed}").json()
         worker.stop()
         pending, cancelled = (client.post("/stories/generate", json={"prompt": f"seed {n}"},
                                           headers={"Idempotency-Key": f"seed-{n}"}).json()["job_id"]

@@ -19,7 +19,6 @@ rows at the same moment, while the worker's rounds and heartbeats run.
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -33,7 +32,7 @@ from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.helpers import AdminSampler, create_key_sync
 from tests.pgbouncer import PgBouncer
-from tests.system.procs import Proc, System
+from tests.system.procs import Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
 
@@ -127,19 +126,11 @@ def _start(system: System, fake_llm: FakeAnthropicServer, env: dict[str, Any]) -
 
 
 def _wait_listening(server_url: str, dbname: str, procs: list[Proc]) -> None:
-    deadline = time.monotonic() + 30
     with dbserver.admin(server_url) as conn:
-        while True:
-            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
-                               "AND application_name = 'storyjobs-worker-listen'", (dbname,)).fetchone()
-            if row is not None and row[0] == 1:
-                return
-            for proc in procs:
-                if proc.popen.poll() is not None:
-                    raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode})")
-            if time.monotonic() > deadline:
-                raise TimeoutError("the worker never listened")
-            time.sleep(0.05)
+        wait_while_running(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                                                "AND application_name = 'storyjobs-worker-listen'",
+                                                (dbname,)).fetchone() == (1,),
+                           procs, what="the worker to listen", timeout=30)
 
 
 def _completed(database_url: str) -> int:

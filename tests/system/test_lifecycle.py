@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import time
 import uuid
 
 import httpx
@@ -11,7 +10,7 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.helpers import create_key_sync, wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -41,13 +40,9 @@ def test_hundred_jobs_complete_with_one_provider_request_each(
         return [a.json()["job_id"] for a in answers]
 
     job_ids = asyncio.run(enqueue_all())
-    deadline = time.monotonic() + 60
     with psycopg.connect(database_url, autocommit=True) as conn:
-        while time.monotonic() < deadline:
-            done = conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'").fetchone()
-            if done and done[0] == 100:
-                break
-            time.sleep(0.2)
+        wait_until_sync(lambda: conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'")
+                        .fetchone() == (100,), timeout=60, interval=0.2, what="the 100 jobs to complete")
         statuses = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
         assert statuses == {"completed": 100}
         ledger = conn.execute(

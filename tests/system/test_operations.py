@@ -4,7 +4,6 @@ every log line about a job names it."""
 from __future__ import annotations
 
 import re
-import time
 import uuid
 from collections import defaultdict
 
@@ -13,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.helpers import create_key_sync, wait_until_sync
 from tests.system.procs import System, free_port
 
 pytestmark = pytest.mark.system
@@ -67,15 +66,10 @@ def test_metrics_of_every_process_agree_with_the_database(
                            headers={"Idempotency-Key": "job-0"}).status_code == 422
         assert client.post("/stories/generate", json={"prompt": ""},
                            headers={"Idempotency-Key": str(uuid.uuid4())}).status_code == 400
-        deadline = time.monotonic() + 60
         with psycopg.connect(database_url, autocommit=True) as conn:
-            while True:
-                row = conn.execute("SELECT count(*) FILTER (WHERE status IN ('pending', 'running')) "
-                                   "FROM story_jobs").fetchone()
-                if row == (0,):
-                    break
-                assert time.monotonic() < deadline, "jobs did not finish"
-                time.sleep(0.2)
+            wait_until_sync(lambda: conn.execute("SELECT count(*) FILTER (WHERE status IN ('pending', 'running')) "
+                                                 "FROM story_jobs").fetchone() == (0,),
+                            timeout=60, interval=0.2, what="the jobs to finish")
             jobs = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "
                                      "GROUP BY 1").fetchall())
             claimed = conn.execute("SELECT count(*) FROM story_jobs WHERE started_at IS NOT NULL").fetchone()
@@ -89,10 +83,8 @@ def test_metrics_of_every_process_agree_with_the_database(
     # the sweeper's gauges come from its next pass
     sweeper_url = f"http://127.0.0.1:{sweeper_port}/metrics"
     first_run = scrape(sweeper_url).get("storyjobs_sweeper_last_run_timestamp_seconds", 0.0)
-    deadline = time.monotonic() + 10
-    while scrape(sweeper_url).get("storyjobs_sweeper_last_run_timestamp_seconds", 0.0) <= first_run:
-        assert time.monotonic() < deadline, "the sweeper did not pass again"
-        time.sleep(0.2)
+    wait_until_sync(lambda: scrape(sweeper_url).get("storyjobs_sweeper_last_run_timestamp_seconds", 0.0) > first_run,
+                    interval=0.2, what="the sweeper to pass again")
     sweeper = scrape(sweeper_url)
     assert sweeper['storyjobs_jobs{status="pending"}'] == 0 and sweeper['storyjobs_jobs{status="running"}'] == 0
     assert sweeper["storyjobs_oldest_pending_age_seconds"] == 0

@@ -8,7 +8,6 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -20,9 +19,9 @@ from psycopg import sql
 
 from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.helpers import create_key_sync, wait_until
 from tests.pgbouncer import PgBouncer
-from tests.system.procs import REPO, Proc, System
+from tests.system.procs import REPO, Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
 
@@ -40,14 +39,7 @@ def _scalar(database_url: str, query: str, *params: Any) -> Any:
 
 
 def _wait(check: Callable[[], bool], what: str, procs: list[Proc], timeout_s: float = 60.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not check():
-        for proc in procs:
-            if proc.popen.poll() is not None:
-                raise RuntimeError(f"{proc.name} exited ({proc.popen.returncode}) waiting for {what}")
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out after {timeout_s:g} s waiting for {what}")
-        time.sleep(0.05)
+    wait_while_running(check, procs, what=what, timeout=timeout_s)
 
 
 def _errors(procs: list[Proc]) -> list[dict[str, Any]]:
@@ -111,8 +103,12 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
             for n in range(count):
                 answer = await post(c, f"woken {n}", str(uuid.uuid4()))
                 ids.append(answer.json()["job_id"])
-                while (await c.get(f"/stories/jobs/{ids[-1]}")).json()["status"] != "completed":
-                    await asyncio.sleep(0.05)
+                url = f"/stories/jobs/{ids[-1]}"
+
+                async def completed(url: str = url) -> bool:
+                    return bool((await c.get(url)).json()["status"] == "completed")
+
+                await wait_until(completed, interval=0.05, what=f"job {ids[-1]} to complete")
         return ids
 
     # idle workers: each job is claimed at its NOTIFY, the poll being minutes away
@@ -127,8 +123,11 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     async def cancel() -> tuple[int, int]:
         async with client() as c:
             job_id = (await post(c, "cancel me", str(uuid.uuid4()))).json()["job_id"]
-            while (await c.get(f"/stories/jobs/{job_id}")).json()["status"] != "running":
-                await asyncio.sleep(0.05)
+
+            async def running() -> bool:
+                return bool((await c.get(f"/stories/jobs/{job_id}")).json()["status"] == "running")
+
+            await wait_until(running, interval=0.05, what="the job to run")
             first, second = await c.delete(f"/stories/jobs/{job_id}"), await c.delete(f"/stories/jobs/{job_id}")
         return first.status_code, second.status_code
 

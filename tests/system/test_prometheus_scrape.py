@@ -7,7 +7,6 @@ from __future__ import annotations
 import shutil
 import signal
 import subprocess
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -16,7 +15,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import create_key_sync, failed_in_call
+from tests.helpers import create_key_sync, failed_in_call, wait_until_sync
 from tests.system.procs import REPO, System, free_port
 
 PROMETHEUS = shutil.which("prometheus")
@@ -62,17 +61,18 @@ class PrometheusServer:
 
     def wait_until(self, what: str, check: Callable[[], bool], timeout_s: float = 30.0) -> None:
         """Polls `check` until it holds; fails with `what` and the server's log if it never does."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
+        def seen() -> bool:
             if self.process.poll() is not None:
                 pytest.fail(f"prometheus exited ({self.process.returncode}):\n{self.log()[-3000:]}")
             try:
-                if check():
-                    return
+                return check()
             except httpx.HTTPError:
-                pass  # not listening yet
-            time.sleep(0.2)
-        pytest.fail(f"prometheus never saw {what}:\n{self.log()[-3000:]}")
+                return False  # not listening yet
+
+        try:
+            wait_until_sync(seen, timeout=timeout_s, interval=0.2, what=what)
+        except TimeoutError:
+            pytest.fail(f"prometheus never saw {what}:\n{self.log()[-3000:]}")
 
     def log(self) -> str:
         return self.log_path.read_text(errors="replace")
