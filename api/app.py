@@ -63,9 +63,9 @@ def _record_http_metrics(app: ASGIApp) -> ASGIApp:
             await app(scope, receive, send_recording_status)
         finally:
             route = scope.get("path_template") or "unmatched"
-            method = scope["method"]
-            metrics.HTTP_REQUESTS.labels(method=method, route=route, status=str(status)).inc()
-            metrics.HTTP_DURATION.labels(method=method, route=route).observe(time.perf_counter() - started)
+            requests, duration = metrics.http_series(scope["method"], route, str(status))
+            requests.inc()
+            duration.observe(time.perf_counter() - started)
 
     return middleware
 

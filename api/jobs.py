@@ -34,7 +34,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
 from api.admission import AdmissionBatcher, admission
-from api.auth import ApiKey, provide_api_key, require_bearer_key, verify
+from api.auth import ApiKey, check_bearer_key, provide_api_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
@@ -333,12 +333,12 @@ async def get_story(
     return Response(Story.of(view.story), headers=_NO_STORE)
 
 
-# A client's routes: the guard checks the key's shape before the body is
-# read, and hands the key to each handler as the api_key dependency.
+# A client's routes: check_bearer_key checks the key's shape before the body
+# is read, and hands the key to each handler as the api_key dependency.
 ROUTES = Router(
     "/",
     route_handlers=[generate_story, get_job, cancel_job, get_story],
-    guards=[require_bearer_key],
+    before_request=check_bearer_key,
     dependencies={"api_key": Provide(provide_api_key, sync_to_thread=False)},
     security=[{"BearerAuth": []}],
 )

@@ -3,6 +3,8 @@ are listed in README.md, Operations."""
 
 from __future__ import annotations
 
+import functools
+
 from prometheus_client import Counter, Histogram
 
 JOBS_ACCEPTED = Counter("storyjobs_jobs_accepted_total", "Jobs stored by POST /stories/generate.")
@@ -35,3 +37,11 @@ HTTP_DURATION = Histogram(
     ["method", "route"],
     buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0),
 )
+
+
+@functools.lru_cache(maxsize=1024)
+def http_series(method: str, route: str, status: str) -> tuple[Counter, Histogram]:
+    """The request counter and duration histogram of one method, route and
+    status, looked up once rather than on every request (labels() takes a
+    lock and builds its key each time); bounded, as a client chooses the method."""
+    return HTTP_REQUESTS.labels(method=method, route=route, status=status), HTTP_DURATION.labels(method=method, route=route)

@@ -71,7 +71,10 @@ def struct_row(row_type: type[R]) -> BaseRowFactory[R]:
     JobStatus, an error code as an ErrorCode, not as the text Postgres sent."""
 
     def factory(cursor: Any) -> Any:
-        names = [column.name for column in cursor.description or ()]
+        # the names straight from the result: cursor.description would build
+        # a Column object per column, on every statement
+        result = cursor.pgresult
+        names = [(result.fname(i) or b"").decode() for i in range(result.nfields)] if result is not None else []
 
         def make_row(values: Sequence[Any]) -> R:
             return msgspec.convert(dict(zip(names, values, strict=True)), row_type)

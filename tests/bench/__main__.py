@@ -38,6 +38,7 @@ from tests.bench import (
     ops_list,
     peers,
     pickup,
+    poll,
     report,
     scale,
     statement_cost,
@@ -47,8 +48,8 @@ from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
-    for module in (drain, pickup, idle, api_load, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers, stop,
-                   statement_cost, model)
+    for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
+                   stop, statement_cost, model)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

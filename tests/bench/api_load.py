@@ -79,7 +79,7 @@ def _load_once(ctx: BenchContext, endpoint: str, *, connections: int, duration_s
             if endpoint == "post":
                 url, method = f"{api.base_url}/stories/generate", "POST"
             else:
-                url, method = f"{api.base_url}/stories/jobs/{_one_job(api.base_url, key)}", "GET"
+                url, method = f"{api.base_url}/stories/jobs/{one_job(api.base_url, key)}", "GET"
             work_dir = system.log_dir
             run_id = uuid.uuid4().hex[:12]
             run_load(url=url, method=method, token=key, connections=connections, duration_s=warmup_s,
@@ -92,7 +92,7 @@ def _load_once(ctx: BenchContext, endpoint: str, *, connections: int, duration_s
     return load, pending_after
 
 
-def _one_job(base_url: str, key: str) -> str:
+def one_job(base_url: str, key: str) -> str:
     answer = httpx.post(f"{base_url}/stories/generate", json=POST_BODY, timeout=10,
                         headers={"Authorization": f"Bearer {key}", "Idempotency-Key": uuid.uuid4().hex})
     if answer.status_code != 202:

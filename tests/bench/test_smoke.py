@@ -106,3 +106,13 @@ def test_quick_statement_cost_counts_the_round_statement(server_url: str, tmp_pa
     one, batched, limited = (bench["figures"][f"{key}_kinstr_per_job"]["median"]
                              for key in ("one", "batched", "one_limited"))
     assert 0 < batched < one < limited
+
+
+def test_quick_poll_measures_the_api_beside_the_bare_app(server_url: str, tmp_path: Path) -> None:
+    """`--quick --only poll` loads the api and the bare Litestar app in the same run, with no errors from the
+    api, and reports their ratio, the api's requests/s over the bare app's."""
+    bench = run_quick("poll", server_url, tmp_path)["benchmarks"]["poll"]
+    assert bench["error"] is None
+    figures = {key: figure["median"] for key, figure in bench["figures"].items()}
+    assert figures["api_rps"] > 0 and figures["bare_rps"] > 0 and figures["api_errors"] == 0
+    assert figures["ratio"] == pytest.approx(figures["api_rps"] / figures["bare_rps"])
