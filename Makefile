@@ -15,7 +15,7 @@ $(VENV)/.installed: pyproject.toml
 
 # embedded Postgres unless DATABASE_URL; migrate; a dev key; api + 2 workers + sweeper
 run: install
-	$(BIN)/python -m shared.devrun
+	$(BIN)/python -m tools.devrun
 
 # the whole suite on a real Postgres (TEST_DATABASE_URL, else Docker, else embedded)
 test: install
@@ -30,7 +30,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# what CI checks before the tests: ruff, and mypy --strict on api/ worker/ sweeper/ shared/
+# what CI checks before the tests: ruff, and mypy --strict on api/ worker/ sweeper/ shared/ tools/
 lint: install
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy

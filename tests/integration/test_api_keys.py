@@ -11,9 +11,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared import cli, keys, store
+from shared import keys, store
 from tests.api_helpers import api_client, assert_problem, new_key, stored_jobs
 from tests.helpers import count
+from tools import cli
 
 
 async def _storyjobs(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str]:

@@ -15,8 +15,9 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from shared import cli, config
+from shared import config
 from tests.helpers import REPO
+from tools import cli
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
 # pages the README links that are still being written elsewhere: a link to one
@@ -29,7 +30,7 @@ _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
 _SPAN = re.compile(r"`([^`\n]+)`")
 _NAME = re.compile(r"^([A-Z][A-Z0-9]*_[A-Z0-9_]+)(?:=.*)?$")
-_SOURCES = ("api", "worker", "sweeper", "shared", "tests")
+_SOURCES = ("api", "worker", "sweeper", "shared", "tools", "tests")
 
 
 def _prose(text: str) -> str:

@@ -19,7 +19,7 @@ pytestmark = pytest.mark.system
 
 
 def storyjobs(database_url: str, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, capture_output=True, text=True,
                           env={"PATH": "", "DATABASE_URL": database_url}, timeout=60)
 
 

@@ -161,7 +161,7 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
 
 
 def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "shared.cli", *args], cwd=REPO, capture_output=True, text=True,
+    return subprocess.run([sys.executable, "-m", "tools.cli", *args], cwd=REPO, capture_output=True, text=True,
                           env={"PATH": "", **env}, timeout=60)
 
 

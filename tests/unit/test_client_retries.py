@@ -1,4 +1,4 @@
-"""The command-line client's retries (shared/client.py) against a small
+"""The command-line client's retries (tools/client.py) against a small
 in-process api of the test's own, with stamina's testing mode on: the waits
 are skipped, the rules are not."""
 
@@ -13,7 +13,7 @@ import httpx
 import pytest
 import stamina
 
-from shared.client import (
+from tools.client import (
     EXIT_QUEUE_FULL,
     EXIT_UNAVAILABLE,
     ClientError,

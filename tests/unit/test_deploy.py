@@ -664,7 +664,7 @@ def test_dockerfile_builds_on_slim_python_and_installs_the_project_without_test_
     assert any(re.search(r"pip install \.(\s|$)", args) for args in installs)
     assert not any("[" in args for args in installs)
     copied = " ".join(args for instruction, args in instructions if instruction == "COPY")
-    for part in ("pyproject.toml", "api/", "worker/", "sweeper/", "shared/", "sql/"):
+    for part in ("pyproject.toml", "api/", "worker/", "sweeper/", "shared/", "tools/", "sql/"):
         assert part in copied
 
 

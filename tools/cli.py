@@ -4,7 +4,7 @@
     storyjobs keys create NAME [--operator] | keys list | keys revoke PREFIX
     storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
     storyjobs stats
-    storyjobs generate PROMPT [--wait] [--json]      (see shared/client.py)
+    storyjobs generate PROMPT [--wait] [--json]      (see tools/client.py)
 
 The database commands read DATABASE_URL (unset: the embedded Postgres);
 ``migrate`` holds a session advisory lock, so it connects to
@@ -234,7 +234,7 @@ def _parser() -> argparse.ArgumentParser:
     commands.add_parser("stats", help="queue depth, throughput and spend over the last hour").set_defaults(
         run=cmd_stats)
 
-    from shared import client
+    from tools import client
 
     client.add_generate_command(commands)
     return parser
