@@ -1,2 +1,3 @@
-"""Code shared by the api, worker and sweeper processes: config, database
-access (the only place that runs SQL), logging and the job vocabulary."""
+"""Code the api, worker and sweeper processes share (the user-side tools in
+tools/ use it too): configuration, connections, migrations and the named
+queries, logging, keys, and the job vocabulary."""
