@@ -64,19 +64,53 @@ class DrainStatsCache:
         return self._stats
 
 
+# A story of "about N words" uses about half of the output tokens its length
+# allows (prompt.LENGTH_TOKENS): what a running job's percentage is measured
+# against. A longer story than expected stays just short of 100 % until done.
+EXPECTED_SHARE_OF_MAX_TOKENS = 0.55
+_PERCENT_RUNNING_MAX = 99
+# below this share written, elapsed time says too little about what is left
+_DONE_ENOUGH_TO_EXTRAPOLATE = 0.1
+
+
+def fraction_done(progress: int | None, max_tokens: int | None) -> float | None:
+    """How much of a running job's story is written (0-0.99), or None when its
+    length is unknown. It only grows with progress."""
+    if not max_tokens:
+        return None
+    expected = max_tokens * EXPECTED_SHARE_OF_MAX_TOKENS
+    return min((progress or 0) / expected, _PERCENT_RUNNING_MAX / 100)
+
+
+def percent_done(status: JobStatus, fraction: float | None) -> int | None:
+    """The job's progress as a whole percentage a bar can show."""
+    if status is JobStatus.PENDING:
+        return 0
+    if status is JobStatus.COMPLETED:
+        return 100
+    if status is JobStatus.RUNNING and fraction is not None:
+        return math.floor(fraction * 100 + 1e-9)
+    return None
+
+
 def seconds_remaining(
     stats: DrainStats | None,
     *,
     status: JobStatus,
     queue_position: int | None,
     started_at: datetime | None,
-    progress: int | None,
     now: datetime,
+    fraction: float | None = None,
     requests_per_s: float | None = None,
 ) -> float | None:
-    """What is left of a job, from the pace of recent jobs; a pending job
-    also waits out the rate limiter: its pause, and its rate (LLM_REQUESTS_PER_MINUTE)
-    for the jobs ahead."""
+    """What is left of a job: for a running job, its own pace over the part
+    already written (the same fraction its percentage shows), else the pace of
+    recent jobs; a pending job also waits out the rate limiter: its pause,
+    and its rate (LLM_REQUESTS_PER_MINUTE) for the jobs ahead."""
+    if status is JobStatus.RUNNING and started_at is not None:
+        elapsed = max((now - started_at).total_seconds(), 0.0)
+        if fraction is not None and fraction >= _DONE_ENOUGH_TO_EXTRAPOLATE and elapsed > 0:
+            return elapsed * (1 - fraction) / fraction
     if stats is None or not stats.avg_run_seconds:
         return None
     run = stats.avg_run_seconds
@@ -88,9 +122,6 @@ def seconds_remaining(
         return max(by_pace, by_limit)
     if status is JobStatus.RUNNING and started_at is not None:
         elapsed = max((now - started_at).total_seconds(), 0.0)
-        if progress and stats.avg_output_tokens and elapsed > 0:
-            done = min(progress / stats.avg_output_tokens, 0.95)
-            return elapsed * (1 - done) / done
         return max(run - elapsed, run * 0.1)
     return None
 
@@ -109,8 +140,27 @@ def seconds_to_utc_midnight(now: datetime) -> int:
     return max(1, math.ceil((tomorrow - now).total_seconds()))
 
 
+# a full queue with nothing to measure yet: soon, the clients add jitter
+QUEUE_FULL_DEFAULT_S = 5
+QUEUE_FULL_MAX_S = 60
+
+
 def queue_full_retry_after(stats: DrainStats | None) -> int:
-    """After a 429: about how long until one pending job has started."""
-    if stats is None or not stats.avg_run_seconds or stats.running == 0:
-        return 30
-    return int(min(max(stats.avg_run_seconds / stats.running, 1), 300))
+    """After a 429: about how long until the queue takes its next job, from
+    how fast it drains. The soonest of: the longest-running job's expected
+    end, one slot's share of the average run, and the last minute's claim
+    rate. Each is a drain rate seen from one side: before any job has
+    finished only the claim rate is known; a queue that stalled for a
+    minute has only the running jobs' pace."""
+    if stats is None:
+        return QUEUE_FULL_DEFAULT_S
+    candidates: list[float] = []
+    if stats.avg_run_seconds and stats.running:
+        candidates.append(stats.avg_run_seconds - stats.longest_running_s)
+        candidates.append(stats.avg_run_seconds / stats.running)
+    # one claim is an event, not a rate
+    if stats.claimed_last_minute >= 2:
+        candidates.append(60 / stats.claimed_last_minute)
+    if not candidates:
+        return QUEUE_FULL_DEFAULT_S
+    return int(min(max(math.ceil(min(candidates)), 1), QUEUE_FULL_MAX_S))

@@ -2,7 +2,8 @@
 console (static files under api/static/).
 
 No build step: index.html, app.js and style.css for the parents; ops.html,
-ops.js and ops.css for the operators; base.css for both; an icon. They are read once at import
+ops.js and ops.css for the operators; base.css and http.js (an ES module
+both scripts import) for both; an icon. They are read once at import
 and served with a Content-Security-Policy that lets a page run only its own
 script and style: stories and error texts are LLM and provider output, and
 both pages insert them, like every value from the api, as text only.
@@ -40,6 +41,7 @@ SECURITY_HEADERS = {
 _MEDIA_TYPES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
+    "http.js": "text/javascript",
     "base.css": "text/css",
     "style.css": "text/css",
     "icon.svg": "image/svg+xml",

@@ -87,6 +87,7 @@ class JobView(msgspec.Struct, frozen=True):
     completed_at: datetime | None
     queue_position: int | None
     story: StoryRow | None
+    max_tokens: int | None = None
 
 
 class CancelResult(msgspec.Struct, frozen=True):
@@ -110,6 +111,10 @@ class DrainStats(msgspec.Struct, frozen=True):
     avg_output_tokens: float | None
     # how long the shared rate limiter holds every claim (a 429's pause)
     limiter_paused_s: float = 0.0
+    # jobs claimed in the last minute (among the newest), and the age of the
+    # oldest running job: how soon the queue takes its next job
+    claimed_last_minute: int = 0
+    longest_running_s: float = 0.0
 
 
 class ClaimedJob(msgspec.Struct, frozen=True):

@@ -301,7 +301,9 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        CASE WHEN s.id IS NOT NULL THEN json_build_object(
            'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
            'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
-           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story
+           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story,
+       -- how far along a running job is: its progress against what its length allows
+       j.max_tokens
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
@@ -360,12 +362,18 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- How fast the queue drains, from the last finished jobs (newest first on
 -- the primary key, so the cost does not grow with history), and how long the
 -- shared rate limiter holds every claim (a 429's pause): feeds Retry-After
--- and the time-remaining estimate.
+-- and the time-remaining estimate. claimed_last_minute (among the newest
+-- jobs) and the longest-running job's age say how soon the queue takes its
+-- next job, before any job of this run has finished.
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
        recent.avg_run_seconds, recent.avg_output_tokens,
        coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
-                 WHERE model = %(model)s), 0)::float8 AS limiter_paused_s
+                 WHERE model = %(model)s), 0)::float8 AS limiter_paused_s,
+       (SELECT count(*) FROM (SELECT started_at FROM story_jobs ORDER BY id DESC LIMIT 200) newest
+        WHERE started_at >= now() - interval '60 seconds') AS claimed_last_minute,
+       coalesce((SELECT extract(epoch FROM now() - min(started_at)) FROM story_jobs
+                 WHERE status = 'running'), 0)::float8 AS longest_running_s
 FROM (
     SELECT avg(extract(epoch FROM completed_at - started_at))::float8 AS avg_run_seconds,
            avg(progress)::float8 AS avg_output_tokens
