@@ -46,7 +46,8 @@ function renderJob(job) {
     h("li", {}, h("strong", {}, "Last heartbeat "), when(t.last_heartbeat_at)),
     h("li", {}, h("strong", {}, "Finished "), when(t.finished_at),
       t.finished_at && t.claimed_at ? h("span", { class: "muted" }, ` after running ${duration(between(t.claimed_at, t.finished_at))}`) : null));
-  byId("ledger-rows").replaceChildren(...job.calls.map((call) => h("tr", { "data-attempt": call.attempt },
+  // a call's error text has a row of its own, the table's whole width: never clipped, at any width
+  byId("ledger-rows").replaceChildren(...job.calls.flatMap((call) => [h("tr", { "data-attempt": call.attempt },
     h("td", { class: "num" }, call.attempt),
     h("td", {}, call.outcome),
     h("td", {}, call.billed ? "yes" : "no"),
@@ -55,11 +56,12 @@ function renderJob(job) {
     h("td", { class: "num" }, usd(call.cost_usd)),
     h("td", { class: "mono" }, call.request_id || "—"),
     h("td", {}, when(call.started_at)),
-    h("td", {}, when(call.finished_at)),
-    h("td", { class: "mono" }, call.worker_id),
-    h("td", { class: "error-text" }, call.error_text || ""))));
+    h("td", { class: "num" }, duration(between(call.started_at, call.finished_at))),
+    h("td", { class: "mono" }, call.worker_id)),
+  call.error_text ? h("tr", { class: "error-row", "data-error-of": call.attempt },
+    h("td", { colspan: 10, class: "error-text" }, call.error_text)) : null]).filter(Boolean));
   if (!job.calls.length) {
-    byId("ledger-rows").replaceChildren(h("tr", {}, h("td", { colspan: 11, class: "muted" }, "No request was sent.")));
+    byId("ledger-rows").replaceChildren(h("tr", {}, h("td", { colspan: 10, class: "muted" }, "No request was sent.")));
   }
   const request = job.request || {};
   facts(byId("job-request"), Object.keys(request).sort().filter((name) => request[name] !== null)

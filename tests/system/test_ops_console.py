@@ -31,6 +31,8 @@ WAIT_MS = 30_000
 LAPTOP = {"viewport": {"width": 1280, "height": 900}}
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 
+LONG_ERROR = ("429 rate_limit_error: This request would exceed the rate limit for your organization of 50 "
+              "requests per minute. For details, refer to the rate limits documentation; retry after 12 seconds.")
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
 def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -280,12 +282,13 @@ def test_the_jobs_list_filters_and_pages(system: System, database_url: str, brow
 
 def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: str, browser: Browser) -> None:
     """A job retried after a 429 shows both requests in its ledger (outcome, billed, tokens, cost, request id),
-    its timeline and its story; the list links to it."""
+    its timeline and its story; the list links to it; at 1280 px the ledger, its long error text included,
+    fits its box."""
 
     async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
         job = seed.completed(acme, 300, cost="0.017500")
-        job.calls = [seed.Call("rate_limited", billed=False, error_text="429: slow down"), *job.calls]
+        job.calls = [seed.Call("rate_limited", billed=False, error_text=LONG_ERROR), *job.calls]
         await seed.insert_jobs(conn, [job])
         return await seed.operator_key(conn), job
 
@@ -294,11 +297,14 @@ def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: st
     console = Console(browser, api, LAPTOP)
     page = console.open(key, "#/jobs")
     page.click(f'#jobs-rows tr[data-job-id="{job.public_id}"] a')
-    ledger = page.locator("#ledger-rows tr")
+    ledger = page.locator("#ledger-rows tr[data-attempt]")
     expect(ledger).to_have_count(2, timeout=WAIT_MS)
     first = ledger.nth(0).locator("td").all_inner_texts()
     second = ledger.nth(1).locator("td").all_inner_texts()
-    assert first[:6] == ["1", "rate_limited", "no", "0", "0", "$0"] and first[-1] == "429: slow down"
+    assert first[:6] == ["1", "rate_limited", "no", "0", "0", "$0"]
+    # the error text, whole, on the row under its call; none under the call without one
+    expect(page.locator('#ledger-rows tr[data-error-of="1"]')).to_have_text(LONG_ERROR)
+    expect(page.locator('#ledger-rows tr[data-error-of="2"]')).to_have_count(0)
     assert second[:7] == ["2", "succeeded", "yes", "300", "900", "$0.0175", str(job.calls[1].request_id)]
     expect(page.locator("#job-id")).to_have_text(str(job.public_id))
     expect(page.locator("#job-status")).to_have_text("completed")
@@ -312,6 +318,9 @@ def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: st
     expect(page.locator("#job-timeline li")).to_have_count(4)
     expect(page.locator("#job-story-title")).to_have_text("The Fox")
     expect(page.locator("#job-cancel")).to_be_hidden()
+    assert page.evaluate("(() => { const box = document.querySelector('#ledger-table').parentElement; "
+                         "return box.scrollWidth <= box.clientWidth; })()")
+    capture(page, "ops-job-ledger")
     assert console.errors == []
 
 
