@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -51,7 +52,7 @@ class DrainStatsCache:
 
     async def get(self) -> DrainStats | None:
         if self._clock() - self._read_at < self._max_age_s or self._lock.locked():
-            return self._stats
+            return self._aged()
         async with self._lock:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
@@ -61,7 +62,15 @@ class DrainStatsCache:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
                 self._read_at = self._clock()
-        return self._stats
+        return self._aged()
+
+    def _aged(self) -> DrainStats | None:
+        """The statistics as they stand now: the running jobs have run for as
+        long as the cache has held them."""
+        if self._stats is None or not self._stats.running:
+            return self._stats
+        age = max(self._clock() - self._read_at, 0.0)
+        return msgspec.structs.replace(self._stats, longest_running_s=self._stats.longest_running_s + age)
 
 
 # A story of "about N words" uses about half of the output tokens its length
@@ -147,20 +156,18 @@ QUEUE_FULL_MAX_S = 60
 
 def queue_full_retry_after(stats: DrainStats | None) -> int:
     """After a 429: about how long until the queue takes its next job, from
-    how fast it drains. The soonest of: the longest-running job's expected
-    end, one slot's share of the average run, and the last minute's claim
-    rate. Each is a drain rate seen from one side: before any job has
-    finished only the claim rate is known; a queue that stalled for a
-    minute has only the running jobs' pace."""
+    how fast it drains. Once a job has finished, the running job started
+    first should end an average run after it started (if it is overdue, one
+    slot's share of a run); before that, the last minute's claim rate;
+    with nothing measured, soon."""
     if stats is None:
         return QUEUE_FULL_DEFAULT_S
-    candidates: list[float] = []
     if stats.avg_run_seconds and stats.running:
-        candidates.append(stats.avg_run_seconds - stats.longest_running_s)
-        candidates.append(stats.avg_run_seconds / stats.running)
-    # one claim is an event, not a rate
-    if stats.claimed_last_minute >= 2:
-        candidates.append(60 / stats.claimed_last_minute)
-    if not candidates:
+        left = stats.avg_run_seconds - stats.longest_running_s
+        seconds = left if left > 0 else stats.avg_run_seconds / stats.running
+    elif stats.claimed_last_minute >= 2:
+        # one claim is an event, not a rate
+        seconds = 60 / stats.claimed_last_minute
+    else:
         return QUEUE_FULL_DEFAULT_S
-    return int(min(max(math.ceil(min(candidates)), 1), QUEUE_FULL_MAX_S))
+    return int(min(max(math.ceil(seconds), 1), QUEUE_FULL_MAX_S))

@@ -362,16 +362,18 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- How fast the queue drains, from the last finished jobs (newest first on
 -- the primary key, so the cost does not grow with history), and how long the
 -- shared rate limiter holds every claim (a 429's pause): feeds Retry-After
--- and the time-remaining estimate. claimed_last_minute (among the newest
--- jobs) and the longest-running job's age say how soon the queue takes its
--- next job, before any job of this run has finished.
+-- and the time-remaining estimate. The longest-running job's age and
+-- claimed_last_minute say how soon the queue takes its next job; the claims
+-- are counted among the newest jobs, and only when those reach back a whole
+-- minute (a burst of claims when workers start is no rate).
 SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
        (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
        recent.avg_run_seconds, recent.avg_output_tokens,
        coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
                  WHERE model = %(model)s), 0)::float8 AS limiter_paused_s,
-       (SELECT count(*) FROM (SELECT started_at FROM story_jobs ORDER BY id DESC LIMIT 200) newest
-        WHERE started_at >= now() - interval '60 seconds') AS claimed_last_minute,
+       (SELECT CASE WHEN min(started_at) <= now() - interval '60 seconds'
+                    THEN count(*) FILTER (WHERE started_at > now() - interval '60 seconds') ELSE 0 END
+        FROM (SELECT started_at FROM story_jobs ORDER BY id DESC LIMIT 200) newest) AS claimed_last_minute,
        coalesce((SELECT extract(epoch FROM now() - min(started_at)) FROM story_jobs
                  WHERE status = 'running'), 0)::float8 AS longest_running_s
 FROM (

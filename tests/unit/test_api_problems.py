@@ -59,13 +59,13 @@ def _drain(**fields: Any) -> DrainStats:
         (_drain(running=2, claimed_last_minute=1), 5),
         # no job finished yet, but 5 claimed in the last minute: one every 12 s
         (_drain(running=4, claimed_last_minute=5), 12),
-        # 40 s stories in 2 slots, the oldest 35 s in: a slot frees in 5 s
-        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=35.0), 5),
-        # a job overdue: at once
-        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=90.0), 1),
-        # slots just started: one slot's share of a run
-        (_drain(running=6, avg_run_seconds=90.0, longest_running_s=1.0), 15),
-        (_drain(running=200, avg_run_seconds=90.0), 1),
+        # 40 s stories, the oldest running 35 s in: a slot frees in 5 s (the claim rate gives way)
+        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=35.0, claimed_last_minute=2), 5),
+        # 12 s stories in two slots started together 0.5 s ago: 12 s, not a slot's share of 6 s
+        (_drain(running=2, avg_run_seconds=12.0, longest_running_s=0.5), 12),
+        # the oldest overdue: one slot's share of a run
+        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=90.0), 20),
+        (_drain(running=200, avg_run_seconds=90.0, longest_running_s=120.0), 1),
         # a stalled queue is asked about again within a minute, never later
         (_drain(running=1, avg_run_seconds=600.0), 60),
     ],
@@ -74,7 +74,8 @@ def test_a_full_queue_asks_to_retry_after_the_queue_should_take_its_next_job(
     stats: DrainStats | None, seconds: int
 ) -> None:
     """Retry-After after a 429 is when the queue should take its next job at its drain rate (the oldest running
-    job's expected end, one slot's share of a run, the last minute's claims), 5 s when nothing is measured."""
+    job's expected end, one slot's share of a run when it is overdue, else the last minute's claims), 5 s when
+    nothing is measured."""
     assert pacing.queue_full_retry_after(stats) == seconds
 
 
