@@ -295,7 +295,9 @@ async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDepe
 
 
 # range -> (its length, the minutes of one bucket): about a hundred bars each
+# (the database sums the rollup's minutes into them, aligned on _EPOCH)
 HISTORY_RANGES = {"hour": (HOUR, 1), "day": (DAY, 15), "week": (7 * DAY, 60)}
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
 
 
 def _percentile(counts: list[int], share: float) -> float | None:
@@ -320,7 +322,7 @@ def _add(into: list[int], counts: list[int]) -> None:
 def _history(rows: list[RollupMinuteRow], range_: str, now: datetime) -> History:
     length, bucket_minutes = HISTORY_RANGES[range_]
     step = timedelta(minutes=bucket_minutes)
-    epoch = datetime(2000, 1, 1, tzinfo=UTC)
+    epoch = _EPOCH
     last = epoch + (now - epoch) // step * step
     starts = [last - step * n for n in range(int(length / step) - 1, -1, -1)]
     index = {start: n for n, start in enumerate(starts)}
@@ -369,10 +371,11 @@ async def get_history(
     = "hour",
 ) -> History:
     range_ = range
-    length, _ = HISTORY_RANGES[range_]
+    length, bucket_minutes = HISTORY_RANGES[range_]
     now = datetime.now(UTC)
     async with database(api_state) as conn:
-        rows = await store.ops_history(conn, since=now - length)
+        rows = await store.ops_history(conn, since=now - length, step=timedelta(minutes=bucket_minutes),
+                                       origin=_EPOCH)
     return _history(rows, range_, now)
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -606,8 +606,10 @@ async def rollup_prune(conn: Conn) -> None:
     await conn.execute(Q["rollup_prune"])
 
 
-async def ops_history(conn: Conn, *, since: datetime) -> list[RollupMinuteRow]:
-    return await _all(conn, RollupMinuteRow, "ops_history", {"since": since})
+async def ops_history(conn: Conn, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:
+    """The rollup from since, summed into buckets of step aligned on origin
+    (each row's minute is its bucket's start)."""
+    return await _all(conn, RollupMinuteRow, "ops_history", {"since": since, "step": step, "origin": origin})
 
 
 async def ops_writers_recent(conn: Conn) -> list[str]:
