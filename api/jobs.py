@@ -238,6 +238,7 @@ def _per_s(per_minute: int | None) -> float | None:
 
 def _job_state(view: JobView, remaining_s: float | None) -> JobState:
     assert view.public_id is not None and view.status is not None and view.created_at is not None
+    fraction = pacing.fraction_done(view.progress, view.max_tokens)
     story = Story.of(view.story) if view.status is JobStatus.COMPLETED and view.story is not None else None
     return JobState(
         job_id=view.public_id,
@@ -247,6 +248,7 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
         completed_at=view.completed_at,
         queue_position=view.queue_position if view.status is JobStatus.PENDING else None,
         progress=view.progress if view.status is JobStatus.RUNNING else None,
+        percent_done=pacing.percent_done(view.status, fraction),
         estimated_seconds_remaining=None if remaining_s is None else round(remaining_s, 1),
         story=story,
         story_url=f"/stories/{story.story_id}" if story is not None else None,
@@ -275,8 +277,8 @@ async def get_job(
     if view.status in (JobStatus.PENDING, JobStatus.RUNNING):
         stats = await api_state.drain_stats.get()
         remaining = pacing.seconds_remaining(
-            stats, status=view.status, queue_position=view.queue_position,
-            started_at=view.started_at, progress=view.progress, now=datetime.now(UTC),
+            stats, status=view.status, queue_position=view.queue_position, started_at=view.started_at,
+            fraction=pacing.fraction_done(view.progress, view.max_tokens), now=datetime.now(UTC),
             requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
         )
         headers[_RETRY_AFTER] = str(pacing.retry_after(view.status, remaining))

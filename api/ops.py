@@ -34,7 +34,7 @@ from litestar.datastructures import CacheControlHeader
 from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 from litestar.openapi.spec import OpenAPIFormat
-from litestar.params import JSONBody, Parameter, PathParameter
+from litestar.params import JSONBody, Parameter, PathParameter, QueryParameter
 
 from api.auth import ApiKey, require_bearer_key, verify
 from api.jobs import ApiState, database, parse_public_id
@@ -44,8 +44,11 @@ from api.ops_schemas import (
     BudgetToday,
     CancelPending,
     Client,
+    ClientDay,
     ClientKey,
     Clients,
+    History,
+    HistoryBucket,
     JobCancelled,
     JobCounts,
     JobDetail,
@@ -57,11 +60,10 @@ from api.ops_schemas import (
     KeysRevoked,
     Limiter,
     LimitKind,
-    Minute,
-    Minutes,
     Overview,
     PendingCancelled,
     PendingMatch,
+    Percentiles,
     Provider,
     ProviderCounts,
     Queue,
@@ -70,12 +72,23 @@ from api.ops_schemas import (
     Timeline,
     Undelivered,
     UndeliveredCounts,
+    Worker,
+    Workers,
 )
 from api.problems import FieldError, ProblemError, problem_responses
 from shared import keys, store
 from shared.config import ApiSettings
 from shared.ratelimit import RateLimits
-from shared.rows import BudgetDay, JobFilter, OpsJobRow, OpsOverviewRow, RateBucketRow
+from shared.rows import (
+    ROLLUP_BOUNDS_S,
+    BudgetDay,
+    JobFilter,
+    OpsJobRow,
+    OpsOverviewRow,
+    RateBucketRow,
+    RollupMinuteRow,
+    WorkerRow,
+)
 from shared.status import ErrorCode, JobStatus
 
 log = structlog.get_logger()
@@ -236,8 +249,9 @@ def _limiter(buckets: list[RateBucketRow], settings: ApiSettings) -> Limiter:
 
 
 def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDay],
-              buckets: list[RateBucketRow]) -> Overview:
+              buckets: list[RateBucketRow], writers: list[str]) -> Overview:
     return Overview(
+        writers=writers,
         generated_at=datetime.now(UTC),
         queue=Queue(pending=row.pending, running=row.running,
                     oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max),
@@ -276,24 +290,117 @@ async def get_overview(api_state: NamedDependency[ApiState], operator: NamedDepe
         row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
         budgets = await store.budget_days_today(conn)
         buckets = await store.llm_rate_bucket_list(conn)
-    return _overview(row, settings, budgets, buckets)
+        writers = await store.ops_writers_recent(conn)
+    return _overview(row, settings, budgets, buckets, writers)
+
+
+# range -> (its length, the minutes of one bucket): about a hundred bars each
+# (the database sums the rollup's minutes into them, aligned on _EPOCH)
+HISTORY_RANGES = {"hour": (HOUR, 1), "day": (DAY, 15), "week": (7 * DAY, 60)}
+_EPOCH = datetime(2000, 1, 1, tzinfo=UTC)
+
+
+def _percentile(counts: list[int], share: float) -> float | None:
+    """The upper bound of the bucket (ROLLUP_BOUNDS_S) holding
+    the given share of the jobs counted; the last bound for the last bucket."""
+    total = sum(counts)
+    if not total:
+        return None
+    seen = 0
+    for index, n in enumerate(counts):
+        seen += n
+        if seen >= share * total:
+            return float(ROLLUP_BOUNDS_S[min(index + 1, len(ROLLUP_BOUNDS_S) - 1)])
+    return float(ROLLUP_BOUNDS_S[-1])
+
+
+def _add(into: list[int], counts: list[int]) -> None:
+    for index, n in enumerate(counts[:len(into)]):
+        into[index] += n
+
+
+def _history(rows: list[RollupMinuteRow], range_: str, now: datetime) -> History:
+    length, bucket_minutes = HISTORY_RANGES[range_]
+    step = timedelta(minutes=bucket_minutes)
+    epoch = _EPOCH
+    last = epoch + (now - epoch) // step * step
+    starts = [last - step * n for n in range(int(length / step) - 1, -1, -1)]
+    index = {start: n for n, start in enumerate(starts)}
+    sums: list[dict[str, Any]] = [
+        {"completed": 0, "failed": 0, "cancelled": 0, "spend": Decimal(0), "rate_limited": 0, "pending_max": 0,
+         "running_max": 0, "wait": [0] * len(ROLLUP_BOUNDS_S), "run": [0] * len(ROLLUP_BOUNDS_S)} for _ in starts]
+    wait_all, run_all = [0] * len(ROLLUP_BOUNDS_S), [0] * len(ROLLUP_BOUNDS_S)
+    for row in rows:
+        n = index.get(epoch + (row.minute - epoch) // step * step)
+        if n is None:
+            continue
+        bucket = sums[n]
+        for name in ("completed", "failed", "cancelled", "rate_limited"):
+            bucket[name] += getattr(row, name)
+        bucket["spend"] += row.spend_usd
+        bucket["pending_max"] = max(bucket["pending_max"], row.pending_max)
+        bucket["running_max"] = max(bucket["running_max"], row.running_max)
+        for name, counts, total in (("wait", row.wait_counts, wait_all), ("run", row.run_counts, run_all)):
+            _add(bucket[name], counts)
+            _add(total, counts)
+    return History(
+        range=range_, bucket_minutes=bucket_minutes,
+        buckets=[HistoryBucket(
+            at=start, completed=b["completed"], failed=b["failed"], cancelled=b["cancelled"], spend_usd=_usd(b["spend"]),
+            rate_limited=b["rate_limited"], pending_max=b["pending_max"], running_max=b["running_max"],
+            wait_p50_s=_percentile(b["wait"], 0.5), wait_p95_s=_percentile(b["wait"], 0.95),
+            run_p50_s=_percentile(b["run"], 0.5), run_p95_s=_percentile(b["run"], 0.95),
+        ) for start, b in zip(starts, sums, strict=True)],
+        totals=Percentiles(wait_p50_s=_percentile(wait_all, 0.5), wait_p95_s=_percentile(wait_all, 0.95),
+                           run_p50_s=_percentile(run_all, 0.5), run_p95_s=_percentile(run_all, 0.95)),
+    )
 
 
 @get(
-    "/minutes",
-    summary="Per minute of the last hour: jobs finished, spend and 429s (the overview's chart)",
+    "/history",
+    summary="Jobs finished, queue depth, wait and run time percentiles, spend and 429s over an hour, a day or a week",
+    description="From the sweeper's per-minute rollup (minute_rollup), never from the jobs themselves.",
     responses=problem_responses(400, 401, 503),
 )
-async def get_minutes(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Minutes:
+async def get_history(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    # named as the query parameter: refuse_unknown_query knows parameters by their names
+    range: Annotated[str, QueryParameter(pattern="^(hour|day|week)$",  # noqa: A002
+                                         description="hour (1-minute bars), day (15-minute) or week (hourly).")]
+    = "hour",
+) -> History:
+    range_ = range
+    length, bucket_minutes = HISTORY_RANGES[range_]
+    now = datetime.now(UTC)
     async with database(api_state) as conn:
-        bounds = await store.job_id_bounds(
-            conn, created_after=_finished_since(api_state.settings, HOUR), created_before=None)
-        rows = await store.ops_minutes(conn, hour_from_id=bounds.lo_id)
-    return Minutes(minutes=[
-        Minute(minute=row.minute, completed=row.completed, failed=row.failed, spend_usd=_usd(row.spend_usd),
-               rate_limited=row.rate_limited)
-        for row in rows
-    ])
+        rows = await store.ops_history(conn, since=now - length, step=timedelta(minutes=bucket_minutes),
+                                       origin=_EPOCH)
+    return _history(rows, range_, now)
+
+
+def _worker(row: WorkerRow, timeout_s: float) -> Worker:
+    if not row.running:
+        state = "idle"
+    elif row.heartbeat_age_s is not None and row.heartbeat_age_s > timeout_s:
+        state = "gone"
+    else:
+        state = "busy"
+    return Worker(worker_id=row.worker_id, state=state, running=row.running, last_heartbeat_at=row.last_heartbeat_at,
+                  heartbeat_age_s=None if row.heartbeat_age_s is None else round(row.heartbeat_age_s, 1),
+                  last_request_at=row.last_request_at, job_ids=row.job_ids)
+
+
+@get(
+    "/workers",
+    summary="The workers seen in the last hour: busy (from their jobs' heartbeats), gone, or idle",
+    responses=problem_responses(400, 401, 503),
+)
+async def list_workers(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Workers:
+    timeout_s = api_state.settings.heartbeat_timeout_s
+    async with database(api_state) as conn:
+        rows = await store.ops_workers(conn)
+    return Workers(heartbeat_timeout_s=timeout_s, workers=[_worker(row, timeout_s) for row in rows])
 
 
 # -- jobs ------------------------------------------------------------------------------
@@ -469,12 +576,29 @@ async def cancel_pending(
 @get("/clients", summary="The clients and their keys (by prefix)",
      responses=problem_responses(400, 401, 503))
 async def list_clients(api_state: NamedDependency[ApiState], operator: NamedDependency[Operator]) -> Clients:
+    now = datetime.now(UTC)
+    day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
     async with database(api_state) as conn:
         rows = await store.ops_client_list(conn)
+        bounds = await store.job_id_bounds(conn, created_after=day_start, created_before=None)
+        jobs = {row.client_id: row for row in await store.ops_client_today(conn, from_id=bounds.lo_id,
+                                                                           day_start=day_start)}
+        spend = {day.client_id: day for day in await store.budget_days_today(conn)}
+    default_budget = api_state.settings.client_budget_usd_per_day
+
+    def today(client_id: int, own_budget: Decimal | None) -> ClientDay:
+        day, counted = spend.get(client_id), jobs.get(client_id)
+        budget = own_budget if own_budget is not None else default_budget
+        return ClientDay(spent_usd=_usd(day.spent_usd if day else Decimal(0)),
+                         reserved_usd=_usd(day.reserved_usd if day else Decimal(0)),
+                         budget_usd=None if budget is None else _usd(budget),
+                         jobs=counted.jobs if counted else 0, failed=counted.failed if counted else 0)
+
     return Clients(clients=[
         Client(client_id=row.client_id, name=row.name, created_at=row.created_at,
                keys=[ClientKey(key_prefix=key.key_prefix, created_at=key.created_at, revoked_at=key.revoked_at)
-                     for key in row.keys])
+                     for key in row.keys],
+               today=today(row.client_id, row.budget_usd_per_day))
         for row in rows
     ])
 
@@ -523,7 +647,7 @@ async def revoke_key(
 
 ROUTES = Router(
     "/ops/api",
-    route_handlers=[get_overview, get_minutes, list_jobs, get_job_detail, cancel_job, count_pending, cancel_pending,
+    route_handlers=[get_overview, get_history, list_workers, list_jobs, get_job_detail, cancel_job, count_pending, cancel_pending,
                     list_clients, revoke_client_keys, revoke_key],
     guards=[require_operator_key, refuse_unknown_query],
     dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},

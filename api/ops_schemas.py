@@ -132,20 +132,63 @@ class Overview(msgspec.Struct, frozen=True):
     spend: Spend
     undelivered: Undelivered
     provider: Provider
+    writers: Annotated[list[str], msgspec.Meta(
+        description="The writers that sent requests in the last day (the ledger's provider): `offline` is the "
+                    "built-in offline writer, whose stories are demo text and cost nothing.")] = []
 
 
-class Minute(msgspec.Struct, frozen=True):
-    minute: Annotated[datetime, msgspec.Meta(description="Its start.")]
+class HistoryBucket(msgspec.Struct, frozen=True):
+    """A stretch of the history (bucket_minutes long) from the sweeper's rollup."""
+
+    at: Annotated[datetime, msgspec.Meta(description="Its start.")]
     completed: Count
-    failed: Count
+    failed: Annotated[int, msgspec.Meta(ge=0, description="Cancellations included.")]
+    cancelled: Count
     spend_usd: Usd
-    rate_limited: Count
+    rate_limited: Annotated[int, msgspec.Meta(ge=0, description="The provider's 429 answers.")]
+    pending_max: Annotated[int, msgspec.Meta(ge=0, description="The most pending jobs a sweeper pass saw.")]
+    running_max: Count
+    wait_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs claimed: time from creation to claim, "
+                                                          "to the upper bound of its bucket.")] | None
+    wait_p95_s: float | None
+    run_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs completed: time from claim to end.")] | None
+    run_p95_s: float | None
 
 
-class Minutes(msgspec.Struct, frozen=True):
-    """Each minute of the last hour, oldest first, the current one last."""
+class Percentiles(msgspec.Struct, frozen=True):
+    wait_p50_s: float | None
+    wait_p95_s: float | None
+    run_p50_s: float | None
+    run_p95_s: float | None
 
-    minutes: list[Minute]
+
+class History(msgspec.Struct, frozen=True):
+    """The range's buckets, oldest first, the current one last; empty minutes count zero (no sweeper pass
+    in a minute leaves it empty too)."""
+
+    range: str
+    bucket_minutes: int
+    buckets: list[HistoryBucket]
+    totals: Percentiles
+
+
+class Worker(msgspec.Struct, frozen=True):
+    worker_id: str
+    state: Annotated[str, msgspec.Meta(description=(
+        "busy: holds running jobs and heartbeats; gone: holds running jobs whose last heartbeat is older than "
+        "HEARTBEAT_TIMEOUT_S; idle: holds none, seen by its last request."))]
+    running: Count
+    last_heartbeat_at: datetime | None
+    heartbeat_age_s: float | None
+    last_request_at: datetime | None
+    job_ids: list[uuid.UUID]
+
+
+class Workers(msgspec.Struct, frozen=True):
+    """The workers seen in the last hour."""
+
+    heartbeat_timeout_s: float
+    workers: list[Worker]
 
 
 # -- jobs ----------------------------------------------------------------------------
@@ -256,11 +299,23 @@ class ClientKey(msgspec.Struct, frozen=True):
     revoked_at: datetime | None
 
 
+class ClientDay(msgspec.Struct, frozen=True):
+    """A client's day (UTC): its spend against its budget, its jobs created today and their failures."""
+
+    spent_usd: Usd
+    reserved_usd: Usd
+    budget_usd: Annotated[str, msgspec.Meta(
+        description="Its own budget, else CLIENT_BUDGET_USD_PER_DAY; null: none.")] | None
+    jobs: Count
+    failed: Annotated[int, msgspec.Meta(ge=0, description="Cancellations aside.")]
+
+
 class Client(msgspec.Struct, frozen=True):
     client_id: int
     name: str
     created_at: datetime
     keys: list[ClientKey]
+    today: ClientDay | None = None
 
 
 class Clients(msgspec.Struct, frozen=True):

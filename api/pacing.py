@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
+import msgspec
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
@@ -51,7 +52,7 @@ class DrainStatsCache:
 
     async def get(self) -> DrainStats | None:
         if self._clock() - self._read_at < self._max_age_s or self._lock.locked():
-            return self._stats
+            return self._aged()
         async with self._lock:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
@@ -61,7 +62,44 @@ class DrainStatsCache:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
                 self._read_at = self._clock()
-        return self._stats
+        return self._aged()
+
+    def _aged(self) -> DrainStats | None:
+        """The statistics as they stand now: the running jobs have run for as
+        long as the cache has held them."""
+        if self._stats is None or not self._stats.running:
+            return self._stats
+        age = max(self._clock() - self._read_at, 0.0)
+        return msgspec.structs.replace(self._stats, longest_running_s=self._stats.longest_running_s + age)
+
+
+# A story of "about N words" uses about half of the output tokens its length
+# allows (prompt.LENGTH_TOKENS): what a running job's percentage is measured
+# against. A longer story than expected stays just short of 100 % until done.
+EXPECTED_SHARE_OF_MAX_TOKENS = 0.55
+_PERCENT_RUNNING_MAX = 99
+# below this share written, elapsed time says too little about what is left
+_DONE_ENOUGH_TO_EXTRAPOLATE = 0.1
+
+
+def fraction_done(progress: int | None, max_tokens: int | None) -> float | None:
+    """How much of a running job's story is written (0-0.99), or None when its
+    length is unknown. It only grows with progress."""
+    if not max_tokens:
+        return None
+    expected = max_tokens * EXPECTED_SHARE_OF_MAX_TOKENS
+    return min((progress or 0) / expected, _PERCENT_RUNNING_MAX / 100)
+
+
+def percent_done(status: JobStatus, fraction: float | None) -> int | None:
+    """The job's progress as a whole percentage a bar can show."""
+    if status is JobStatus.PENDING:
+        return 0
+    if status is JobStatus.COMPLETED:
+        return 100
+    if status is JobStatus.RUNNING and fraction is not None:
+        return math.floor(fraction * 100 + 1e-9)
+    return None
 
 
 def seconds_remaining(
@@ -70,13 +108,18 @@ def seconds_remaining(
     status: JobStatus,
     queue_position: int | None,
     started_at: datetime | None,
-    progress: int | None,
     now: datetime,
+    fraction: float | None = None,
     requests_per_s: float | None = None,
 ) -> float | None:
-    """What is left of a job, from the pace of recent jobs; a pending job
-    also waits out the rate limiter: its pause, and its rate (LLM_REQUESTS_PER_MINUTE)
-    for the jobs ahead."""
+    """What is left of a job: for a running job, its own pace over the part
+    already written (the same fraction its percentage shows), else the pace of
+    recent jobs; a pending job also waits out the rate limiter: its pause,
+    and its rate (LLM_REQUESTS_PER_MINUTE) for the jobs ahead."""
+    if status is JobStatus.RUNNING and started_at is not None:
+        elapsed = max((now - started_at).total_seconds(), 0.0)
+        if fraction is not None and fraction >= _DONE_ENOUGH_TO_EXTRAPOLATE and elapsed > 0:
+            return elapsed * (1 - fraction) / fraction
     if stats is None or not stats.avg_run_seconds:
         return None
     run = stats.avg_run_seconds
@@ -88,9 +131,6 @@ def seconds_remaining(
         return max(by_pace, by_limit)
     if status is JobStatus.RUNNING and started_at is not None:
         elapsed = max((now - started_at).total_seconds(), 0.0)
-        if progress and stats.avg_output_tokens and elapsed > 0:
-            done = min(progress / stats.avg_output_tokens, 0.95)
-            return elapsed * (1 - done) / done
         return max(run - elapsed, run * 0.1)
     return None
 
@@ -109,8 +149,25 @@ def seconds_to_utc_midnight(now: datetime) -> int:
     return max(1, math.ceil((tomorrow - now).total_seconds()))
 
 
+# a full queue with nothing to measure yet: soon, the clients add jitter
+QUEUE_FULL_DEFAULT_S = 5
+QUEUE_FULL_MAX_S = 60
+
+
 def queue_full_retry_after(stats: DrainStats | None) -> int:
-    """After a 429: about how long until one pending job has started."""
-    if stats is None or not stats.avg_run_seconds or stats.running == 0:
-        return 30
-    return int(min(max(stats.avg_run_seconds / stats.running, 1), 300))
+    """After a 429: about how long until the queue takes its next job, from
+    how fast it drains. Once a job has finished, the running job started
+    first should end an average run after it started (if it is overdue, one
+    slot's share of a run); before that, the last minute's claim rate;
+    with nothing measured, soon."""
+    if stats is None:
+        return QUEUE_FULL_DEFAULT_S
+    if stats.avg_run_seconds and stats.running:
+        left = stats.avg_run_seconds - stats.longest_running_s
+        seconds = left if left > 0 else stats.avg_run_seconds / stats.running
+    elif stats.claimed_last_minute >= 2:
+        # one claim is an event, not a rate
+        seconds = 60 / stats.claimed_last_minute
+    else:
+        return QUEUE_FULL_DEFAULT_S
+    return int(min(max(math.ceil(seconds), 1), QUEUE_FULL_MAX_S))

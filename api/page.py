@@ -2,7 +2,9 @@
 console (static files under api/static/).
 
 No build step: index.html, app.js and style.css for the parents; ops.html,
-ops.js and ops.css for the operators; base.css for both; an icon. They are read once at import
+ops.js (with its screens' modules, ops-*.js, and format.js) and ops.css for
+the operators; base.css and http.js (an ES module
+both scripts import) for both; an icon. They are read once at import
 and served with a Content-Security-Policy that lets a page run only its own
 script and style: stories and error texts are LLM and provider output, and
 both pages insert them, like every value from the api, as text only.
@@ -40,11 +42,19 @@ SECURITY_HEADERS = {
 _MEDIA_TYPES = {
     "index.html": "text/html",
     "app.js": "text/javascript",
+    "http.js": "text/javascript",
     "base.css": "text/css",
     "style.css": "text/css",
     "icon.svg": "image/svg+xml",
     "ops.html": "text/html",
     "ops.js": "text/javascript",
+    "ops-ui.js": "text/javascript",
+    "ops-overview.js": "text/javascript",
+    "ops-jobs.js": "text/javascript",
+    "ops-job.js": "text/javascript",
+    "ops-clients.js": "text/javascript",
+    "ops-workers.js": "text/javascript",
+    "format.js": "text/javascript",
     "ops.css": "text/css",
 }
 # pages, served at their own paths, not under /static/

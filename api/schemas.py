@@ -53,6 +53,11 @@ class JobState(msgspec.Struct, frozen=True):
     completed_at: datetime | None
     queue_position: Annotated[int, msgspec.Meta(ge=1, description="1 = next to start (pending only).")] | None
     progress: Annotated[int, msgspec.Meta(ge=0, description="Output tokens written so far (running).")] | None
+    percent_done: Annotated[int, msgspec.Meta(
+        ge=0, le=100, description=("How much of the story is written: 0 while pending, from the output "
+                                   "written against what the story's length usually takes while running "
+                                   "(never 100 before it is done), 100 when completed; null when failed.")
+    )] | None
     estimated_seconds_remaining: Annotated[
         float, msgspec.Meta(ge=0, description="From the pace of recent jobs; null when unknown.")
     ] | None

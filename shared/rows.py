@@ -87,6 +87,7 @@ class JobView(msgspec.Struct, frozen=True):
     completed_at: datetime | None
     queue_position: int | None
     story: StoryRow | None
+    max_tokens: int | None = None
 
 
 class CancelResult(msgspec.Struct, frozen=True):
@@ -110,6 +111,10 @@ class DrainStats(msgspec.Struct, frozen=True):
     avg_output_tokens: float | None
     # how long the shared rate limiter holds every claim (a 429's pause)
     limiter_paused_s: float = 0.0
+    # jobs claimed in the last minute (among the newest), and the age of the
+    # oldest running job: how soon the queue takes its next job
+    claimed_last_minute: int = 0
+    longest_running_s: float = 0.0
 
 
 class ClaimedJob(msgspec.Struct, frozen=True):
@@ -361,6 +366,7 @@ class OpsClient(msgspec.Struct, frozen=True):
     name: str
     created_at: datetime
     keys: list[OpsClientKey]
+    budget_usd_per_day: Decimal | None = None
 
 
 class OpsOverviewRow(msgspec.Struct, frozen=True):
@@ -391,14 +397,6 @@ class OpsOverviewRow(msgspec.Struct, frozen=True):
     day_overloaded: int
 
 
-class OpsMinuteRow(msgspec.Struct, frozen=True):
-    minute: datetime
-    completed: int
-    failed: int
-    spend_usd: Decimal
-    rate_limited: int
-
-
 class BudgetDay(msgspec.Struct, frozen=True):
     """Today's spend of all clients (scope 'all', client_id 0) or of one."""
 
@@ -416,3 +414,43 @@ class RateBucketRow(msgspec.Struct, frozen=True):
     output_tokens: float | None
     paused_s: float
     since_refill_s: float
+
+
+# The wait and run time buckets' lower bounds, in seconds: a minute_rollup
+# row holds how many jobs fell in each, so that percentiles over any range
+# are sums of rows (to the bucket's bound; api/ops.py reads them).
+ROLLUP_BOUNDS_S: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
+                                      120.0, 180.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
+
+
+class RollupMinuteRow(msgspec.Struct, frozen=True):
+    """One minute of the console's history (minute_rollup)."""
+
+    minute: datetime
+    completed: int
+    failed: int
+    cancelled: int
+    spend_usd: Decimal
+    rate_limited: int
+    pending_max: int
+    running_max: int
+    # counts per bucket of ROLLUP_BOUNDS_S
+    wait_counts: list[int]
+    run_counts: list[int]
+
+
+class ClientToday(msgspec.Struct, frozen=True):
+    client_id: int
+    jobs: int
+    failed: int
+
+
+class WorkerRow(msgspec.Struct, frozen=True):
+    """A worker seen in the last hour: by the running jobs it holds, or by its last request."""
+
+    worker_id: str
+    running: int
+    last_heartbeat_at: datetime | None
+    heartbeat_age_s: float | None
+    last_request_at: datetime | None
+    job_ids: list[uuid.UUID]

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -26,6 +26,7 @@ from shared.rows import (
     BudgetDay,
     CancelResult,
     ClaimedJob,
+    ClientToday,
     Completion,
     DrainStats,
     EnqueueResult,
@@ -46,15 +47,16 @@ from shared.rows import (
     OpsClient,
     OpsJobDetail,
     OpsJobRow,
-    OpsMinuteRow,
     OpsOverviewRow,
     PendingCount,
     QueueGauges,
     RateBucketRow,
     RetryStart,
+    RollupMinuteRow,
     SettleResult,
     StaleJob,
     StoryView,
+    WorkerRow,
 )
 from shared.status import JobStatus, LlmOutcome
 
@@ -589,5 +591,37 @@ async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
     return row
 
 
-async def ops_minutes(conn: Conn, *, hour_from_id: int) -> list[OpsMinuteRow]:
-    return await _all(conn, OpsMinuteRow, "ops_minutes", {"hour_from_id": hour_from_id})
+
+# -- the console's history, kept by the sweeper ------------------------------------------
+
+
+async def rollup_minutes(conn: Conn, *, from_minute: datetime, from_id: int, bounds_s: Sequence[float],
+                         pending: int, running: int) -> int:
+    """Recounts minute_rollup from from_minute to now; the minutes written."""
+    found = await _scalars(conn, "rollup_minutes", {
+        "from_minute": from_minute, "from_id": from_id, "bounds_s": [float(b) for b in bounds_s],
+        "pending": pending, "running": running,
+    })
+    return int(found[0])
+
+
+async def rollup_prune(conn: Conn) -> None:
+    await conn.execute(Q["rollup_prune"])
+
+
+async def ops_history(conn: Conn, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:
+    """The rollup from since, summed into buckets of step aligned on origin
+    (each row's minute is its bucket's start)."""
+    return await _all(conn, RollupMinuteRow, "ops_history", {"since": since, "step": step, "origin": origin})
+
+
+async def ops_writers_recent(conn: Conn) -> list[str]:
+    return [str(provider) for provider in await _scalars(conn, "ops_writers_recent")]
+
+
+async def ops_client_today(conn: Conn, *, from_id: int, day_start: datetime) -> list[ClientToday]:
+    return await _all(conn, ClientToday, "ops_client_today", {"from_id": from_id, "day_start": day_start})
+
+
+async def ops_workers(conn: Conn) -> list[WorkerRow]:
+    return await _all(conn, WorkerRow, "ops_workers", {})

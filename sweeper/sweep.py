@@ -29,7 +29,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared import store
 from shared.config import SweeperSettings
 from shared.status import ErrorCode, JobStatus
-from sweeper import metrics
+from sweeper import metrics, rollup
 
 log = structlog.get_logger()
 
@@ -126,6 +126,7 @@ class Sweeper:
                 if len(stale) < self.settings.sweeper_batch_size:
                     break
             gauges = await store.job_queue_gauges(conn, now=now)
+            await rollup.record_minutes(conn, self.settings, pending=gauges.pending, running=gauges.running)
             budgets = await store.budget_days_today(conn, now=now)
             for _ in range(_PRUNE_BATCHES_PER_PASS):
                 deleted = await store.job_prune_finished(

@@ -180,7 +180,10 @@ async def cmd_stats(_: argparse.Namespace) -> int:
     for day in budgets:
         budget = settings.budget_usd_per_day if day.client_id == 0 else (
             day.client_budget_usd or settings.client_budget_usd_per_day)
-        headroom = "no budget" if budget is None else f"budget ${budget}, ${budget - day.spent_usd - day.reserved_usd} left"
+        # the api's budgets live in its environment: this shell may not have them
+        unset = "BUDGET_USD_PER_DAY" if day.client_id == 0 else "CLIENT_BUDGET_USD_PER_DAY"
+        headroom = (f"no {unset} in this environment (the api's may set one)" if budget is None
+                    else f"budget ${budget}, ${budget - day.spent_usd - day.reserved_usd} left")
         _out(f"  {day.scope[:16]:<16} ${day.spent_usd} spent + ${day.reserved_usd} reserved; {headroom}")
     limits = RateLimits.from_settings(settings)
     _out("provider rate limits (shared bucket, refilled to now)")

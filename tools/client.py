@@ -36,6 +36,7 @@ import json
 import os
 import shutil
 import sys
+import time
 import uuid
 from collections.abc import Callable
 from pathlib import Path
@@ -171,11 +172,39 @@ def _network(exc: httpx.TransportError) -> str:
 
 
 def _wait_text(seconds: float | None) -> str:
+    """The time left in round words, as the story page says it."""
     if seconds is None:
         return ""
+    if seconds < 10:
+        return "(almost there)"
+    if seconds < 55:
+        return f"(about {max(10, round(seconds / 5) * 5)} s left)"
     if seconds < 90:
-        return f"(about {max(round(seconds), 1)} s left)"
+        return "(about a minute left)"
     return f"(about {round(seconds / 60)} min left)"
+
+
+class Remaining:
+    """The time left shown: it counts down between polls and follows the
+    api's estimate by a few seconds at a time, as the story page's does."""
+
+    UP_MAX_S = 3.0
+    DOWN_SHARE = 0.25
+
+    def __init__(self, clock: Callable[[], float] = time.monotonic) -> None:
+        self._clock = clock
+        self._shown: float | None = None
+        self._at = 0.0
+
+    def update(self, estimate: float | None) -> float | None:
+        now = self._clock()
+        counted = None if self._shown is None else max(0.0, self._shown - (now - self._at))
+        if estimate is None:
+            return counted
+        self._shown = estimate if counted is None else min(
+            counted + self.UP_MAX_S, max(counted - max(self.UP_MAX_S, counted * self.DOWN_SHARE), estimate))
+        self._at = now
+        return self._shown
 
 
 class _Retryable(Exception):
@@ -255,6 +284,7 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine)
             raise _refusal(response)
         raise _Retryable(_trouble(response), _gave_up(job_id, _trouble(response)), _retry_after_s(response))
 
+    remaining = Remaining()
     while True:
         try:
             async for attempt in stamina.retry_context(
@@ -266,7 +296,7 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine)
         except _Retryable as exc:
             raise exc.final from None
         job: dict[str, Any] = response.json()
-        _show_job(job, status)
+        _show_job(job, status, remaining)
         if job["status"] in TERMINAL:
             return job
         await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S, POLL_INTERVAL_MAX_S))
@@ -277,16 +307,15 @@ def _gave_up(job_id: str, trouble: str) -> ClientError:
                                          "the job goes on, ask for it again later")
 
 
-def _show_job(job: dict[str, Any], status: StatusLine) -> None:
-    estimate = _wait_text(job.get("estimated_seconds_remaining"))
+def _show_job(job: dict[str, Any], status: StatusLine, remaining: Remaining) -> None:
+    estimate = _wait_text(remaining.update(job.get("estimated_seconds_remaining")))
     if job["status"] == JobStatus.PENDING:
         position = job.get("queue_position")
         status.show(f"queued, position {position}" if position else "queued", estimate)
     elif job["status"] == JobStatus.RUNNING:
-        tokens = job.get("progress") or 0
-        status.show(f"writing, {tokens} tokens so far" if tokens else "writing", estimate)
+        status.show(f"writing, {job.get('percent_done') or 0} %", estimate)
     elif job["status"] == JobStatus.COMPLETED:
-        status.show(f"written, {(job.get('story') or {}).get('output_tokens', 0)} tokens")
+        status.show("written, 100 %")
 
 
 def _print_json(value: Any) -> None:

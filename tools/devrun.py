@@ -1,7 +1,9 @@
 """``make run``: the whole system on one machine, for trying it out.
 
 Uses DATABASE_URL, or starts the embedded Postgres (data in .data/); migrates;
-creates a development API key and an operator key for the console; starts the
+reuses its development API key and operator key for the console (kept in
+.data/dev-keys.json, readable by the user alone), or creates them when they
+are missing or no longer valid in this database; starts the
 api, two workers and the sweeper as separate processes; prints the URLs and a
 curl example; on Ctrl-C stops them all (SIGTERM, so workers finish what they
 hold) and exits.
@@ -10,15 +12,20 @@ hold) and exits.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 import httpx
+from psycopg import AsyncConnection
 
-from shared import db, keys, migrate
+from shared import db, keys, migrate, store
 from shared.config import ApiSettings, ConfigError, load
 
 
@@ -27,14 +34,57 @@ def _say(line: str) -> None:
     sys.stdout.flush()
 
 
+def dev_keys_path() -> Path:
+    """Where make run keeps its keys, beside the embedded Postgres's data."""
+    return Path(os.environ.get("STORYJOBS_DATA_DIR", ".data")).resolve() / "dev-keys.json"
+
+
+def _kept() -> dict[str, str]:
+    try:
+        kept = json.loads(dev_keys_path().read_text())
+    except (OSError, ValueError):
+        return {}
+    return {name: value for name, value in kept.items() if isinstance(value, str)} if isinstance(kept, dict) else {}
+
+
+def _keep(client_key: str, operator_key: str) -> None:
+    path = dev_keys_path()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # written readable by the user alone, before the keys go in
+    path.touch(mode=0o600, exist_ok=True)
+    path.chmod(0o600)
+    path.write_text(json.dumps({"key": client_key, "operator_key": operator_key}) + "\n")
+
+
+async def _valid(conn: AsyncConnection[Any], key: str | None, *, operator: bool) -> bool:
+    prefix = keys.prefix_of(key or "")
+    if key is None or prefix is None:
+        return False
+    found = await (store.operator_key_get if operator else store.api_key_get)(conn, key_prefix=prefix)
+    return found is not None and not found.revoked and keys.matches(key, found.key_hash)
+
+
 async def _prepare(url: str) -> tuple[str, str]:
-    """Migrates; returns a new client key and a new operator key."""
+    """Migrates; returns the development client key and operator key: the
+    ones kept from the last run when this database still knows them, else
+    new ones (and the kept ones, if this database has them, are revoked)."""
+    kept = _kept()
     async with await db.connect(url, application_name="storyjobs-run", connect_timeout_s=10) as conn:
         for migration in await migrate.migrate(conn):
             _say(f"   applied migration {migration.version:03d}_{migration.name}")
-        new = await keys.create(conn, "dev")
-        operator = await keys.create_operator(conn, "dev")
-    return new.key, operator.key
+        key, operator_key = kept.get("key"), kept.get("operator_key")
+        if not await _valid(conn, key, operator=False):
+            if (old := keys.prefix_of(key or "")) is not None:
+                await store.api_key_revoke(conn, key_prefix=old)
+            key = (await keys.create(conn, "dev")).key
+        if not await _valid(conn, operator_key, operator=True):
+            if (old := keys.prefix_of(operator_key or "")) is not None:
+                await store.operator_key_revoke(conn, key_prefix=old)
+            operator_key = (await keys.create_operator(conn, "dev")).key
+    assert key is not None and operator_key is not None
+    with contextlib.suppress(OSError):
+        _keep(key, operator_key)
+    return key, operator_key
 
 
 def main() -> None:

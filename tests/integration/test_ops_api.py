@@ -19,9 +19,10 @@ from structlog.testing import capture_logs
 
 from api import ops
 from shared import keys, store
+from sweeper import rollup
 from tests import ops_seed as seed
 from tests.api_helpers import api_client, assert_problem, new_key
-from tests.helpers import count
+from tests.helpers import count, sweeper_settings
 
 OPS = "/ops/api"
 
@@ -56,7 +57,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:
         operations = _operations((await client.get("/schema/openapi.json")).json())
-        assert len(operations) == 10, operations
+        assert len(operations) == 11, operations
         for method, path in operations:
             url = _concrete(path, job, client_id, prefix)
             body = {"through": "x"} if method == "POST" and path.endswith("cancel-pending") else None
@@ -331,30 +332,47 @@ async def test_the_overview_agrees_with_the_database(
     assert overview["provider"]["last_hour"] == {"rate_limited": 0, "overloaded": 0}
 
 
-async def test_the_chart_minutes_add_up_to_the_last_hour(
+async def test_the_history_adds_up_to_the_last_hour_from_the_rollup_the_sweeper_keeps(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """/minutes has the 60 minutes of the last hour, oldest first, and their jobs, spend and 429s add up to
-    what the tables hold since the first of them."""
+    """After a sweeper's rollup, /history?range=hour has 60 one-minute buckets, oldest first, whose jobs, spend
+    and 429s add up to what the tables hold since the first of them, with the queue depth of the pass and wait
+    and run percentiles to their bucket's bound; a day has 96 buckets of 15 minutes, a week 168 of an hour."""
     acme, _ = await seed.client(conn, "acme")
     await seed.insert_jobs(conn, [
         seed.completed(acme, 7200), seed.completed(acme, 2000, cost="0.011000"), seed.completed(acme, 400),
         seed.failed(acme, 90, "llm_error", calls=[seed.Call("rate_limited", billed=False),
                                                  seed.Call("failed", cost_usd=Decimal("0.003"))]),
+        seed.pending(acme, 5), seed.pending(acme, 3),
     ])
+    gauges = await store.job_queue_gauges(conn)
+    await rollup.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                running=gauges.running)
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
-        minutes = (await client.get(f"{OPS}/minutes")).json()["minutes"]
-    assert len(minutes) == 60
-    starts = [datetime.fromisoformat(m["minute"]) for m in minutes]
-    assert starts == sorted(starts) and all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(starts))
+        history = (await client.get(f"{OPS}/history", params={"range": "hour"})).json()
+        day = (await client.get(f"{OPS}/history", params={"range": "day"})).json()
+        week = (await client.get(f"{OPS}/history", params={"range": "week"})).json()
+        wrong = await client.get(f"{OPS}/history", params={"range": "year"})
+    buckets = history["buckets"]
+    assert history["bucket_minutes"] == 1 and len(buckets) == 60
+    starts = [datetime.fromisoformat(b["at"]) for b in buckets]
+    assert all(b - a == timedelta(minutes=1) for a, b in itertools.pairwise(starts))
     since = f"'{starts[0].isoformat()}'::timestamptz"
-    assert sum(m["completed"] for m in minutes) == await _scalar(
+    assert sum(b["completed"] for b in buckets) == await _scalar(
         conn, f"SELECT count(*) FROM story_jobs WHERE status = 'completed' AND completed_at >= {since}") == 2
-    assert sum(m["failed"] for m in minutes) == 1
+    assert sum(b["failed"] for b in buckets) == 1
     spend = await _scalar(conn, f"SELECT sum(cost_usd) FROM llm_calls WHERE billed AND started_at >= {since}")
-    assert sum(Decimal(m["spend_usd"]) for m in minutes) == spend
-    assert sum(m["rate_limited"] for m in minutes) == 1
+    assert sum(Decimal(b["spend_usd"]) for b in buckets) == spend
+    assert sum(b["rate_limited"] for b in buckets) == 1
+    # the pass's depth, in its minute (the last, or the one before if a minute turned since)
+    assert max(b["pending_max"] for b in buckets[-2:]) == 2 and max(b["pending_max"] for b in buckets[:-2]) == 0
+    # every job claimed in the hour waited 10 s (bucket 10-15 s), every one completed ran 80 s (60-90 s)
+    assert history["totals"] == {"wait_p50_s": 15.0, "wait_p95_s": 15.0, "run_p50_s": 90.0, "run_p95_s": 90.0}
+    assert day["bucket_minutes"] == 15 and len(day["buckets"]) == 96
+    assert sum(b["completed"] for b in day["buckets"]) == 2
+    assert week["bucket_minutes"] == 60 and len(week["buckets"]) == 168
+    assert wrong.status_code == 400
 
 
 # -- a job -----------------------------------------------------------------------------

@@ -11,6 +11,7 @@ import psycopg
 import pytest
 
 from shared.queries import QUERIES
+from shared.rows import ROLLUP_BOUNDS_S
 
 FINISHED = 20_000
 PENDING = 50
@@ -121,12 +122,14 @@ async def test_time_bounds_are_found_by_probing_the_primary_key(conn: psycopg.As
     assert not any(scan["Node Type"].startswith(("Seq", "Bitmap")) for scan in scans)
 
 
-@pytest.mark.parametrize("query", ["ops_overview", "ops_minutes"])
+@pytest.mark.parametrize("query", ["ops_overview", "rollup_minutes"])
 async def test_the_overview_reads_finished_jobs_from_an_id_up(conn: psycopg.AsyncConnection[Any], query: str) -> None:
-    """The overview and its chart read finished jobs on the primary key from the id the caller found (an index
-    or bitmap scan), and live jobs on the live-jobs index, never scanning the table."""
-    await _fill(conn, analyze_first=False)
-    scans = await _scans(conn, query, {"day_from_id": FINISHED - 500, "hour_from_id": FINISHED - 100})
+    """The overview and the sweeper's history rollup read finished jobs on the primary key from the id the caller
+    found (an index or bitmap scan), and live jobs on the live-jobs index, never scanning the table."""
+    first = await _fill(conn, analyze_first=False)
+    scans = await _scans(conn, query, {
+        "day_from_id": FINISHED - 500, "from_id": FINISHED - 100, "pending": 0, "running": 0,
+        "from_minute": first + timedelta(seconds=FINISHED - 60), "bounds_s": [float(b) for b in ROLLUP_BOUNDS_S]})
     assert not any(scan["Node Type"] == "Seq Scan" for scan in scans), _kinds(scans)
     indexes = {scan["Index Name"] for scan in scans if "Index Name" in scan}
     assert indexes <= {"story_jobs_pkey", "story_jobs_active_idx"}, indexes

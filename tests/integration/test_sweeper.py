@@ -210,3 +210,28 @@ async def test_a_read_only_database_pauses_the_judging_of_running_jobs(
         assert not result.judged_running and result.timed_out == 0
         clock.now += 61
         assert (await sweeper.sweep_once()).timed_out == 1
+
+
+async def test_a_pass_records_the_current_minute_for_the_consoles_history(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """Each pass writes the current minute's row of minute_rollup with the queue depth it saw and the jobs claimed
+    in it, and a later pass that sees a deeper queue in the same minute keeps the deeper one."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 1)
+    sweeper = Sweeper(sweeper_settings(), pool)
+    await sweeper.sweep_once()
+    for n in range(3, 6):
+        await enqueue(conn, client, f"story {n}")
+    await sweeper.sweep_once()
+    await _claim(conn, 5)
+    await sweeper.sweep_once()
+    (deepest, busiest), = await (await conn.execute(
+        "SELECT max(pending_max), max(running_max) FROM minute_rollup")).fetchall()
+    claimed = await (await conn.execute("SELECT count(*) FROM story_jobs WHERE started_at IS NOT NULL")).fetchone()
+    # the passes may straddle a minute's end: each depth is kept in the minute it was seen
+    assert (deepest, busiest) == (5, 6)
+    total = await (await conn.execute("SELECT sum(n) FROM minute_rollup, unnest(wait_counts) n")).fetchone()
+    assert claimed is not None and total is not None and total[0] == claimed[0] == 6

@@ -6,6 +6,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import Browser, sync_playwright
 
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.helpers import failed_in_call
@@ -29,3 +30,20 @@ def system(database_url: str, tmp_path: Path, request: pytest.FixtureRequest) ->
         for proc in started.procs:
             # pytest shows a failed test's output: the processes' last log lines
             print(f"----- {proc.log_path.name} -----\n{proc.output()[-4000:]}")  # noqa: T201
+
+
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
+                 "--disable-sync", "--no-first-run"]
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Browser]:
+    """Debian's headless Chromium through Playwright, one per test module (each test opens its own context).
+    Playwright's own browser download does not work here; Debian's chromium does (.ci/run installs it)."""
+    if not CHROMIUM.exists():
+        pytest.skip("no /usr/bin/chromium: install Debian's chromium package (.ci/run does) to test the pages")
+    with sync_playwright() as playwright:
+        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        yield launched
+        launched.close()

@@ -116,3 +116,15 @@ def test_keys_create_operator_makes_a_console_key_listed_and_revoked_like_the_ot
         row = conn.execute("SELECT revoked_at IS NOT NULL FROM operator_keys").fetchone()
     assert row == (True,)
     assert storyjobs(database_url, "keys", "revoke", prefix).returncode == 1
+
+
+def test_stats_without_the_apis_budget_says_it_is_not_in_this_environment(database_url: str) -> None:
+    """Run from a shell without BUDGET_USD_PER_DAY, `stats` names the variable missing here rather than claiming
+    that no budget is enforced."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
+                     "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.5, 0.25)")
+    result = storyjobs(database_url, "stats")
+    assert result.returncode == 0, result.stderr
+    assert "no BUDGET_USD_PER_DAY in this environment (the api's may set one)" in result.stdout
+    assert "no budget" not in result.stdout

@@ -215,8 +215,8 @@ def test_generate_wait_shows_progress_then_prints_the_story(
     client = start_client(tmp_path, api.base_url, key, PROMPT, "--wait", "--child-name", "Mia", "--age", "5",
                           "--length", "short", "--language", "fr")
     try:
-        asyncio.run(wait_until(lambda: "tokens so far" in client.stderr, timeout=60,
-                               what="the client to show tokens written"))
+        asyncio.run(wait_until(lambda: re.search(r"^writing, \d+ %", client.stderr, re.M) is not None, timeout=60,
+                               what="the client to show how much is written"))
         hold.set()
         assert client.finish() == 0, client.stderr
     finally:
@@ -225,8 +225,9 @@ def test_generate_wait_shows_progress_then_prints_the_story(
     assert client.stdout == f"{TITLE}\n\n{BODY}\n"
     job_id = db_rows(database_url, "SELECT public_id::text FROM story_jobs")[0][0]
     assert client.stderr.splitlines()[0] == f"job {job_id} accepted"
-    assert re.search(r"^writing, \d+ tokens so far", client.stderr, re.M)
-    assert re.search(r"^written, \d+ tokens$", client.stderr, re.M)
+    assert re.search(r"^writing, \d+ %", client.stderr, re.M)
+    assert not re.search(r"tokens|1 s left", client.stderr)
+    assert re.search(r"^written, 100 %$", client.stderr, re.M)
     [call] = fake_llm.fake.billed
     assert "Mia" in call.prompt and "5 years old" in call.prompt and "'fr'" in call.prompt
 

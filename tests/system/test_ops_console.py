@@ -9,30 +9,30 @@ sync tests; the history is written beforehand on a thread of its own."""
 from __future__ import annotations
 
 import re
-import shutil
-from collections.abc import Iterator
-from decimal import Decimal
-from pathlib import Path
+from decimal import ROUND_HALF_EVEN, Decimal
 from typing import Any
 
 import httpx
 import psycopg
 import pytest
-from playwright.sync_api import Browser, ConsoleMessage, Page, expect, sync_playwright
+from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from api.page import CONTENT_SECURITY_POLICY
+from shared.rows import ROLLUP_BOUNDS_S
+from sweeper import rollup
 from tests import ops_seed as seed
-from tests.system.procs import REPO, ApiProc, System
+from tests.helpers import sweeper_settings
+from tests.system.procs import ApiProc, System
+from tests.system.screens import capture
 
 pytestmark = [pytest.mark.system, pytest.mark.browser]
 
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = ["--no-sandbox", "--disable-gpu", "--disable-background-networking", "--disable-component-update",
-                 "--disable-sync", "--no-first-run"]
 WAIT_MS = 30_000
 LAPTOP = {"viewport": {"width": 1280, "height": 900}}
 PHONE = {"viewport": {"width": 390, "height": 844}, "device_scale_factor": 2, "is_mobile": True, "has_touch": True}
 
+LONG_ERROR = ("429 rate_limit_error: This request would exceed the rate limit for your organization of 50 "
+              "requests per minute. For details, refer to the rate limits documentation; retry after 12 seconds.")
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
 def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
@@ -45,15 +45,21 @@ def scalar(database_url: str, query: str, *params: Any) -> Any:
     return row[0]
 
 
-@pytest.fixture
-def browser() -> Iterator[Browser]:
-    """Debian's headless Chromium, through Playwright."""
-    if not CHROMIUM.exists():
-        pytest.skip("no /usr/bin/chromium: install Debian's chromium package (.ci/run does) to test the console")
-    with sync_playwright() as playwright:
-        launched = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
-        yield launched
-        launched.close()
+def usd(value: Any) -> str:
+    """Money as the console writes it: to the cent from a dollar, four decimals below, $0 for nothing."""
+    amount = Decimal(value)
+    if amount == 0:
+        return "$0"
+    if amount >= 1:
+        return f"${amount.quantize(Decimal('0.01'), ROUND_HALF_EVEN):,}"
+    return f"${amount:.4f}"
+
+
+async def roll_up_the_last_hour(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The sweeper's rollup over the last hour, as a pass with a long interval makes it."""
+    gauges = await seed.store.job_queue_gauges(conn)
+    await rollup.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                running=gauges.running)
 
 
 class Console:
@@ -88,11 +94,17 @@ class Console:
         width, inner = self.page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
         return bool(width <= inner)
 
-    def screenshot(self, tmp_path: Path, name: str) -> None:
-        shot = tmp_path / name
-        self.page.screenshot(path=str(shot), full_page=True)
-        (REPO / "test-output").mkdir(exist_ok=True)
-        shutil.copyfile(shot, REPO / "test-output" / name)
+    def in_view(self, selector: str) -> bool:
+        """Every element the selector finds lies within the screen's width."""
+        width = self.page.evaluate("window.innerWidth")
+        boxes = [self.page.locator(selector).nth(n).bounding_box() for n in range(self.page.locator(selector).count())]
+        return bool(boxes) and all(box is not None and box["x"] >= 0 and box["x"] + box["width"] <= width
+                                   for box in boxes)
+
+
+def upper_bound(seconds: float) -> float:
+    """The rollup bucket's upper bound for a duration: what its percentiles report."""
+    return next((bound for bound in ROLLUP_BOUNDS_S if bound > seconds), ROLLUP_BOUNDS_S[-1])
 
 
 def cell(page: Page, key: str) -> str:
@@ -100,11 +112,13 @@ def cell(page: Page, key: str) -> str:
 
 
 def test_the_overview_shows_what_the_database_holds(
-    system: System, database_url: str, browser: Browser, tmp_path: Path,
+    system: System, database_url: str, browser: Browser,
 ) -> None:
     """Queue, jobs finished, failure ratio, spend, undelivered stories and 429s shown for the last hour and day
-    are the counts and sums of the tables, today's budget and the rate limiter are shown as they stand, and
-    the chart draws the minutes that had jobs."""
+    are the counts and sums of the tables, money to the cent or four decimals, today's budget, the rate limiter
+    and the writer in use as they stand, and the history (from the sweeper's rollup) draws the minutes that had
+    jobs, the queue depth and the wait and run percentiles, with a scale and a time axis, over an hour and a
+    week."""
 
     async def history(conn: psycopg.AsyncConnection[Any]) -> str:
         acme, _ = await seed.client(conn, "acme")
@@ -118,6 +132,7 @@ def test_the_overview_shows_what_the_database_holds(
         await seed.insert_jobs(conn, jobs)
         await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
                            "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.5, 0.25)")
+        await roll_up_the_last_hour(conn)
         return await seed.operator_key(conn)
 
     key = seed.seeded(database_url, history)
@@ -125,8 +140,9 @@ def test_the_overview_shows_what_the_database_holds(
     console = Console(browser, api, LAPTOP)
     page = console.open(key)
     expect(page.locator('[data-k="jobs.last_day.completed"]')).to_have_text("12", timeout=WAIT_MS)
-    assert page.locator("#budget-today").inner_text() == (
-        "$1.500000 spent + $0.250000 reserved of $4.000000: $2.250000 left")
+    assert page.locator("#budget-today").inner_text() == "$1.50 spent + $0.2500 reserved of $4.00: $2.25 left"
+    assert page.locator("#writers-now").inner_text() == "anthropic"
+    expect(page.locator("#offline-note")).to_be_hidden()
     assert page.locator("#limiter-now").inner_text() == "claude-sonnet-5-5: requests 5 of 5 (60/min)"
 
     def finished(status: str, interval: str, extra: str = "") -> int:
@@ -145,7 +161,7 @@ def test_the_overview_shows_what_the_database_holds(
         assert cell(page, f"jobs.{window}.failure_ratio") == f"{ratio * 100:.1f} %"
         sent = f"started_at >= now() - interval '{interval}'"
         spend = scalar(database_url, f"SELECT coalesce(sum(cost_usd), 0) FROM llm_calls WHERE billed AND {sent}")
-        assert cell(page, f"spend.{window}.usd") == f"${spend:.6f}"
+        assert cell(page, f"spend.{window}.usd") == usd(spend)
         billed = scalar(database_url, f"SELECT count(*) FROM llm_calls WHERE billed AND {sent}")
         assert cell(page, f"spend.{window}.billed_calls") == f"{billed:,}"
         limited = scalar(database_url, f"SELECT count(*) FROM llm_calls WHERE outcome = 'rate_limited' AND {sent}")
@@ -154,20 +170,41 @@ def test_the_overview_shows_what_the_database_holds(
                                     f"AND c.billed WHERE j.status = 'failed' AND j.completed_at >= now() - interval "
                                     f"'{interval}'")
         assert cell(page, f"undelivered.{window}.jobs") == f"{lost:,}"
-    assert cell(page, "undelivered.last_day.usd") == "$0.006000"
+    assert cell(page, "undelivered.last_day.usd") == usd(scalar(
+        database_url, "SELECT sum(c.cost_usd) FROM story_jobs j JOIN llm_calls c ON c.job_id = j.id AND c.billed "
+                      "WHERE j.status = 'failed' AND j.completed_at >= now() - interval '1 day'"))
     assert cell(page, "provider.last_day.rate_limited") == "1"
     minutes_with_jobs = scalar(database_url, "SELECT count(DISTINCT date_trunc('minute', completed_at)) FROM story_jobs "
                                              "WHERE status = 'completed' AND completed_at >= "
                                              "date_trunc('minute', now()) - interval '59 minutes'")
     assert minutes_with_jobs == 5
-    assert page.locator("#chart-jobs rect.completed").count() == minutes_with_jobs
+    expect(page.locator("#chart-jobs rect.completed")).to_have_count(minutes_with_jobs)
     assert page.locator("#chart-jobs rect.failed").count() == 2
-    console.screenshot(tmp_path, "ops-overview.png")
+    # the depth the rollup saw now: one bar, as high as the pending count
+    expect(page.locator("#chart-depth rect.pending")).to_have_count(1)
+    assert "at most 3 pending" in (page.locator("#chart-depth rect.pending title").text_content() or "")
+    # a scale (0, half, top) and six ticks of a time axis under each chart
+    assert page.locator("#chart-jobs text.scale").count() == 9
+    waits = [float(w) for (w,) in rows_of(database_url, "SELECT extract(epoch FROM started_at - created_at) FROM "
+                                                        "story_jobs WHERE started_at >= date_trunc('minute', now()) "
+                                                        "- interval '59 minutes'")]
+    assert len(waits) == 7
+    expect(page.locator("#chart-totals")).to_contain_text(f"Waited p50 {upper_bound(sorted(waits)[3]):.1f} s")
+    capture(page, "ops-overview")
     assert console.fits_the_screen()
+
+    page.click("#ranges a[data-range=week]")
+    expect(page.locator("#chart-bucket")).to_have_text("one bar per 60 minutes", timeout=WAIT_MS)
+    hours = scalar(database_url, "SELECT count(DISTINCT date_trunc('hour', completed_at)) FROM story_jobs "
+                                 "WHERE status = 'completed' AND completed_at >= date_trunc('minute', now()) "
+                                 "- interval '59 minutes'")
+    expect(page.locator("#chart-jobs rect.completed")).to_have_count(hours)
+    assert page.locator("#chart-jobs rect").count() >= hours
+    capture(page, "ops-overview-week")
     assert console.errors == []
 
 
-def test_the_jobs_list_filters_and_pages(system: System, database_url: str, browser: Browser, tmp_path: Path) -> None:
+def test_the_jobs_list_filters_and_pages(system: System, database_url: str, browser: Browser) -> None:
     """Filtering by client and status shows that client's jobs in that status, newest first, 50 at a time with
     an Older button for the rest; the error filter and the time range narrow it further; on a phone the list
     scrolls in its box and the page stays as wide as the screen."""
@@ -203,7 +240,11 @@ def test_the_jobs_list_filters_and_pages(system: System, database_url: str, brow
     expect(page.locator("#jobs-status")).to_have_text("40 jobs: all that match.")
     assert "client_id=" in page.url and "status=failed" in page.url
     assert console.fits_the_screen()
-    console.screenshot(tmp_path, "ops-jobs-phone.png")
+    # status and cost in view on a 390 px screen, no sideways scroll
+    assert console.in_view('#jobs-rows td[data-k="status"]') and console.in_view('#jobs-rows td[data-k="cost"]')
+    assert page.evaluate("(() => { const box = document.querySelector('#jobs-table').parentElement; "
+                         "return box.scrollWidth <= box.clientWidth; })()")
+    capture(page, "ops-jobs-phone")
 
     page.select_option("#f-error", "timed_out")
     page.click("#filters button[type=submit]")
@@ -241,12 +282,13 @@ def test_the_jobs_list_filters_and_pages(system: System, database_url: str, brow
 
 def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: str, browser: Browser) -> None:
     """A job retried after a 429 shows both requests in its ledger (outcome, billed, tokens, cost, request id),
-    its timeline and its story; the list links to it."""
+    its timeline and its story; the list links to it; at 1280 px the ledger, its long error text included,
+    fits its box."""
 
     async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
         job = seed.completed(acme, 300, cost="0.017500")
-        job.calls = [seed.Call("rate_limited", billed=False, error_text="429: slow down"), *job.calls]
+        job.calls = [seed.Call("rate_limited", billed=False, error_text=LONG_ERROR), *job.calls]
         await seed.insert_jobs(conn, [job])
         return await seed.operator_key(conn), job
 
@@ -255,18 +297,30 @@ def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: st
     console = Console(browser, api, LAPTOP)
     page = console.open(key, "#/jobs")
     page.click(f'#jobs-rows tr[data-job-id="{job.public_id}"] a')
-    ledger = page.locator("#ledger-rows tr")
+    ledger = page.locator("#ledger-rows tr[data-attempt]")
     expect(ledger).to_have_count(2, timeout=WAIT_MS)
     first = ledger.nth(0).locator("td").all_inner_texts()
     second = ledger.nth(1).locator("td").all_inner_texts()
-    assert first[:6] == ["1", "rate_limited", "no", "0", "0", "$0.000000"] and first[-1] == "429: slow down"
-    assert second[:7] == ["2", "succeeded", "yes", "300", "900", "$0.017500", str(job.calls[1].request_id)]
+    assert first[:6] == ["1", "rate_limited", "no", "0", "0", "$0"]
+    # the error text, whole, on the row under its call; none under the call without one
+    expect(page.locator('#ledger-rows tr[data-error-of="1"]')).to_have_text(LONG_ERROR)
+    expect(page.locator('#ledger-rows tr[data-error-of="2"]')).to_have_count(0)
+    assert second[:7] == ["2", "succeeded", "yes", "300", "900", "$0.0175", str(job.calls[1].request_id)]
     expect(page.locator("#job-id")).to_have_text(str(job.public_id))
     expect(page.locator("#job-status")).to_have_text("completed")
-    expect(page.locator('[data-k="job.cost"]')).to_have_text("1 of 2 requests, $0.017500")
+    expect(page.locator('[data-k="job.cost"]')).to_have_text("1 of 2 requests, $0.0175")
+    # the summary is the ledger's: what was billed, not what the job's progress counted
+    billed_in, billed_out = rows_of(database_url, "SELECT sum(input_tokens), sum(output_tokens) FROM llm_calls "
+                                                  "WHERE billed")[0]
+    expect(page.locator('[data-k="job.tokens"]')).to_have_text(f"{billed_in:,} in, {billed_out:,} out")
+    # times carry their zone
+    assert re.search(r" (UTC|GMT[+-]\d+|[A-Z]{3,5})$", page.locator("#job-timeline li").first.inner_text())
     expect(page.locator("#job-timeline li")).to_have_count(4)
     expect(page.locator("#job-story-title")).to_have_text("The Fox")
     expect(page.locator("#job-cancel")).to_be_hidden()
+    assert page.evaluate("(() => { const box = document.querySelector('#ledger-table').parentElement; "
+                         "return box.scrollWidth <= box.clientWidth; })()")
+    capture(page, "ops-job-ledger")
     assert console.errors == []
 
 
@@ -293,7 +347,8 @@ def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
     expect(page.locator("#job-status")).to_have_text("pending", timeout=WAIT_MS)
     page.click("#job-cancel")
     console.confirm(f"Cancel job {jobs[2].public_id}")
-    expect(page.locator("#job-status")).to_have_text("failed", timeout=WAIT_MS)
+    # a cancellation wears its own badge, not a failure's
+    expect(page.locator("#job-status .badge.cancelled")).to_have_text("cancelled", timeout=WAIT_MS)
     expect(page.locator("#job-error-code")).to_have_text("cancelled")
 
     def states() -> list[tuple[str, str | None]]:
@@ -308,12 +363,16 @@ def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
     page.locator("#f-client").select_option(label="acme")
     page.click("#filters button[type=submit]")
     expect(page.locator("#jobs-rows tr")).to_have_count(5, timeout=WAIT_MS)
+    expect(page.locator("#cancel-matching")).to_have_text("Cancel the 3 pending jobs matching this filter…")
     page.click("#cancel-matching")
     console.confirm("Cancel 3 pending jobs of client acme?")
     expect(page.locator("#notice")).to_have_text("Cancelled 3 pending jobs.", timeout=WAIT_MS)
     assert states() == [("completed", None), ("running", None), ("failed", "cancelled"), ("failed", "cancelled"),
                         ("pending", None), ("failed", "cancelled"), ("failed", "cancelled")]
     expect(page.locator("#jobs-rows .badge.pending")).to_have_count(0, timeout=WAIT_MS)
+    expect(page.locator("#jobs-rows .badge.cancelled")).to_have_count(3)
+    # nothing left to cancel: the action is no longer offered
+    expect(page.locator("#cancel-matching")).to_be_hidden()
     logged = [entry for entry in api.events() if str(entry.get("event", "")).startswith("ops.")]
     assert [entry["event"] for entry in logged] == ["ops.job_cancelled", "ops.pending_cancelled"]
     assert all(entry["operator"] == "ada" and entry["operator_key_prefix"] == key.split("_")[1] for entry in logged)
@@ -415,8 +474,10 @@ def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
     inline script or style, and its files are not reachable as /static/ops.html."""
     api = system.api()
     with httpx.Client(base_url=api.base_url) as client:
+        modules = ["ops.js", "ops-ui.js", "ops-overview.js", "ops-jobs.js", "ops-job.js", "ops-clients.js",
+                   "ops-workers.js", "format.js", "http.js"]
         for path, content_type in (("/ops/", "text/html; charset=utf-8"), ("/ops", "text/html; charset=utf-8"),
-                                   ("/static/ops.js", "text/javascript; charset=utf-8"),
+                                   *((f"/static/{name}", "text/javascript; charset=utf-8") for name in modules),
                                    ("/static/ops.css", "text/css; charset=utf-8")):
             answer = client.get(path)
             assert answer.status_code == 200, path
@@ -429,3 +490,120 @@ def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
         assert re.search(r"\son[a-z]+=", page) is None
         assert client.get("/static/ops.html").status_code == 404
     assert "default-src 'none'" in CONTENT_SECURITY_POLICY and "script-src 'self'" in CONTENT_SECURITY_POLICY
+
+
+def test_an_unknown_job_id_after_a_known_one_shows_only_that_it_is_unknown(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """A job's page, then an id no job has (typed into the job search): the screen says no such job and shows
+    nothing of the previous job; a known id typed into the search opens that job."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job]:
+        acme, _ = await seed.client(conn, "acme")
+        [job] = await seed.insert_jobs(conn, [seed.completed(acme, 300)])
+        return await seed.operator_key(conn), job
+
+    key, job = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, f"#/jobs/{job.public_id}")
+    expect(page.locator("#job-story-title")).to_have_text("The Fox", timeout=WAIT_MS)
+
+    unknown = "0b6f3c9e-7f3a-4d3c-9c1e-5a7e2b1d9f00"
+    page.fill("#find-job-id", unknown)
+    page.click("#find-job button[type=submit]")
+    expect(page.locator("#job-missing")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#job-missing-id")).to_have_text(unknown)
+    expect(page.locator("#job-found")).to_be_hidden()
+    expect(page.locator("#error")).to_be_hidden()
+    assert not page.locator("#job-story-title").is_visible() and not page.locator("#ledger-rows").is_visible()
+    capture(page, "ops-job-unknown")
+
+    page.fill("#find-job-id", f"  {str(job.public_id).upper()} ")
+    page.click("#find-job button[type=submit]")
+    expect(page.locator("#job-id")).to_have_text(str(job.public_id), timeout=WAIT_MS)
+    expect(page.locator("#job-missing")).to_be_hidden()
+    capture(page, "ops-job")
+    assert console.errors == [] or all("404" in error for error in console.errors), console.errors
+
+
+def test_the_clients_screen_shows_each_clients_spend_budget_jobs_and_failures_today(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """Each client's row shows today's spend (UTC) against its own budget or CLIENT_BUDGET_USD_PER_DAY, and the
+    jobs it created today with their failures, cancellations aside; on a phone they stay in view."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> str:
+        acme, _ = await seed.client(conn, "acme")
+        globex, _ = await seed.client(conn, "globex")
+        await conn.execute("UPDATE api_clients SET budget_usd_per_day = 2.5 WHERE id = %s", [globex])
+        await seed.insert_jobs(conn, [
+            seed.completed(acme, 60), seed.completed(acme, 120), seed.failed(acme, 30, "llm_error"),
+            seed.failed(acme, 20, "cancelled"), seed.pending(globex, 10),
+        ])
+        await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) VALUES "
+                           "(%s, (now() AT TIME ZONE 'UTC')::date, 1.25, 0), "
+                           "(%s, (now() AT TIME ZONE 'UTC')::date, 0.004, 0.5)", [acme, globex])
+        return await seed.operator_key(conn)
+
+    key = seed.seeded(database_url, history)
+    api = system.api(CLIENT_BUDGET_USD_PER_DAY=5)
+    console = Console(browser, api, PHONE)
+    page = console.open(key, "#/clients")
+    acme = page.locator("#clients-rows tr", has_text="acme")
+    globex = page.locator("#clients-rows tr", has_text="globex")
+    expect(acme.locator('[data-k="spend"]')).to_contain_text("$1.25 spent", timeout=WAIT_MS)
+    expect(acme.locator('[data-k="spend"]')).to_contain_text("of $5.00 (25 %)")
+    expect(globex.locator('[data-k="spend"]')).to_contain_text("$0.0040 spent + $0.5000 reserved")
+    expect(globex.locator('[data-k="spend"]')).to_contain_text("of $2.50 (20 %)")
+
+    def today(name: str) -> tuple[int, int]:
+        (row,) = rows_of(database_url, "SELECT count(*), count(*) FILTER (WHERE status = 'failed' AND error_code "
+                                       "<> 'cancelled') FROM story_jobs j JOIN api_clients c ON c.id = j.client_id "
+                                       "WHERE c.name = %s AND j.created_at >= date_trunc('day', now() AT TIME ZONE "
+                                       "'UTC') AT TIME ZONE 'UTC'", name)
+        return int(row[0]), int(row[1])
+
+    for row, name in ((acme, "acme"), (globex, "globex")):
+        jobs, failures = today(name)
+        expect(row.locator('[data-k="jobs"]')).to_have_text(str(jobs))
+        expect(row.locator('[data-k="failures"]')).to_have_text(str(failures))
+    capture(page, "ops-clients-phone")
+    assert console.fits_the_screen() and console.in_view('#clients-rows td[data-k="failures"]')
+    assert console.errors == []
+
+
+def test_the_workers_screen_shows_busy_gone_and_idle_workers_and_the_offline_writer_is_named(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """A worker heartbeating its running job is busy, one whose heartbeat is past HEARTBEAT_TIMEOUT_S is gone,
+    one seen only by a recent request is idle; a request by the offline writer is said on the overview."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> str:
+        acme, _ = await seed.client(conn, "acme")
+        await seed.insert_jobs(conn, [
+            seed.running(acme, 20, worker_id="w-busy"), seed.running(acme, 300, worker_id="w-gone"),
+            seed.completed(acme, 600, worker_id="w-idle"),
+        ])
+        await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '200 seconds' "
+                           "WHERE worker_id = 'w-gone'")
+        await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '2 seconds' "
+                           "WHERE worker_id = 'w-busy'")
+        await conn.execute("UPDATE llm_calls SET provider = 'offline' WHERE worker_id = 'w-idle'")
+        return await seed.operator_key(conn)
+
+    key = seed.seeded(database_url, history)
+    api = system.api(HEARTBEAT_TIMEOUT_S=60)
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, "#/workers")
+    for worker, state in (("w-busy", "busy"), ("w-gone", "gone"), ("w-idle", "idle")):
+        expect(page.locator(f'#workers-rows tr[data-worker-id="{worker}"] [data-k="state"]')).to_have_text(
+            state, timeout=WAIT_MS)
+    held = rows_of(database_url, "SELECT public_id::text FROM story_jobs WHERE worker_id = 'w-busy'")
+    expect(page.locator('#workers-rows tr[data-worker-id="w-busy"] a')).to_have_count(len(held))
+    capture(page, "ops-workers")
+
+    page.click("#nav a[data-screen=overview]")
+    expect(page.locator("#offline-note")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#writers-now")).to_contain_text("offline writer")
+    assert console.errors == []

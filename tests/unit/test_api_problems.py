@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import httpx
 import pytest
 from litestar import Litestar, post
@@ -12,6 +14,7 @@ from api import pacing
 from api.problems import EXCEPTION_HANDLERS
 from shared.config import ApiSettings, ConfigError
 from shared.rows import DrainStats
+from shared.status import JobStatus
 
 SECRET = "sj_0123456789ab_" + "S" * 43
 
@@ -44,19 +47,47 @@ def test_a_request_timeout_not_beyond_the_connection_wait_is_refused() -> None:
         ApiSettings(api_db_wait_s=3.0, api_request_timeout_s=3.0)
 
 
+def _drain(**fields: Any) -> DrainStats:
+    return DrainStats(**{"pending": 8, "running": 0, "avg_run_seconds": None, "avg_output_tokens": None, **fields})
+
+
 @pytest.mark.parametrize(
     ("stats", "seconds"),
     [
-        (None, 30),
-        (DrainStats(pending=8, running=0, avg_run_seconds=90.0, avg_output_tokens=900.0), 30),
-        (DrainStats(pending=8, running=3, avg_run_seconds=90.0, avg_output_tokens=900.0), 30),
-        (DrainStats(pending=8, running=6, avg_run_seconds=90.0, avg_output_tokens=900.0), 15),
-        (DrainStats(pending=8, running=200, avg_run_seconds=90.0, avg_output_tokens=900.0), 1),
+        (None, 5),
+        # nothing measured yet (one claim is not a rate): soon
+        (_drain(running=2, claimed_last_minute=1), 5),
+        # no job finished yet, but 5 claimed in the last minute: one every 12 s
+        (_drain(running=4, claimed_last_minute=5), 12),
+        # 40 s stories, the oldest running 35 s in: a slot frees in 5 s (the claim rate gives way)
+        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=35.0, claimed_last_minute=2), 5),
+        # 12 s stories in two slots started together 0.5 s ago: 12 s, not a slot's share of 6 s
+        (_drain(running=2, avg_run_seconds=12.0, longest_running_s=0.5), 12),
+        # the oldest overdue: one slot's share of a run
+        (_drain(running=2, avg_run_seconds=40.0, longest_running_s=90.0), 20),
+        (_drain(running=200, avg_run_seconds=90.0, longest_running_s=120.0), 1),
+        # a stalled queue is asked about again within a minute, never later
+        (_drain(running=1, avg_run_seconds=600.0), 60),
     ],
 )
-def test_a_full_queue_asks_to_retry_after_one_job_should_have_started(
+def test_a_full_queue_asks_to_retry_after_the_queue_should_take_its_next_job(
     stats: DrainStats | None, seconds: int
 ) -> None:
-    """Retry-After after a 429 is the time for one pending job to start at the current drain rate (jobs running
-    over their average run time), 30 s when nothing drains yet."""
+    """Retry-After after a 429 is when the queue should take its next job at its drain rate (the oldest running
+    job's expected end, one slot's share of a run when it is overdue, else the last minute's claims), 5 s when
+    nothing is measured."""
     assert pacing.queue_full_retry_after(stats) == seconds
+
+
+@pytest.mark.parametrize(
+    ("progress", "max_tokens", "percent"),
+    [(0, 800, 0), (220, 800, 50), (440, 800, 99), (5000, 800, 99), (100, None, None)],
+)
+def test_a_running_job_reports_its_percentage_against_its_expected_length(
+    progress: int, max_tokens: int | None, percent: int | None
+) -> None:
+    """A running job's percentage is its output against what its length usually writes, never 100 before done."""
+    fraction = pacing.fraction_done(progress, max_tokens)
+    assert pacing.percent_done(JobStatus.RUNNING, fraction) == percent
+    assert pacing.percent_done(JobStatus.PENDING, fraction) == 0
+    assert pacing.percent_done(JobStatus.COMPLETED, fraction) == 100

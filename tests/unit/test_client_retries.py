@@ -5,6 +5,7 @@ are skipped, the rules are not."""
 from __future__ import annotations
 
 import io
+import itertools
 import json
 from collections.abc import Iterator
 from typing import Any
@@ -13,6 +14,7 @@ import httpx
 import pytest
 import stamina
 
+from tools import client
 from tools.client import (
     EXIT_QUEUE_FULL,
     EXIT_UNAVAILABLE,
@@ -98,3 +100,22 @@ async def test_a_refused_poll_is_not_retried() -> None:
             await wait_for_job(http, "nope", StatusLine(io.StringIO()))
     assert "no such job" in ended.value.message and ended.value.exit_code != EXIT_UNAVAILABLE
     assert len(api.requests) == 1
+
+
+def test_the_time_left_follows_a_jumping_estimate_a_few_seconds_at_a_time() -> None:
+    """Estimates of 18, 20, 28, 42, 4, 1, 2 s polled every 2 s are shown as a countdown that rises by at most 3 s
+    and falls by at most a quarter per poll, in round words, never "1 s"."""
+    now = [0.0]
+    remaining = client.Remaining(clock=lambda: now[0])
+    shown = []
+    for estimate in (18, 20, 28, 42, 4, 1, 2):
+        value = remaining.update(estimate)
+        assert value is not None
+        shown.append(value)
+        now[0] += 2
+    for before, after in itertools.pairwise(shown):
+        counted = before - 2
+        assert counted - max(3, counted * 0.25) - 1e-9 <= after <= counted + 3 + 1e-9, shown
+    assert remaining.update(None) == pytest.approx(shown[-1] - 2)
+    assert [client._wait_text(s) for s in (1, 12, 70, 300)] == [
+        "(almost there)", "(about 10 s left)", "(about a minute left)", "(about 5 min left)"]
