@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 from decimal import Decimal
 
 import psycopg
 import pytest
 
-from shared import store
+from shared import store, webhooks
 from shared.rows import Completion, Failure
 from tests.helpers import client_id_of, enqueue
 from tests.system.procs import REPO
@@ -116,3 +117,27 @@ def test_keys_create_operator_makes_a_console_key_listed_and_revoked_like_the_ot
         row = conn.execute("SELECT revoked_at IS NOT NULL FROM operator_keys").fetchone()
     assert row == (True,)
     assert storyjobs(database_url, "keys", "revoke", prefix).returncode == 1
+
+
+def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, history: dict[str, str]) -> None:
+    """`webhooks endpoints` shows each endpoint with its counts; `webhooks deliveries` each event, by state."""
+
+    async def hook() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            client = await client_id_of(conn, "ops")
+            endpoint = await store.webhook_endpoint_insert(
+                conn, client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
+                secret=webhooks.new_secret(), max_per_client=10)
+            assert endpoint is not None
+            await store.job_cancel(conn, client_id=client, job_id=uuid.UUID(history["waiting"]))
+
+    asyncio.run(hook())
+    endpoints = storyjobs(database_url, "webhooks", "endpoints")
+    assert endpoints.returncode == 0, endpoints.stderr
+    (line,) = endpoints.stdout.splitlines()[1:]
+    assert line.split()[1:5] == ["ops", "active", "1", "0"] and line.endswith("https://hooks.example.com/in")
+    deliveries = storyjobs(database_url, "webhooks", "deliveries", "--state", "pending")
+    assert deliveries.returncode == 0, deliveries.stderr
+    (row,) = deliveries.stdout.splitlines()[1:]
+    assert row.split()[1:5] == [history["waiting"], "job.cancelled", "pending", "0"]
+    assert storyjobs(database_url, "webhooks", "deliveries", "--state", "dead").stdout.splitlines()[1:] == []
