@@ -59,11 +59,18 @@ async def post(url: str, headers: dict[str, str], payload: bytes, *, allow_priva
             check_address(address, allow_private=allow_private)
         except UnsafeUrl as exc:
             raise UnsafeUrl(f"{target.host} resolves to {address}, which is not a public address") from exc
-    pinned = target.copy_with(host=str(addresses[0]))
     extensions = {"sni_hostname": target.host} if target.scheme == "https" else {}
+    headers = {**headers, "host": target.netloc.decode("ascii")}
     client = httpx.AsyncClient(verify=ssl_context, follow_redirects=False, trust_env=False, timeout=timeout_s)
-    async with client, client.stream("POST", pinned, content=payload,
-                                      headers={**headers, "host": target.netloc.decode("ascii")},
-                                      extensions=extensions) as response:
-        # the body is not read: only the status and Retry-After count
-        return Answer(response.status_code, response.headers.get("retry-after"))
+    async with client:
+        # each checked address in the resolver's order, until one accepts the connection
+        for n, address in enumerate(addresses, start=1):
+            try:
+                async with client.stream("POST", target.copy_with(host=str(address)), content=payload,
+                                         headers=headers, extensions=extensions) as response:
+                    # the body is not read: only the status and Retry-After count
+                    return Answer(response.status_code, response.headers.get("retry-after"))
+            except httpx.ConnectError:
+                if n == len(addresses):
+                    raise
+    raise AssertionError("unreachable: addresses is not empty")
