@@ -88,13 +88,12 @@ async def serve(settings: WorkerSettings) -> int:
 
 @contextlib.asynccontextmanager
 async def _deliveries_pool(settings: WorkerSettings) -> AsyncIterator[AsyncConnectionPool]:
-    """The deliveries' own connections, so that webhooks never wait for the
-    job loop's (nor it for theirs): each claim and record is one short
-    statement, so one connection serves WEBHOOK_CONCURRENCY attempts; a
-    second keeps a record from waiting behind a claim."""
+    """The deliveries' own connection, so that webhooks never wait for the
+    job loop's connections (nor it for theirs): each claim and record is one
+    short statement, so one connection serves WEBHOOK_CONCURRENCY attempts."""
     pool = db.make_pool(
         db.database_url(settings), application_name="storyjobs-worker-webhooks",
-        connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=10.0, min_size=1, max_size=2,
+        connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=10.0, min_size=1, max_size=1,
         wait_timeout_s=2.0, generic_plans=True, pooler=settings.database_pooler,
     )
     await pool.open(wait=False)
