@@ -114,8 +114,9 @@ def _with_secret(row: WebhookEndpointRow, secret: str) -> EndpointWithSecret:
         "Deliveries are signed as Standard Webhooks specify; the `secret` is shown in this answer only. "
         "The URL must be https and reach a public address."
     ),
-    responses=problem_responses(400, 401, 409, 503, described={
-        409: f"The client has {MAX_ENDPOINTS_PER_CLIENT} endpoints already."}),
+    responses=problem_responses(400, 401, 409, 422, 503, described={
+        409: f"The client has {MAX_ENDPOINTS_PER_CLIENT} endpoints already.",
+        422: "The URL is not https, or names an address that is not public; `errors` says why."}),
 )
 async def create_endpoint(
     api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], data: JSONBody[EndpointCreate]
@@ -123,7 +124,8 @@ async def create_endpoint(
     try:
         webhooks.check_url(data.url, allow_private=api_state.settings.webhook_allow_private)
     except webhooks.UnsafeUrl as exc:
-        raise ProblemError(400, "Invalid request", f"url: {exc}",
+        # a well-formed body whose URL may not be reached: not a malformed request
+        raise ProblemError(422, "Unprocessable Content", f"url: {exc}",
                            errors=[FieldError(field="url", message=str(exc))]) from None
     events = sorted(set(data.events or webhooks.EVENTS), key=webhooks.EVENTS.index)
     secret = webhooks.new_secret()

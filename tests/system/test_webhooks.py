@@ -219,7 +219,7 @@ def test_unsafe_urls_are_refused_when_private_addresses_are_not_allowed(
                     "https://[::ffff:169.254.169.254]/", "https://10.0.0.8/hook", "https://[::1]/hook",
                     "ftp://example.com/hook"):
             answer = client.post("/webhook-endpoints", json={"url": url})
-            assert answer.status_code == 400 and answer.json()["errors"][0]["field"] == "url", (url, answer.text)
+            assert answer.status_code == 422 and answer.json()["errors"][0]["field"] == "url", (url, answer.text)
         # a name: accepted here, checked by the worker at each delivery
         _register(client, receiver, url=f"https://localhost:{receiver.port}/hook")
         _enqueue(client, 1)
