@@ -9,11 +9,22 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from prometheus_client import REGISTRY
+from psycopg_pool import AsyncConnectionPool
 
 from shared import store, webhooks
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
-from tests.helpers import LATER, SWEEP, client_id_of, count, enqueue, story_written
+from sweeper.sweep import Sweeper
+from tests.helpers import (
+    LATER,
+    SWEEP,
+    client_id_of,
+    count,
+    enqueue,
+    story_written,
+    sweeper_settings,
+)
 
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,
@@ -151,3 +162,15 @@ async def test_the_sweeper_gauge_reads_the_oldest_undelivered_event(conn: psycop
     await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
     gauges = await store.webhook_delivery_gauges(conn, now=datetime.now(UTC) + timedelta(minutes=10))
     assert gauges.undelivered == 1 and 590 < gauges.oldest_undelivered_age_seconds < 610
+
+
+async def test_a_sweep_exports_the_outbox_gauges(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
+    """After a pass, the sweeper's gauges say how many events wait and how old the oldest is."""
+    client = await client_id_of(conn)
+    await _endpoint(conn, client)
+    for n in range(2):
+        await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+    await Sweeper(sweeper_settings(), pool).sweep_once(now=datetime.now(UTC) + timedelta(minutes=5))
+    assert REGISTRY.get_sample_value("storyjobs_webhook_undelivered") == 2
+    age = REGISTRY.get_sample_value("storyjobs_webhook_oldest_undelivered_age_seconds")
+    assert age is not None and 290 < age < 310
