@@ -126,6 +126,9 @@ def test_a_worker_killed_during_deliveries_loses_none(system: System, database_u
     with _client(api, key) as client:
         _register(client, receiver)
         job_ids = _enqueue(client, 12)
+    # every job ended (no sweeper runs here to end one the kill would leave running)
+    _wait(lambda: _scalar(database_url, "SELECT count(*) FROM story_jobs WHERE status = 'completed'") == 12,
+          "the jobs completed")
     _wait(lambda: receiver.hanging == 4, "four deliveries in flight")
     worker.kill()
     receiver.answer("ok")
