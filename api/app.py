@@ -32,7 +32,7 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, openapi, ops, pacing, page
+from api import metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
@@ -115,7 +115,8 @@ def create_app(
     """The api around ``pool``; ``lifespan`` wraps the server's life (the
     process's own pool is opened and closed there)."""
     app = Litestar(
-        route_handlers=[ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        route_handlers=[ROUTES, webhooks.ROUTES, ops.ROUTES, webhooks.OPS_ROUTES, healthz, readyz, prometheus_metrics,
+                        *page.ROUTES],
         dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],

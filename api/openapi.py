@@ -15,6 +15,7 @@ from litestar.openapi.spec import (
     Schema,
 )
 
+from api.webhooks import EndpointCreate
 from shared.story_request import StoryRequest
 
 _SECONDS = Schema(type=OpenAPIType.INTEGER, minimum=0)
@@ -50,7 +51,7 @@ HEADERS_BY_STATUS: dict[str, dict[str, OpenAPIHeader]] = {
     "503": {"Retry-After": _RETRY_AFTER},
 }
 # request bodies decoded with forbid_unknown_fields
-CLOSED_BODIES = (StoryRequest,)
+CLOSED_BODIES = (StoryRequest, EndpointCreate)
 
 
 def _operations(openapi: OpenAPI) -> dict[tuple[str, str], Operation]:

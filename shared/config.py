@@ -74,6 +74,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # how many seconds of refill the shared bucket holds: the provider enforces
     # a minute's limit over shorter intervals too
     llm_rate_burst_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 5.0
+    # webhooks may reach plain http and private, loopback and link-local
+    # addresses: for development and tests only (the api checks endpoints'
+    # URLs, the worker every address it connects to)
+    webhook_allow_private: bool = False
 
     def price(self) -> Price:
         """LLM_MODEL's price, from the built-in table and LLM_PRICES."""
@@ -172,6 +176,22 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     worker_poll_interval_s: Seconds = 5.0
     worker_listen: bool = True
     metrics_port: Port = 9100
+    # webhook deliveries in flight at once per worker process
+    webhook_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
+    # one delivery's whole attempt: resolving, connecting, sending, the answer
+    webhook_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 15.0
+    # how often an idle worker looks for due deliveries
+    webhook_poll_interval_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
+    # multiplies the retry schedule (5 s ... 10 h) and Retry-After: below 1
+    # only for tests, which cannot wait hours
+    webhook_retry_scale: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+
+    @property
+    def webhook_lease_s(self) -> float:
+        """How long a claimed delivery is held: its attempt's timeout and a
+        margin to record the answer. A worker killed meanwhile leaves it due
+        again after this."""
+        return self.webhook_timeout_s + 5.0
 
     @property
     def offline(self) -> bool:

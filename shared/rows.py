@@ -454,3 +454,74 @@ class WorkerRow(msgspec.Struct, frozen=True):
     heartbeat_age_s: float | None
     last_request_at: datetime | None
     job_ids: list[uuid.UUID]
+# -- webhooks ---------------------------------------------------------------
+
+
+class WebhookEndpointRow(msgspec.Struct, frozen=True):
+    """A client's endpoint as the client sees it: never its secret."""
+
+    id: uuid.UUID
+    url: str
+    events: list[str]
+    created_at: datetime
+    disabled_at: datetime | None
+    failing_since: datetime | None
+
+
+class WebhookDeliveryClaim(msgspec.Struct, frozen=True):
+    """One claimed attempt: what to send, where, signed with what."""
+
+    id: int
+    attempts: int
+    endpoint_id: uuid.UUID
+    url: str
+    secret: str
+    previous_secret: str | None
+    endpoint_disabled: bool
+    job_public_id: uuid.UUID
+    job_status: str
+    error_code: str | None
+    story_id: uuid.UUID | None
+    occurred_at: datetime
+    created_at: datetime
+
+
+# how one attempt ended, as webhook_delivery_finish records it
+DeliveryOutcome = Literal["delivered", "retry", "dead", "gone"]
+
+
+class WebhookDeliveryGauges(msgspec.Struct, frozen=True):
+    undelivered: int
+    oldest_undelivered_age_seconds: float
+
+
+class WebhookEndpointAdminRow(msgspec.Struct, frozen=True):
+    """An endpoint with its client and its deliveries by state (CLI, console)."""
+
+    id: uuid.UUID
+    client_id: int
+    client_name: str
+    url: str
+    events: list[str]
+    created_at: datetime
+    disabled_at: datetime | None
+    failing_since: datetime | None
+    pending: int
+    dead: int
+
+
+class WebhookDeliveryRow(msgspec.Struct, frozen=True):
+    id: int
+    endpoint_id: uuid.UUID
+    url: str
+    job_public_id: uuid.UUID
+    job_status: str
+    error_code: str | None
+    state: str
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime
+    last_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None

@@ -28,6 +28,7 @@ from shared.rows import (
     ClaimedJob,
     ClientToday,
     Completion,
+    DeliveryOutcome,
     DrainStats,
     EnqueueResult,
     Failure,
@@ -57,6 +58,11 @@ from shared.rows import (
     StaleJob,
     StoryView,
     WorkerRow,
+    WebhookDeliveryClaim,
+    WebhookDeliveryGauges,
+    WebhookDeliveryRow,
+    WebhookEndpointAdminRow,
+    WebhookEndpointRow,
 )
 from shared.status import JobStatus, LlmOutcome
 
@@ -625,3 +631,73 @@ async def ops_client_today(conn: Conn, *, from_id: int, day_start: datetime) -> 
 
 async def ops_workers(conn: Conn) -> list[WorkerRow]:
     return await _all(conn, WorkerRow, "ops_workers", {})
+async def ops_minutes(conn: Conn, *, hour_from_id: int) -> list[OpsMinuteRow]:
+    return await _all(conn, OpsMinuteRow, "ops_minutes", {"hour_from_id": hour_from_id})
+
+
+# -- webhooks ----------------------------------------------------------------------
+
+
+async def webhook_endpoint_insert(
+    conn: Conn, *, client_id: int, url: str, events: Sequence[str], secret: str, max_per_client: int
+) -> WebhookEndpointRow | None:
+    """None: the client has max_per_client endpoints already."""
+    return await _one(conn, WebhookEndpointRow, "webhook_endpoint_insert",
+                      {"client_id": client_id, "url": url, "events": list(events), "secret": secret,
+                       "max_per_client": max_per_client})
+
+
+async def webhook_endpoint_list_for_client(conn: Conn, *, client_id: int) -> list[WebhookEndpointRow]:
+    return await _all(conn, WebhookEndpointRow, "webhook_endpoint_list_for_client", {"client_id": client_id})
+
+
+async def webhook_endpoint_delete(conn: Conn, *, client_id: int, endpoint_id: uuid.UUID) -> bool:
+    return bool(await _scalars(conn, "webhook_endpoint_delete",
+                               {"client_id": client_id, "endpoint_id": endpoint_id}))
+
+
+async def webhook_endpoint_rotate_secret(
+    conn: Conn, *, client_id: int, endpoint_id: uuid.UUID, secret: str, overlap_s: float
+) -> WebhookEndpointRow | None:
+    return await _one(conn, WebhookEndpointRow, "webhook_endpoint_rotate_secret",
+                      {"client_id": client_id, "endpoint_id": endpoint_id, "secret": secret,
+                       "overlap_s": overlap_s})
+
+
+async def webhook_delivery_claim(conn: Conn, *, limit: int, lease_s: float) -> list[WebhookDeliveryClaim]:
+    return await _all(conn, WebhookDeliveryClaim, "webhook_delivery_claim", {"limit": limit, "lease_s": lease_s})
+
+
+async def webhook_delivery_finish(
+    conn: Conn, *, delivery_id: int, attempt: int, outcome: DeliveryOutcome, retry_in_s: float = 0.0,
+    status_code: int | None = None, error: str | None = None,
+) -> float | None:
+    """Seconds from the event to now; None: the attempt was no longer the
+    delivery's (its lease ran out and it was claimed again, or its endpoint
+    was deleted)."""
+    found = await _scalars(conn, "webhook_delivery_finish", {
+        "delivery_id": delivery_id, "attempt": attempt, "outcome": outcome, "retry_in_s": retry_in_s,
+        "status_code": status_code, "error": error})
+    return float(found[0]) if found else None
+
+
+async def webhook_delivery_gauges(conn: Conn, *, now: datetime | None = None) -> WebhookDeliveryGauges:
+    row = await _one(conn, WebhookDeliveryGauges, "webhook_delivery_gauges", {"now": now})
+    assert row is not None
+    return row
+
+
+async def webhook_endpoint_list(conn: Conn, *, client_id: int | None = None) -> list[WebhookEndpointAdminRow]:
+    return await _all(conn, WebhookEndpointAdminRow, "webhook_endpoint_list", {"client_id": client_id})
+
+
+async def webhook_delivery_list(
+    conn: Conn, *, endpoint_id: uuid.UUID | None = None, state: str | None = None, limit: int = 50
+) -> list[WebhookDeliveryRow]:
+    return await _all(conn, WebhookDeliveryRow, "webhook_delivery_list",
+                      {"endpoint_id": endpoint_id, "state": state, "limit": limit})
+
+
+async def webhook_delivery_retry(conn: Conn, *, delivery_id: int) -> bool:
+    """dead -> pending, due now; False: no dead delivery of that id."""
+    return bool(await _scalars(conn, "webhook_delivery_retry", {"delivery_id": delivery_id}))

@@ -963,6 +963,10 @@ stories_pruned AS (
 keys_pruned AS (
     DELETE FROM job_idempotency_keys k USING pruned
     WHERE k.client_id = pruned.client_id AND k.idempotency_key = pruned.idempotency_key
+),
+-- a job's webhook deliveries go with it, sent or not
+deliveries_pruned AS (
+    DELETE FROM webhook_deliveries d USING pruned WHERE d.job_id = pruned.id
 )
 SELECT id FROM pruned;
 
@@ -1459,3 +1463,156 @@ SELECT coalesce(b.worker_id, s.worker_id) AS worker_id, coalesce(b.running, 0)::
 FROM busy b
 FULL JOIN seen s ON s.worker_id = b.worker_id
 ORDER BY 1;
+SELECT m.minute, coalesce(jobs.completed, 0) AS completed, coalesce(jobs.failed, 0) AS failed,
+       coalesce(calls.spend_usd, 0)::numeric(14, 6) AS spend_usd,
+       coalesce(calls.rate_limited, 0) AS rate_limited
+FROM minutes m
+LEFT JOIN jobs ON jobs.minute = m.minute
+LEFT JOIN calls ON calls.minute = m.minute
+ORDER BY m.minute;
+
+
+-- ---------------------------------------------------------------------------
+-- Webhooks: a client's endpoints (api/webhooks.py), the outbox the trigger
+-- story_jobs_webhook_outbox writes (sql/006), its delivery by the workers
+-- (worker/webhooks.py), the sweeper's gauge, the console and the CLI.
+
+-- name: webhook_endpoint_insert
+-- POST /webhook-endpoints: a client's new endpoint, unless it has
+-- %(max_per_client)s already (no row: refused). Two concurrent requests can
+-- both pass the count; a client with one endpoint too many costs nothing.
+INSERT INTO webhook_endpoints (client_id, url, events, secret)
+SELECT %(client_id)s, %(url)s, %(events)s::text[], %(secret)s
+WHERE (SELECT count(*) FROM webhook_endpoints WHERE client_id = %(client_id)s) < %(max_per_client)s
+RETURNING id, url, events, created_at, disabled_at, failing_since;
+
+-- name: webhook_endpoint_list_for_client
+-- GET /webhook-endpoints: the client's endpoints, without their secrets.
+SELECT id, url, events, created_at, disabled_at, failing_since
+FROM webhook_endpoints WHERE client_id = %(client_id)s
+ORDER BY created_at, id;
+
+-- name: webhook_endpoint_delete
+-- DELETE /webhook-endpoints/{id}: another client's id finds nothing, as an
+-- unknown one. Its deliveries go with it (ON DELETE CASCADE); one in flight
+-- then finds its row gone and records nothing.
+DELETE FROM webhook_endpoints WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
+RETURNING id;
+
+-- name: webhook_endpoint_rotate_secret
+-- POST /webhook-endpoints/{id}/rotate-secret: the new secret signs from now
+-- on, and the current one beside it for %(overlap_s)s seconds, so that a
+-- receiver can switch without refusing a delivery.
+UPDATE webhook_endpoints
+SET previous_secret = secret, previous_secret_expires_at = now() + make_interval(secs => %(overlap_s)s::float8),
+    secret = %(secret)s
+WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
+RETURNING id, url, events, created_at, disabled_at, failing_since;
+
+-- name: webhook_delivery_claim
+-- A worker takes up to %(limit)s due deliveries: each is counted as an
+-- attempt and leased until now + %(lease_s)s (next_attempt_at), in a short
+-- statement of its own, so no row lock is held during the HTTP call; a
+-- worker killed mid-delivery leaves it due again when the lease ends.
+-- SKIP LOCKED, as the job claim: workers never wait for each other here.
+-- The endpoint's secrets come with it; the previous one while it still signs.
+WITH due AS MATERIALIZED (
+    SELECT d.id FROM webhook_deliveries d
+    WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+    ORDER BY d.next_attempt_at, d.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, last_attempt_at = now(),
+    next_attempt_at = now() + make_interval(secs => %(lease_s)s::float8)
+FROM due, webhook_endpoints e
+WHERE d.id = due.id AND d.state = 'pending' AND e.id = d.endpoint_id
+RETURNING d.id, d.attempts, d.endpoint_id, e.url, e.secret,
+          CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+          e.disabled_at IS NOT NULL AS endpoint_disabled,
+          d.job_public_id, d.job_status::text AS job_status, d.error_code, d.story_id, d.occurred_at,
+          d.created_at;
+
+-- name: webhook_delivery_finish
+-- The end of one attempt, guarded by the attempt it was (a delivery whose
+-- lease ran out and was claimed again belongs to the new attempt): delivered,
+-- retry (due again in %(retry_in_s)s), dead (out of retries: its endpoint is
+-- marked failing) or gone (410: the endpoint is disabled and its other
+-- undelivered deliveries die with it). A success clears failing.
+WITH finished AS (
+    UPDATE webhook_deliveries d
+    SET state = CASE %(outcome)s WHEN 'delivered' THEN 'delivered' WHEN 'retry' THEN 'pending' ELSE 'dead' END,
+        next_attempt_at = CASE WHEN %(outcome)s = 'retry'
+                               THEN now() + make_interval(secs => %(retry_in_s)s::float8)
+                               ELSE d.next_attempt_at END,
+        delivered_at = CASE WHEN %(outcome)s = 'delivered' THEN now() END,
+        last_status_code = %(status_code)s, last_error = %(error)s
+    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.attempts = %(attempt)s
+    RETURNING d.endpoint_id, d.created_at
+),
+endpoint_marked AS (
+    UPDATE webhook_endpoints e
+    SET failing_since = CASE %(outcome)s WHEN 'delivered' THEN NULL ELSE coalesce(e.failing_since, now()) END,
+        disabled_at = CASE WHEN %(outcome)s = 'gone' THEN coalesce(e.disabled_at, now()) ELSE e.disabled_at END
+    FROM finished
+    WHERE e.id = finished.endpoint_id
+      AND (%(outcome)s IN ('dead', 'gone') OR (%(outcome)s = 'delivered' AND e.failing_since IS NOT NULL))
+),
+others_dropped AS (
+    UPDATE webhook_deliveries d
+    SET state = 'dead', last_error = 'the endpoint answered 410 Gone and was disabled'
+    FROM finished
+    WHERE %(outcome)s = 'gone' AND d.endpoint_id = finished.endpoint_id AND d.state = 'pending'
+      AND d.id <> %(delivery_id)s
+)
+-- from the event to this attempt's end, by the database's clock; no row:
+-- the attempt was no longer the delivery's
+SELECT extract(epoch FROM now() - created_at)::float8 AS latency_s FROM finished;
+
+-- name: webhook_delivery_gauges
+-- The sweeper's gauges, read from the undelivered rows only: how many wait,
+-- and the age of the oldest.
+SELECT count(*) AS undelivered,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at)), 0)::float8
+           AS oldest_undelivered_age_seconds
+FROM webhook_deliveries WHERE state = 'pending';
+
+-- name: webhook_endpoint_list
+-- `storyjobs webhooks endpoints` and the console: every endpoint, its
+-- client, and its deliveries by state.
+SELECT e.id, e.client_id, coalesce(c.name, '') AS client_name, e.url, e.events, e.created_at,
+       e.disabled_at, e.failing_since,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead
+FROM webhook_endpoints e LEFT JOIN api_clients c ON c.id = e.client_id
+WHERE (%(client_id)s::bigint IS NULL OR e.client_id = %(client_id)s::bigint)
+ORDER BY c.name, e.created_at, e.id;
+
+-- name: webhook_delivery_list
+-- `storyjobs webhooks deliveries` and the console: the last deliveries,
+-- newest first, of one endpoint or all, in one state or any.
+SELECT d.id, d.endpoint_id, e.url, d.job_public_id, d.job_status::text AS job_status, d.error_code,
+       d.state, d.attempts, d.created_at, d.next_attempt_at, d.last_attempt_at, d.last_status_code,
+       d.last_error, d.delivered_at
+FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+WHERE (%(endpoint_id)s::uuid IS NULL OR d.endpoint_id = %(endpoint_id)s::uuid)
+  AND (%(state)s::text IS NULL OR d.state = %(state)s::text)
+ORDER BY d.id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_delivery_retry
+-- An operator sends a dead delivery again: dead -> pending, due now, with a
+-- fresh schedule (its endpoint is enabled again unless it was deleted).
+-- Guarded by the state it expects; no row: not a dead delivery.
+WITH retried AS (
+    UPDATE webhook_deliveries d
+    SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+    WHERE d.id = %(delivery_id)s AND d.state = 'dead'
+    RETURNING d.id, d.endpoint_id
+),
+enabled AS (
+    UPDATE webhook_endpoints e SET disabled_at = NULL
+    FROM retried WHERE e.id = retried.endpoint_id AND e.disabled_at IS NOT NULL
+)
+SELECT id FROM retried;

@@ -44,3 +44,12 @@ BUDGET_RESERVED = Gauge(
 )
 for _gauge in (BUDGET_SPENT, BUDGET_RESERVED):
     _gauge.labels(scope="all")
+
+# the webhook outbox, read at each pass
+WEBHOOK_UNDELIVERED = Gauge(
+    "storyjobs_webhook_undelivered", "Webhook deliveries not yet delivered (waiting or in flight) at the last pass."
+)
+WEBHOOK_OLDEST_UNDELIVERED_AGE = Gauge(
+    "storyjobs_webhook_oldest_undelivered_age_seconds",
+    "Age of the oldest webhook event not yet delivered, at the last pass (0 when none).",
+)

@@ -128,6 +128,7 @@ class Sweeper:
             gauges = await store.job_queue_gauges(conn, now=now)
             await rollup.record_minutes(conn, self.settings, pending=gauges.pending, running=gauges.running)
             budgets = await store.budget_days_today(conn, now=now)
+            outbox = await store.webhook_delivery_gauges(conn, now=now)
             for _ in range(_PRUNE_BATCHES_PER_PASS):
                 deleted = await store.job_prune_finished(
                     conn, retention_s=self.settings.job_retention_s,
@@ -143,6 +144,8 @@ class Sweeper:
         for day in budgets:
             metrics.BUDGET_SPENT.labels(scope=day.scope).set(float(day.spent_usd))
             metrics.BUDGET_RESERVED.labels(scope=day.scope).set(float(day.reserved_usd))
+        metrics.WEBHOOK_UNDELIVERED.set(outbox.undelivered)
+        metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(outbox.oldest_undelivered_age_seconds)
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
             interrupted=counts[ErrorCode.INTERRUPTED],

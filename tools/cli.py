@@ -4,6 +4,7 @@
     storyjobs keys create NAME [--operator] | keys list | keys revoke PREFIX
     storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
     storyjobs stats
+    storyjobs webhooks endpoints [--client-id N] | webhooks deliveries [--endpoint ID] [--state S] [--limit N]
     storyjobs generate PROMPT [--wait] [--json]      (see tools/client.py)
 
 The database commands read DATABASE_URL (unset: the embedded Postgres);
@@ -24,7 +25,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from shared import db, keys, migrate, store
+from shared import db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
 from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
@@ -205,6 +206,35 @@ def _refilled(stored: float, limits: RateLimits, kind: str, since_s: float) -> s
     return f"{min(capacity, stored + rate * since_s):.0f} of {capacity:.0f}"
 
 
+async def cmd_webhooks_endpoints(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        rows = await store.webhook_endpoint_list(conn, client_id=args.client_id)
+    _out(f"{'ENDPOINT':<36}  {'CLIENT':<16} {'STATE':<8} {'PENDING':>7} {'DEAD':>5}  URL")
+    for row in rows:
+        state = "disabled" if row.disabled_at else "failing" if row.failing_since else "active"
+        _out(f"{row.id!s:<36}  {row.client_name[:16]:<16} {state:<8} {row.pending:>7} {row.dead:>5}  {row.url}")
+    return 0
+
+
+async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
+    endpoint_id = None
+    if args.endpoint is not None:
+        try:
+            endpoint_id = uuid.UUID(args.endpoint)
+        except ValueError:
+            sys.stderr.write(f"storyjobs: not an endpoint id: {args.endpoint!r}\n")
+            return 2
+    async with await _connect() as conn:
+        rows = await store.webhook_delivery_list(conn, endpoint_id=endpoint_id, state=args.state, limit=args.limit)
+    _out(f"{'ID':>8}  {'JOB_ID':<36}  {'EVENT':<13} {'STATE':<9} {'TRIES':>5} {'LAST':>4} {'LAST_ATTEMPT':<25} "
+         "ERROR")
+    for row in rows:
+        event = webhooks.event_of(row.job_status, row.error_code)
+        _out(f"{row.id:>8}  {row.job_public_id!s:<36}  {event:<13} {row.state:<9} {row.attempts:>5} "
+             f"{row.last_status_code or '-':>4} {_when(row.last_attempt_at):<25} {row.last_error or '-'}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="storyjobs", description="storyjobs: LLM stories as background jobs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -236,6 +266,17 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("stats", help="queue depth, throughput and spend over the last hour").set_defaults(
         run=cmd_stats)
+
+    hook_commands = commands.add_parser("webhooks", help="webhook endpoints and deliveries").add_subparsers(
+        dest="webhooks_command", required=True)
+    endpoints = hook_commands.add_parser("endpoints", help="every endpoint, its client and its deliveries by state")
+    endpoints.add_argument("--client-id", type=int)
+    endpoints.set_defaults(run=cmd_webhooks_endpoints)
+    deliveries = hook_commands.add_parser("deliveries", help="the last deliveries, newest first")
+    deliveries.add_argument("--endpoint", help="only this endpoint's (its id)")
+    deliveries.add_argument("--state", choices=["pending", "delivered", "dead"])
+    deliveries.add_argument("--limit", type=int, default=50)
+    deliveries.set_defaults(run=cmd_webhooks_deliveries)
 
     from tools import client
 

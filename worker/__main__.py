@@ -1,13 +1,20 @@
-"""``python -m worker``: claim and run story jobs until SIGTERM."""
+"""``python -m worker``: claim and run story jobs, and deliver webhooks,
+until SIGTERM."""
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
 import structlog
+from psycopg_pool import AsyncConnectionPool
 
 from shared import db, process
 from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
+from worker.delivery.loop import Deliverer
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
@@ -48,14 +55,52 @@ async def serve(settings: WorkerSettings) -> int:
         )
         await store.ensure_rate_bucket()
         coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen)
-        process.on_stop_signal(coordinator.stop)
-        try:
-            clean = await coordinator.run()
-        except WorkerCrashed:
-            return EXIT_CRASHED
-        finally:
-            await writer.aclose()
+        async with _deliveries_pool(settings) as deliveries_pool:
+            deliverer = Deliverer(settings, deliveries_pool)
+
+            def stop() -> None:
+                coordinator.stop()
+                deliverer.stop()
+
+            process.on_stop_signal(stop)
+            delivering = asyncio.create_task(deliverer.run())
+
+            def deliverer_ended(task: asyncio.Task[None]) -> None:
+                # the deliverer dying of a bug stops the worker too: a helper never dies silently
+                if not task.cancelled() and task.exception() is not None:
+                    coordinator.stop()
+
+            delivering.add_done_callback(deliverer_ended)
+            try:
+                clean = await coordinator.run()
+            except WorkerCrashed:
+                return EXIT_CRASHED
+            finally:
+                deliverer.stop()
+                with contextlib.suppress(Exception):
+                    await delivering
+                await writer.aclose()
+            if delivering.exception() is not None:
+                log.error("webhook.deliverer_crashed", exc_info=delivering.exception())
+                return EXIT_CRASHED
     return 0 if clean else EXIT_ABANDONED
+
+
+@contextlib.asynccontextmanager
+async def _deliveries_pool(settings: WorkerSettings) -> AsyncIterator[AsyncConnectionPool]:
+    """The deliveries' own connection, so that webhooks never wait for the
+    job loop's connections (nor it for theirs): each claim and record is one
+    short statement, so one connection serves WEBHOOK_CONCURRENCY attempts."""
+    pool = db.make_pool(
+        db.database_url(settings), application_name="storyjobs-worker-webhooks",
+        connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=10.0, min_size=1, max_size=1,
+        wait_timeout_s=2.0, generic_plans=True, pooler=settings.database_pooler,
+    )
+    await pool.open(wait=False)
+    try:
+        yield pool
+    finally:
+        await pool.close()
 
 
 def main() -> None:

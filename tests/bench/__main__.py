@@ -43,13 +43,14 @@ from tests.bench import (
     scale,
     statement_cost,
     stop,
+    webhooks,
 )
 from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model)
+                   stop, statement_cost, model, webhooks)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

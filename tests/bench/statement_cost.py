@@ -11,7 +11,8 @@ A private Postgres from this machine's binaries runs under callgrind, which
 follows each backend it forks. One connection sends the round statement as a
 worker does: it completes the jobs it claimed in the previous round and
 claims the next ones, one job a round and ten, without and with a rate limit
-configured. Each figure is the difference between two connections' totals,
+configured, and one job a round for a client with a webhook endpoint (whose
+completions write the outbox). Each figure is the difference between two connections' totals,
 of ROUNDS/5 and of ROUNDS rounds, over the difference in jobs, so connecting,
 warming up and planning cancel out. Needs valgrind and the Postgres server
 binaries (Debian's postgresql package); without them it reports nothing.
@@ -37,6 +38,7 @@ import psycopg
 from shared import db, store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion
+from shared.webhooks import EVENTS, new_secret
 from tests import dbserver
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
@@ -53,6 +55,8 @@ SPECS = {
     "batched_kinstr_per_job": FigureSpec("round statement, ten jobs a round: instructions per job", "k"),
     "one_limited_kinstr_per_job": FigureSpec(
         "round statement with a rate limit, one job a round: instructions per job", "k"),
+    "one_webhook_kinstr_per_job": FigureSpec(
+        "round statement for a client with a webhook endpoint, one job a round: instructions per job", "k"),
 }
 ROUNDS, QUICK_ROUNDS = 200, 20
 # so generous that the bucket never holds a job back
@@ -72,9 +76,11 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
     result.params.update({"rounds": rounds, "server": bindir})
     with _server_under_callgrind(bindir) as server:
         for run_number in range(1, ctx.runs + 1):
-            for key, batch, limited in (("one_kinstr_per_job", 1, False), ("batched_kinstr_per_job", 10, False),
-                                        ("one_limited_kinstr_per_job", 1, True)):
-                per_job = _instructions_per_job(server, rounds=rounds, batch=batch, limited=limited)
+            for key, batch, limited, webhook in (
+                    ("one_kinstr_per_job", 1, False, False), ("batched_kinstr_per_job", 10, False, False),
+                    ("one_limited_kinstr_per_job", 1, True, False), ("one_webhook_kinstr_per_job", 1, False, True)):
+                per_job = _instructions_per_job(server, rounds=rounds, batch=batch, limited=limited,
+                                                webhook=webhook)
                 result.add(key, per_job / 1000)
                 ctx.progress(f"statement_cost run {run_number}/{ctx.runs}: {key} {per_job / 1000:,.0f} k")
 
@@ -107,16 +113,16 @@ class _Server:
         return totals[0]
 
 
-def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool) -> float:
+def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool, webhook: bool) -> float:
     url = server.new_database()
-    asyncio.run(_prepare(url, jobs=2 * (rounds + 40) * batch, limited=limited))
+    asyncio.run(_prepare(url, jobs=2 * (rounds + 40) * batch, limited=limited, webhook=webhook))
     short = rounds // 5
     totals = [server.instructions(asyncio.run(_rounds(url, rounds=n, batch=batch, limited=limited)))
               for n in (short, rounds)]
     return (totals[1] - totals[0]) / ((rounds - short) * batch)
 
 
-async def _prepare(url: str, *, jobs: int, limited: bool) -> None:
+async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None:
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute("INSERT INTO api_clients (name) VALUES ('bench')")
         await conn.execute(
@@ -125,6 +131,10 @@ async def _prepare(url: str, *, jobs: int, limited: bool) -> None:
             {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
         if limited:
             await store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
+        if webhook:
+            await store.webhook_endpoint_insert(
+                conn, client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
+                secret=new_secret(), max_per_client=10)
         await conn.execute("VACUUM ANALYZE")
 
 

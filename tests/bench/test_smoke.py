@@ -98,13 +98,14 @@ def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -
 def test_quick_statement_cost_counts_the_round_statement(server_url: str, tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only statement_cost` exits 0 and counts the instructions per job of
     the round statement under callgrind, with and without a rate limit: a round of ten costs less per job
-    than a round of one (one statement and one commit for ten), and the limiter's arithmetic costs more."""
+    than a round of one (one statement and one commit for ten), and the limiter's arithmetic and the webhook
+    outbox's rows cost more."""
     if shutil.which("valgrind") is None or statement_cost._server_bindir() is None:
         pytest.skip("valgrind or the Postgres server binaries are not installed")
     bench = run_quick("statement_cost", server_url, tmp_path)["benchmarks"]["statement_cost"]
     assert bench["error"] is None
-    one, batched, limited = (bench["figures"][f"{key}_kinstr_per_job"]["median"]
-                             for key in ("one", "batched", "one_limited"))
+    one, batched, limited, webhook = (bench["figures"][f"{key}_kinstr_per_job"]["median"]
+                                      for key in ("one", "batched", "one_limited", "one_webhook"))
     assert 0 < batched < one < limited
 
 
@@ -116,3 +117,12 @@ def test_quick_poll_measures_the_api_beside_the_bare_app(server_url: str, tmp_pa
     figures = {key: figure["median"] for key, figure in bench["figures"].items()}
     assert figures["api_rps"] > 0 and figures["bare_rps"] > 0 and figures["api_errors"] == 0
     assert figures["ratio"] == pytest.approx(figures["api_rps"] / figures["bare_rps"])
+    assert one < webhook
+
+
+def test_quick_webhooks_deliver_the_backlog(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only webhooks` exits 0 with a positive delivery rate at both concurrencies."""
+    bench = run_quick("webhooks", server_url, tmp_path)["benchmarks"]["webhooks"]
+    assert bench["error"] is None
+    assert set(bench["figures"]) == {"per_s_concurrency_4", "per_s_concurrency_16"}
+    assert all(figure["median"] > 0 for figure in bench["figures"].values())

@@ -137,3 +137,25 @@ async def test_the_keda_trigger_counts_live_jobs_through_the_active_index(
     document = row[0] if isinstance(row[0], list) else json.loads(row[0])
     (scan,) = _story_jobs_scans(document[0]["Plan"])
     assert scan in ("Index Only Scan:story_jobs_active_idx", "Index Scan:story_jobs_active_idx")
+
+
+async def test_the_webhook_claim_reads_only_the_undelivered_deliveries(conn: psycopg.AsyncConnection[Any]) -> None:
+    """With 20,000 delivered events behind 50 waiting ones, the delivery claim and the sweeper's outbox
+    gauge read the partial index of undelivered rows, never the whole outbox."""
+    await conn.execute("INSERT INTO api_clients (name) VALUES ('explain')")
+    await conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
+                       "VALUES (1, 'https://hooks.example.com/in', '{job.completed}', 'whsec_x')")
+    await conn.execute(
+        "INSERT INTO webhook_deliveries (endpoint_id, job_id, job_public_id, job_status, occurred_at, state, "
+        "delivered_at) SELECT (SELECT id FROM webhook_endpoints), g, gen_random_uuid(), 'completed', now(), "
+        "CASE WHEN g <= 20000 THEN 'delivered' ELSE 'pending' END, "
+        "CASE WHEN g <= 20000 THEN now() END FROM generate_series(1, 20050) g")
+    await conn.execute("VACUUM ANALYZE webhook_deliveries")
+    for query, params in (("webhook_delivery_claim", {"limit": 4, "lease_s": 20.0}),
+                          ("webhook_delivery_gauges", {"now": None})):
+        plan = await _plan(conn, query, params)
+        scans = [f"{node['Node Type']}:{node.get('Index Name', '')}" for node in _plan_nodes(plan)
+                 if node.get("Relation Name") == "webhook_deliveries" and "Scan" in node["Node Type"]]
+        assert scans and all(s.endswith("webhook_deliveries_due_idx") or s.endswith("webhook_deliveries_pkey")
+                             for s in scans), (query, scans)
+        assert not any(s.startswith("Seq Scan") for s in scans), (query, scans)

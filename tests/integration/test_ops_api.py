@@ -41,7 +41,7 @@ def _operations(document: dict[str, Any]) -> list[tuple[str, str]]:
 
 def _concrete(path: str, job: seed.Job, client_id: int, prefix: str) -> str:
     return (path.replace("{job_id}", str(job.public_id)).replace("{client_id}", str(client_id))
-            .replace("{key_prefix}", prefix))
+            .replace("{key_prefix}", prefix).replace("{delivery_id}", "1"))
 
 
 async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wrong_key(
@@ -57,7 +57,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:
         operations = _operations((await client.get("/schema/openapi.json")).json())
-        assert len(operations) == 11, operations
+        assert len(operations) == 13, operations
         for method, path in operations:
             url = _concrete(path, job, client_id, prefix)
             body = {"through": "x"} if method == "POST" and path.endswith("cancel-pending") else None

@@ -5,12 +5,13 @@ from __future__ import annotations
 import asyncio
 import subprocess
 import sys
+import uuid
 from decimal import Decimal
 
 import psycopg
 import pytest
 
-from shared import store
+from shared import store, webhooks
 from shared.rows import Completion, Failure
 from tests.helpers import client_id_of, enqueue
 from tests.system.procs import REPO
@@ -128,3 +129,25 @@ def test_stats_without_the_apis_budget_says_it_is_not_in_this_environment(databa
     assert result.returncode == 0, result.stderr
     assert "no BUDGET_USD_PER_DAY in this environment (the api's may set one)" in result.stdout
     assert "no budget" not in result.stdout
+def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, history: dict[str, str]) -> None:
+    """`webhooks endpoints` shows each endpoint with its counts; `webhooks deliveries` each event, by state."""
+
+    async def hook() -> None:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            client = await client_id_of(conn, "ops")
+            endpoint = await store.webhook_endpoint_insert(
+                conn, client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
+                secret=webhooks.new_secret(), max_per_client=10)
+            assert endpoint is not None
+            await store.job_cancel(conn, client_id=client, job_id=uuid.UUID(history["waiting"]))
+
+    asyncio.run(hook())
+    endpoints = storyjobs(database_url, "webhooks", "endpoints")
+    assert endpoints.returncode == 0, endpoints.stderr
+    (line,) = endpoints.stdout.splitlines()[1:]
+    assert line.split()[1:5] == ["ops", "active", "1", "0"] and line.endswith("https://hooks.example.com/in")
+    deliveries = storyjobs(database_url, "webhooks", "deliveries", "--state", "pending")
+    assert deliveries.returncode == 0, deliveries.stderr
+    (row,) = deliveries.stdout.splitlines()[1:]
+    assert row.split()[1:5] == [history["waiting"], "job.cancelled", "pending", "0"]
+    assert storyjobs(database_url, "webhooks", "deliveries", "--state", "dead").stdout.splitlines()[1:] == []

@@ -1,0 +1,183 @@
+"""The delivery loop: ``Deliverer.run()`` until ``stop()``.
+
+Each turn claims as many due deliveries as it has free slots
+(WEBHOOK_CONCURRENCY) in one short statement that leases them
+(webhook_delivery_claim), sends each in its own task with no transaction
+open, and records how the attempt ended in one guarded statement
+(webhook_delivery_finish): 2xx delivered; 410 the endpoint disabled; any
+other answer, a network error, a timeout or a refused address is retried on
+the spec's schedule, or after the receiver's Retry-After, and dead when the
+schedule is spent. Delivery is at least once: a worker killed mid-attempt,
+or one whose record fails, leaves the lease to run out and the delivery to
+be sent again with the same ``webhook-id``.
+
+Database errors are logged once per episode and waited out; they never stop
+the loop. On stop, attempts in flight get their timeout to finish; any still
+running are abandoned to their leases.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+import time
+
+import httpx
+import psycopg
+import structlog
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from shared import store, webhooks
+from shared.config import WorkerSettings
+from shared.rows import DeliveryOutcome, WebhookDeliveryClaim
+from worker.delivery import metrics, send
+
+log = structlog.get_logger()
+
+BACKOFF_FIRST_S = 0.5
+BACKOFF_MAX_S = 5.0
+# what is kept of an error in last_error
+_ERROR_CHARS = 500
+
+
+class Deliverer:
+    def __init__(self, settings: WorkerSettings, pool: AsyncConnectionPool) -> None:
+        self.settings = settings
+        self._pool = pool
+        self._stopping = asyncio.Event()
+        self._tasks: set[asyncio.Task[None]] = set()
+        # built once: loading the trust store costs milliseconds
+        self._ssl_context = ssl.create_default_context()
+        self._backoff_s = 0.0
+
+    def stop(self) -> None:
+        self._stopping.set()
+
+    async def run(self) -> None:
+        log.info("webhook.deliverer_started", concurrency=self.settings.webhook_concurrency,
+                 allow_private=self.settings.webhook_allow_private)
+        stopping = asyncio.ensure_future(self._stopping.wait())
+        try:
+            while not self._stopping.is_set():
+                claimed = await self._claim()
+                for delivery in claimed:
+                    task = asyncio.create_task(self._deliver(delivery))
+                    self._tasks.add(task)
+                    task.add_done_callback(self._tasks.discard)
+                free = self.settings.webhook_concurrency - len(self._tasks)
+                if claimed and free > 0 and not self._backoff_s:
+                    # a full batch: more may be due
+                    continue
+                wait_s = self._backoff_s or self.settings.webhook_poll_interval_s
+                await asyncio.wait({stopping, *self._tasks}, timeout=wait_s,
+                                   return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stopping.cancel()
+            if self._tasks:
+                await asyncio.wait(set(self._tasks), timeout=self.settings.webhook_timeout_s + 1.0)
+            for task in list(self._tasks):
+                task.cancel()
+            log.info("webhook.deliverer_stopped", abandoned=len(self._tasks))
+
+    async def _claim(self) -> list[WebhookDeliveryClaim]:
+        free = self.settings.webhook_concurrency - len(self._tasks)
+        if free <= 0:
+            return []
+        try:
+            async with self._pool.connection() as conn:
+                claimed = await store.webhook_delivery_claim(conn, limit=free, lease_s=self.settings.webhook_lease_s)
+        except (psycopg.Error, PoolTimeout) as exc:
+            self._database_failed(exc)
+            return []
+        self._database_answered()
+        return claimed
+
+    def _database_failed(self, exc: Exception) -> None:
+        if not self._backoff_s:
+            log.warning("webhook.database_error", error=type(exc).__name__,
+                        sqlstate=getattr(exc, "sqlstate", None), detail=str(exc)[:200])
+        self._backoff_s = min(max(self._backoff_s * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
+
+    def _database_answered(self) -> None:
+        if self._backoff_s:
+            log.info("webhook.database_back")
+        self._backoff_s = 0.0
+
+    async def _deliver(self, delivery: WebhookDeliveryClaim) -> None:
+        bound = log.bind(delivery_id=delivery.id, job_id=str(delivery.job_public_id),
+                         endpoint_id=str(delivery.endpoint_id), attempt=delivery.attempts)
+        if delivery.endpoint_disabled:
+            await self._finish(delivery, "dead", error="the endpoint is disabled", bound=bound)
+            return
+        event = webhooks.event_of(delivery.job_status, delivery.error_code)
+        msg_id = webhooks.message_id(delivery.job_public_id, event)
+        payload = webhooks.body(job_public_id=delivery.job_public_id, status=delivery.job_status,
+                                error_code=delivery.error_code, story_id=delivery.story_id,
+                                occurred_at=delivery.occurred_at)
+        signing = [delivery.secret, *([delivery.previous_secret] if delivery.previous_secret else [])]
+        headers = webhooks.headers(signing, msg_id, int(time.time()), payload)
+        status_code: int | None = None
+        retry_after_s: float | None = None
+        error: str | None = None
+        started = time.perf_counter()
+        try:
+            async with asyncio.timeout(self.settings.webhook_timeout_s):
+                answer = await send.post(delivery.url, headers, payload,
+                                         allow_private=self.settings.webhook_allow_private,
+                                         timeout_s=self.settings.webhook_timeout_s,
+                                         ssl_context=self._ssl_context)
+            status_code = answer.status_code
+            retry_after_s = webhooks.parse_retry_after(answer.retry_after)
+        except webhooks.UnsafeUrl as exc:
+            metrics.REFUSED.inc()
+            error = f"refused: {exc}"
+            bound.warning("webhook.refused", detail=str(exc))
+        except TimeoutError:
+            error = f"no answer within {self.settings.webhook_timeout_s:g} s"
+        except (httpx.HTTPError, OSError) as exc:
+            error = f"{type(exc).__name__}: {exc}"
+        finally:
+            metrics.ATTEMPT_DURATION.observe(time.perf_counter() - started)
+        if status_code is not None and 200 <= status_code < 300:
+            await self._finish(delivery, "delivered", status_code=status_code, bound=bound)
+            return
+        if status_code == 410:
+            await self._finish(delivery, "gone", status_code=status_code,
+                               error="410 Gone: the endpoint is disabled", bound=bound)
+            return
+        if status_code is not None:
+            error = f"HTTP {status_code}"
+        retry_in = webhooks.retry_in_s(delivery.attempts, retry_after_s, scale=self.settings.webhook_retry_scale)
+        if retry_in is None:
+            await self._finish(delivery, "dead", status_code=status_code, error=error, bound=bound)
+        else:
+            await self._finish(delivery, "retry", retry_in_s=retry_in, status_code=status_code, error=error,
+                               bound=bound)
+
+    async def _finish(self, delivery: WebhookDeliveryClaim, outcome: DeliveryOutcome, *,
+                      bound: structlog.typing.FilteringBoundLogger, retry_in_s: float = 0.0,
+                      status_code: int | None = None, error: str | None = None) -> None:
+        try:
+            async with self._pool.connection() as conn:
+                latency_s = await store.webhook_delivery_finish(
+                    conn, delivery_id=delivery.id, attempt=delivery.attempts, outcome=outcome,
+                    retry_in_s=retry_in_s, status_code=status_code,
+                    error=None if error is None else error[:_ERROR_CHARS])
+        except (psycopg.Error, PoolTimeout) as exc:
+            # the lease runs out and the delivery is sent again: at least once
+            bound.warning("webhook.record_failed", outcome=outcome, error=type(exc).__name__,
+                          sqlstate=getattr(exc, "sqlstate", None))
+            return
+        if latency_s is None:
+            metrics.DELIVERIES.labels(outcome="lost").inc()
+            bound.info("webhook.lost_race", outcome=outcome)
+            return
+        label = {"delivered": "delivered", "retry": "retried", "dead": "dead", "gone": "gone"}[outcome]
+        metrics.DELIVERIES.labels(outcome=label).inc()
+        if outcome == "delivered":
+            metrics.LATENCY.observe(latency_s)
+            bound.info("webhook.delivered", status_code=status_code)
+        elif outcome == "retry":
+            bound.info("webhook.retry", status_code=status_code, error=error, retry_in_s=round(retry_in_s, 3))
+        else:
+            bound.warning(f"webhook.{outcome}", status_code=status_code, error=error)
