@@ -57,12 +57,12 @@ from shared.rows import (
     SettleResult,
     StaleJob,
     StoryView,
-    WorkerRow,
     WebhookDeliveryClaim,
     WebhookDeliveryGauges,
     WebhookDeliveryRow,
     WebhookEndpointAdminRow,
     WebhookEndpointRow,
+    WorkerRow,
 )
 from shared.status import JobStatus, LlmOutcome
 
@@ -631,8 +631,6 @@ async def ops_client_today(conn: Conn, *, from_id: int, day_start: datetime) -> 
 
 async def ops_workers(conn: Conn) -> list[WorkerRow]:
     return await _all(conn, WorkerRow, "ops_workers", {})
-async def ops_minutes(conn: Conn, *, hour_from_id: int) -> list[OpsMinuteRow]:
-    return await _all(conn, OpsMinuteRow, "ops_minutes", {"hour_from_id": hour_from_id})
 
 
 # -- webhooks ----------------------------------------------------------------------
