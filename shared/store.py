@@ -197,6 +197,9 @@ async def job_insert_if_admitted(
             "max_tokens": a.max_tokens,
             "input_tokens_estimate": a.input_tokens_estimate,
             "worst_case_usd": a.worst_case_usd,
+            "model": a.model,
+            "input_usd_per_mtok": a.input_usd_per_mtok,
+            "output_usd_per_mtok": a.output_usd_per_mtok,
         }
         for ord_, a in enumerate(admissions)
     ]
@@ -468,6 +471,11 @@ async def job_prune_finished(
         conn, "job_prune_finished", {"retention_s": retention_s, "batch_size": batch_size, "now": now}
     )
     return len(ids)
+
+
+async def budget_over_reservation_total(conn: Conn) -> Decimal:
+    (total,) = await _scalars(conn, "budget_over_reservation_total")
+    return Decimal(total)
 
 
 # -- operators' commands ----------------------------------------------------------

@@ -127,6 +127,7 @@ class Sweeper:
                     break
             gauges = await store.job_queue_gauges(conn, now=now)
             budgets = await store.budget_days_today(conn, now=now)
+            over_reservation = await store.budget_over_reservation_total(conn)
             for _ in range(_PRUNE_BATCHES_PER_PASS):
                 deleted = await store.job_prune_finished(
                     conn, retention_s=self.settings.job_retention_s,
@@ -142,6 +143,7 @@ class Sweeper:
         for day in budgets:
             metrics.BUDGET_SPENT.labels(scope=day.scope).set(float(day.spent_usd))
             metrics.BUDGET_RESERVED.labels(scope=day.scope).set(float(day.reserved_usd))
+        metrics.OVER_RESERVATION.value = float(over_reservation)
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
             interrupted=counts[ErrorCode.INTERRUPTED],
