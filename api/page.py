@@ -2,7 +2,7 @@
 console (static files under api/static/).
 
 No build step: index.html, app.js and style.css for the parents; ops.html,
-ops.js and ops.css for the operators; base.css for both; an icon. They are read once at import
+ops.js, ops-actions.js and ops.css for the operators; base.css for both; an icon. They are read once at import
 and served with a Content-Security-Policy that lets a page run only its own
 script and style: stories and error texts are LLM and provider output, and
 both pages insert them, like every value from the api, as text only.
@@ -45,6 +45,7 @@ _MEDIA_TYPES = {
     "icon.svg": "image/svg+xml",
     "ops.html": "text/html",
     "ops.js": "text/javascript",
+    "ops-actions.js": "text/javascript",
     "ops.css": "text/css",
 }
 # pages, served at their own paths, not under /static/

@@ -202,6 +202,16 @@ def _refilled(stored: float, limits: RateLimits, kind: str, since_s: float) -> s
     return f"{min(capacity, stored + rate * since_s):.0f} of {capacity:.0f}"
 
 
+async def cmd_actions(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        rows = await store.operator_action_list(conn, limit=args.limit)
+    _out(f"{'WHEN':<25} {'OPERATOR':<16} {'KEY':<14} {'ACTION':<18} {'TOUCHED':>7}  ON")
+    for row in rows:
+        _out(f"{_when(row.acted_at):<25} {row.operator[:16]:<16} {row.operator_key_prefix:<14} {row.action:<18} "
+             f"{row.touched:>7}  {row.job_id or row.filter or '-'}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="storyjobs", description="storyjobs: LLM stories as background jobs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -233,6 +243,10 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("stats", help="queue depth, throughput and spend over the last hour").set_defaults(
         run=cmd_stats)
+
+    actions = commands.add_parser("actions", help="what operators did from the console, newest first")
+    actions.add_argument("--limit", type=int, default=50)
+    actions.set_defaults(run=cmd_actions)
 
     from shared import client
 

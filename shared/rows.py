@@ -287,6 +287,8 @@ class OperatorKeyAuth(msgspec.Struct, frozen=True):
     key_hash: bytes
     revoked: bool
     name: str
+    # operator_actions.operator_key_id of what this key does
+    key_id: int = 0
 
 
 class OperatorKeyListRow(msgspec.Struct, frozen=True):
@@ -432,3 +434,19 @@ class RateBucketRow(msgspec.Struct, frozen=True):
     output_tokens: float | None
     paused_s: float
     since_refill_s: float
+
+
+OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke"]
+
+
+class OperatorActionRow(msgspec.Struct, frozen=True):
+    """One recorded operator action; filter is its JSON text, as stored."""
+
+    id: int
+    operator: str
+    operator_key_prefix: str
+    action: OperatorAction
+    job_id: uuid.UUID | None
+    filter: str | None
+    touched: int
+    acted_at: datetime

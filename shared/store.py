@@ -41,6 +41,8 @@ from shared.rows import (
     KeyAuth,
     KeyListRow,
     LlmCallRow,
+    OperatorAction,
+    OperatorActionRow,
     OperatorKeyAuth,
     OperatorKeyListRow,
     OpsClient,
@@ -596,3 +598,17 @@ async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
 
 async def ops_minutes(conn: Conn, *, hour_from_id: int) -> list[OpsMinuteRow]:
     return await _all(conn, OpsMinuteRow, "ops_minutes", {"hour_from_id": hour_from_id})
+
+
+async def operator_action_record(
+    conn: Conn, *, operator_key_id: int, action: OperatorAction, touched: int, job_id: uuid.UUID | None = None,
+    filter: Mapping[str, Any] | None = None,
+) -> None:
+    """Records an operator's action; run it in the action's transaction."""
+    await conn.execute(Q["operator_action_insert"], {
+        "operator_key_id": operator_key_id, "action": action, "job_id": job_id,
+        "filter": None if filter is None else _json(filter), "touched": touched})
+
+
+async def operator_action_list(conn: Conn, *, limit: int, before_id: int | None = None) -> list[OperatorActionRow]:
+    return await _all(conn, OperatorActionRow, "operator_action_list", {"limit": limit, "before_id": before_id})

@@ -57,3 +57,23 @@ BEGIN
     RETURN NULL;
 END
 $$;
+
+-- What operators did from the console (/ops/): one row per action, written
+-- in the action's own transaction, so the database says who cancelled a job
+-- or revoked a key, and what the action matched and touched.
+CREATE TABLE operator_actions (
+    id               bigint GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+    -- whose key did it (operator_keys keeps revoked keys: the name stays)
+    operator_key_id  bigint NOT NULL REFERENCES operator_keys (id),
+    action           text NOT NULL CHECK (action IN ('job_cancel', 'pending_cancel', 'client_keys_revoke',
+                                                     'key_revoke')),
+    -- the job of a job_cancel
+    job_id           uuid,
+    -- what the other actions matched, as the request gave it: the
+    -- cancel-by-filter's client_id, created_after, created_before and through;
+    -- a revocation's client_id or key_prefix
+    filter           jsonb,
+    -- how many jobs or keys it changed (0: it found nothing left to change)
+    touched          integer NOT NULL CHECK (touched >= 0),
+    acted_at         timestamptz NOT NULL DEFAULT now()
+);

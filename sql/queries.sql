@@ -1022,7 +1022,7 @@ VALUES (%(name)s, %(key_prefix)s, %(key_hash)s);
 -- name: operator_key_get
 -- Every /ops request: the api compares key_hash in constant time. Only
 -- operator_keys is read, so a client's key is not found here.
-SELECT key_hash, revoked_at IS NOT NULL AS revoked, name
+SELECT key_hash, revoked_at IS NOT NULL AS revoked, name, id AS key_id
 FROM operator_keys
 WHERE key_prefix = %(key_prefix)s;
 
@@ -1338,3 +1338,20 @@ FROM minutes m
 LEFT JOIN jobs ON jobs.minute = m.minute
 LEFT JOIN calls ON calls.minute = m.minute
 ORDER BY m.minute;
+
+-- name: operator_action_insert
+-- An operator's action, recorded in the action's own transaction (api/ops.py
+-- runs both in one): who (the key's id), what, on what, and how many jobs
+-- or keys it changed.
+INSERT INTO operator_actions (operator_key_id, action, job_id, filter, touched)
+VALUES (%(operator_key_id)s, %(action)s, %(job_id)s, %(filter)s::jsonb, %(touched)s);
+
+-- name: operator_action_list
+-- The console's "Recent actions" and `storyjobs actions`, newest first,
+-- before %(before_id)s when paging; the operator named by its key.
+SELECT a.id, k.name AS operator, k.key_prefix AS operator_key_prefix, a.action, a.job_id,
+       a.filter::text AS filter, a.touched, a.acted_at
+FROM operator_actions a JOIN operator_keys k ON k.id = a.operator_key_id
+WHERE %(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint
+ORDER BY a.id DESC
+LIMIT %(limit)s;
