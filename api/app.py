@@ -37,6 +37,7 @@ from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
+from shared import db
 from shared.config import ApiSettings
 
 # a story request is a prompt of at most 2000 characters and a few options
@@ -85,9 +86,27 @@ async def readyz(api_state: NamedDependency[ApiState]) -> Response[Health]:
         async with asyncio.timeout(READY_TIMEOUT_S), api_state.pool.connection() as conn:
             await conn.execute("SELECT 1")
     except (psycopg.OperationalError, TimeoutError) as exc:
-        raise ProblemError(503, "Service Unavailable", f"the database does not answer ({type(exc).__name__})",
+        detail = f"the database does not answer ({type(exc).__name__})"
+        if await _refused_by_pooler(api_state.pool):
+            detail = db.POOLER_REFUSED_OPTIONS
+        raise ProblemError(503, "Service Unavailable", detail,
                            headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)}) from None
     return Response(Health(status="ok"))
+
+
+async def _refused_by_pooler(pool: AsyncConnectionPool) -> bool:
+    """Whether the pool cannot connect because a transaction pooler refuses
+    its startup options: a pool's timeout does not say why its connections
+    fail, so one is tried here, as the pool makes them."""
+    if not isinstance(pool.conninfo, str) or not isinstance(pool.kwargs, dict):
+        return False
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            conn = await pool.connection_class.connect(pool.conninfo, **pool.kwargs)
+            await conn.close()
+    except (psycopg.OperationalError, TimeoutError) as exc:
+        return db.refused_by_pooler(exc)
+    return False
 
 
 def _metrics_registry() -> CollectorRegistry:
