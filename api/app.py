@@ -21,6 +21,7 @@ from litestar import Litestar, MediaType, Response, get
 from litestar.di import NamedDependency, Provide
 from litestar.enums import ScopeType
 from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import (
@@ -32,7 +33,7 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, openapi, ops, pacing, page
+from api import docs_pages, metrics, openapi, ops, pacing, page
 from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
@@ -134,7 +135,8 @@ def create_app(
     """The api around ``pool``; ``lifespan`` wraps the server's life (the
     process's own pool is opened and closed there)."""
     app = Litestar(
-        route_handlers=[ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES],
+        route_handlers=[ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics, *page.ROUTES,
+                        *(docs_pages.ROUTES if settings.api_docs_pages else [])],
         dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],
@@ -148,6 +150,9 @@ def create_app(
             version="1",
             description="Bedtime stories written by an LLM, as background jobs: start one, then poll it.",
             path="/schema",
+            # the document only: Litestar's pages load their viewers from
+            # public CDNs; ours are api/docs_pages.py's
+            render_plugins=[JsonRenderPlugin()],
             components=Components(
                 security_schemes={
                     "BearerAuth": SecurityScheme(type="http", scheme="bearer",

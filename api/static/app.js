@@ -67,7 +67,13 @@
     return `${hex.slice(0, 8)}-${hex.slice(8, 12)}-${hex.slice(12, 16)}-${hex.slice(16, 20)}-${hex.slice(20)}`;
   }
 
-  const apiKey = () => localStorage.getItem(KEY_STORAGE) || "";
+  // the key lives in this tab's sessionStorage, or in localStorage when the
+  // parent asks to keep it on this device
+  const apiKey = () => sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
+  function forgetKey() {
+    sessionStorage.removeItem(KEY_STORAGE);
+    localStorage.removeItem(KEY_STORAGE);
+  }
 
   function call(method, path, { headers = {}, body } = {}) {
     return fetch(path, {
@@ -155,7 +161,7 @@
     view.progress.hidden = true;
     view.cancel.hidden = true;
     if (error instanceof ApiError && error.status === 401) {
-      localStorage.removeItem(KEY_STORAGE);
+      forgetKey();
       showKeyState();
       view.job.hidden = true;
       showError("The API key was refused. Enter it again.");
@@ -260,7 +266,8 @@
       showError("Paste your API key first.");
       return;
     }
-    localStorage.setItem(KEY_STORAGE, key);
+    forgetKey();
+    (byId("key-keep").checked ? localStorage : sessionStorage).setItem(KEY_STORAGE, key);
     view.keyInput.value = "";
     showError("");
     showKeyState();
@@ -268,7 +275,7 @@
   });
 
   view.changeKey.addEventListener("click", () => {
-    localStorage.removeItem(KEY_STORAGE);
+    forgetKey();
     showKeyState();
     view.keyInput.focus();
   });

@@ -119,7 +119,9 @@ def test_page_follows_a_story_from_the_queue_to_its_text(
     (REPO / "test-output").mkdir(exist_ok=True)
     shutil.copyfile(screenshot, REPO / "test-output" / "page.png")
 
-    assert page.evaluate("localStorage.getItem('storyjobs.apiKey')") == api_key
+    # kept for this tab only: the parent did not ask to keep it on this device
+    assert page.evaluate("sessionStorage.getItem('storyjobs.apiKey')") == api_key
+    assert page.evaluate("localStorage.getItem('storyjobs.apiKey')") is None
     [call] = fake_llm.fake.billed
     assert "Mia" in call.prompt and "5 years old" in call.prompt
     with psycopg.connect(database_url, autocommit=True) as conn:
