@@ -148,3 +148,34 @@ def test_the_documentation_pages_are_off_unless_asked_for(system: System) -> Non
                      "/schema/assets/swagger-ui-bundle.js"):
             assert client.get(path).status_code == 404, path
         assert client.get("/schema/openapi.json").status_code == 200
+
+
+def test_the_cancel_by_filter_dialog_names_the_filter_it_sends_not_the_forms_selection(
+    api: ApiProc, database_url: str, browser: Browser
+) -> None:
+    """Jobs filtered by client acme, then globex chosen in the form without filtering again: the confirmation
+    names acme, whose pending jobs the cancel would send, and the count is acme's."""
+
+    async def history(conn: Any) -> str:
+        acme, _ = await seed.client(conn, "acme")
+        globex, _ = await seed.client(conn, "globex")
+        await seed.insert_jobs(conn, [seed.pending(acme, 30), seed.pending(globex, 20), seed.pending(acme, 10)])
+        return await seed.operator_key(conn, "ada")
+
+    key = seed.seeded(database_url, history)
+    console = OfflinePage(browser)
+    page = console.page
+    page.goto(api.base_url + "/ops/")
+    page.fill("#key-input", key)
+    page.click("#key-form button[type=submit]")
+    expect(page.locator("#overview-screen")).to_be_visible(timeout=WAIT_MS)
+    page.goto(api.base_url + "/ops/#/jobs")
+    page.locator("#f-client").select_option(label="acme")
+    page.click("#filters button[type=submit]")
+    expect(page.locator("#jobs-rows tr")).to_have_count(2, timeout=WAIT_MS)
+    page.locator("#f-client").select_option(label="globex")
+    page.click("#cancel-matching")
+    expect(page.locator("#confirm-text")).to_have_text(
+        "Cancel 2 pending jobs of client acme? Jobs that arrive from now on are not affected.", timeout=WAIT_MS)
+    page.click("#confirm-no")
+    _check(console)
