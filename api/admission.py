@@ -31,11 +31,14 @@ def admission(client_id: int, idempotency_key: str, request: StoryRequest, setti
     max_tokens its length allows, its input tokens estimated (for the rate
     limiter) and bounded (for its worst case, which a spend budget reserves)."""
     max_tokens = prompt.max_tokens(request, settings.llm_max_tokens)
+    price = settings.price()
     return Admission(
         client_id=client_id, idempotency_key=idempotency_key, request_fingerprint=fingerprint(request),
         request_json=canonical_json(request).decode(), max_tokens=max_tokens,
         input_tokens_estimate=prompt.input_tokens_estimate(request),
-        worst_case_usd=settings.price().worst_case(prompt.input_tokens_at_most(request), max_tokens),
+        worst_case_usd=price.worst_case(prompt.input_tokens_at_most(request), max_tokens),
+        model=settings.llm_model, input_usd_per_mtok=price.input_usd_per_mtok,
+        output_usd_per_mtok=price.output_usd_per_mtok,
     )
 
 

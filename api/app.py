@@ -21,6 +21,7 @@ from litestar import Litestar, MediaType, Response, get
 from litestar.di import NamedDependency, Provide
 from litestar.enums import ScopeType
 from litestar.openapi.config import OpenAPIConfig
+from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from prometheus_client import (
@@ -32,11 +33,12 @@ from prometheus_client import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import metrics, openapi, ops, pacing, page, webhooks
+from api import docs_pages, metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
 from api.jobs import ROUTES, ApiState, provide_api_state
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
+from shared import db
 from shared.config import ApiSettings
 
 # a story request is a prompt of at most 2000 characters and a few options
@@ -85,9 +87,27 @@ async def readyz(api_state: NamedDependency[ApiState]) -> Response[Health]:
         async with asyncio.timeout(READY_TIMEOUT_S), api_state.pool.connection() as conn:
             await conn.execute("SELECT 1")
     except (psycopg.OperationalError, TimeoutError) as exc:
-        raise ProblemError(503, "Service Unavailable", f"the database does not answer ({type(exc).__name__})",
+        detail = f"the database does not answer ({type(exc).__name__})"
+        if await _refused_by_pooler(api_state.pool):
+            detail = db.POOLER_REFUSED_OPTIONS
+        raise ProblemError(503, "Service Unavailable", detail,
                            headers={"Retry-After": str(OUTAGE_RETRY_AFTER_S)}) from None
     return Response(Health(status="ok"))
+
+
+async def _refused_by_pooler(pool: AsyncConnectionPool) -> bool:
+    """Whether the pool cannot connect because a transaction pooler refuses
+    its startup options: a pool's timeout does not say why its connections
+    fail, so one is tried here, as the pool makes them."""
+    if not isinstance(pool.conninfo, str) or not isinstance(pool.kwargs, dict):
+        return False
+    try:
+        async with asyncio.timeout(READY_TIMEOUT_S):
+            conn = await pool.connection_class.connect(pool.conninfo, **pool.kwargs)
+            await conn.close()
+    except (psycopg.OperationalError, TimeoutError) as exc:
+        return db.refused_by_pooler(exc)
+    return False
 
 
 def _metrics_registry() -> CollectorRegistry:
@@ -116,7 +136,7 @@ def create_app(
     process's own pool is opened and closed there)."""
     app = Litestar(
         route_handlers=[ROUTES, webhooks.ROUTES, ops.ROUTES, webhooks.OPS_ROUTES, healthz, readyz, prometheus_metrics,
-                        *page.ROUTES],
+                        *page.ROUTES, *(docs_pages.ROUTES if settings.api_docs_pages else [])],
         dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],
@@ -130,6 +150,9 @@ def create_app(
             version="1",
             description="Bedtime stories written by an LLM, as background jobs: start one, then poll it.",
             path="/schema",
+            # the document only: Litestar's pages load their viewers from
+            # public CDNs; ours are api/docs_pages.py's
+            render_plugins=[JsonRenderPlugin()],
             components=Components(
                 security_schemes={
                     "BearerAuth": SecurityScheme(type="http", scheme="bearer",

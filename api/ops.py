@@ -60,6 +60,8 @@ from api.ops_schemas import (
     KeysRevoked,
     Limiter,
     LimitKind,
+    OperatorActions,
+    OperatorActionView,
     Overview,
     PendingCancelled,
     PendingMatch,
@@ -110,13 +112,15 @@ _NOT_FOUND = {404: "No such job, client or key."}
 
 
 class Operator:
-    """Who is acting: the holder's name and the key's prefix, never the key."""
+    """Who is acting: the holder's name, the key's prefix and its id (what
+    operator_actions records), never the key."""
 
-    __slots__ = ("key_prefix", "name")
+    __slots__ = ("key_id", "key_prefix", "name")
 
-    def __init__(self, name: str, key_prefix: str) -> None:
+    def __init__(self, name: str, key_prefix: str, key_id: int = 0) -> None:
         self.name = name
         self.key_prefix = key_prefix
+        self.key_id = key_id
 
     def __repr__(self) -> str:
         return f"Operator(name={self.name!r}, key_prefix={self.key_prefix!r})"
@@ -135,7 +139,7 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
         record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
     verify(record, api_key)
     assert record is not None
-    connection.state.operator = Operator(record.name, api_key.prefix)
+    connection.state.operator = Operator(record.name, api_key.prefix, record.key_id)
 
 
 async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -521,8 +525,11 @@ async def get_job_detail(
 async def cancel_job(
     api_state: NamedDependency[ApiState], operator: NamedDependency[Operator], job_id: JobIdParam
 ) -> JobCancelled:
-    async with database(api_state) as conn:
+    async with database(api_state) as conn, conn.transaction():
         result = await store.ops_job_cancel(conn, job_id=parse_public_id(job_id))
+        if result is not None:
+            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="job_cancel",
+                                               job_id=parse_public_id(job_id), touched=int(result.cancelled))
     if result is None:
         raise ProblemError(404, "Not Found", "no such job")
     if not result.cancelled:
@@ -566,8 +573,12 @@ async def cancel_pending(
     through = Position.from_token(data.through, "through")
     filters = JobFilter(client_id=data.client_id, created_after=_utc(data.created_after),
                         created_before=_utc(data.created_before))
-    async with database(api_state) as conn:
+    async with database(api_state) as conn, conn.transaction():
         cancelled = await store.ops_job_cancel_pending(conn, filters=filters, through_id=through.id)
+        await store.operator_action_record(
+            conn, operator_key_id=operator.key_id, action="pending_cancel", touched=len(cancelled),
+            filter={"client_id": filters.client_id, "created_after": filters.created_after,
+                    "created_before": filters.created_before, "through": data.through})
     log.info("ops.pending_cancelled", cancelled=len(cancelled), client_id=data.client_id,
              created_after=data.created_after, created_before=data.created_before, **operator.log_fields())
     return PendingCancelled(cancelled=len(cancelled), job_ids=cancelled)
@@ -615,8 +626,11 @@ async def revoke_client_keys(
     operator: NamedDependency[Operator],
     client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
 ) -> KeysRevoked:
-    async with database(api_state) as conn:
+    async with database(api_state) as conn, conn.transaction():
         revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
+        if revoked is not None:
+            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="client_keys_revoke",
+                                               filter={"client_id": client_id}, touched=len(revoked))
     if revoked is None:
         raise ProblemError(404, "Not Found", "no such client")
     log.info("ops.client_keys_revoked", client_id=client_id, key_prefixes=revoked, **operator.log_fields())
@@ -637,18 +651,45 @@ async def revoke_key(
 ) -> KeysRevoked:
     revoked = False
     if keys.is_prefix(key_prefix):
-        async with database(api_state) as conn:
+        async with database(api_state) as conn, conn.transaction():
             revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
+            if revoked:
+                await store.operator_action_record(conn, operator_key_id=operator.key_id, action="key_revoke",
+                                                   filter={"key_prefix": key_prefix}, touched=1)
     if not revoked:
         raise ProblemError(404, "Not Found", "no active client key with this prefix")
     log.info("ops.key_revoked", key_prefix=key_prefix, **operator.log_fields())
     return KeysRevoked(revoked=[key_prefix])
 
 
+@get(
+    "/actions",
+    summary="What operators did, newest first: who, which action, on what, how many it changed",
+    description="Written in the same transaction as each action. Page with `before_id` (the last `id` seen).",
+    responses=problem_responses(400, 401, 503),
+)
+async def list_actions(
+    api_state: NamedDependency[ApiState],
+    operator: NamedDependency[Operator],
+    before_id: Annotated[int | None, Parameter(ge=1, le=BIGINT_MAX, description="Only actions older than this id.")]
+    = None,
+    limit: Annotated[int, Parameter(ge=1, le=200, description="Most actions listed.")] = 20,
+) -> OperatorActions:
+    async with database(api_state) as conn:
+        rows = await store.operator_action_list(conn, limit=limit, before_id=before_id)
+    return OperatorActions(actions=[
+        OperatorActionView(id=row.id, operator=row.operator, operator_key_prefix=row.operator_key_prefix,
+                           action=row.action, job_id=row.job_id,
+                           filter=None if row.filter is None else msgspec.json.decode(row.filter),
+                           touched=row.touched, acted_at=row.acted_at)
+        for row in rows
+    ])
+
+
 ROUTES = Router(
     "/ops/api",
-    route_handlers=[get_overview, get_history, list_workers, list_jobs, get_job_detail, cancel_job, count_pending, cancel_pending,
-                    list_clients, revoke_client_keys, revoke_key],
+    route_handlers=[get_overview, get_history, list_workers, list_jobs, get_job_detail, cancel_job, count_pending,
+                    cancel_pending, list_clients, revoke_client_keys, revoke_key, list_actions],
     guards=[require_operator_key, refuse_unknown_query],
     dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},
     tags=["ops"],

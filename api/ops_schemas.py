@@ -324,3 +324,26 @@ class Clients(msgspec.Struct, frozen=True):
 
 class KeysRevoked(msgspec.Struct, frozen=True):
     revoked: Annotated[list[str], msgspec.Meta(description="Prefixes of the keys revoked now.")]
+
+
+# -- the audit trail -----------------------------------------------------------------
+
+
+class OperatorActionView(msgspec.Struct, frozen=True):
+    """One operator action, as recorded in its own transaction."""
+
+    id: Id
+    operator: Annotated[str, msgspec.Meta(description="The name of the operator key that acted.")]
+    operator_key_prefix: str
+    action: Annotated[str, msgspec.Meta(
+        description="job_cancel, pending_cancel, client_keys_revoke or key_revoke.")]
+    job_id: Annotated[uuid.UUID | None, msgspec.Meta(description="The job of a job_cancel.")]
+    filter: Annotated[dict[str, Any] | None, msgspec.Meta(
+        description="What the other actions matched: client_id, created_after, created_before and through of a "
+                    "pending_cancel; client_id or key_prefix of a revocation.")]
+    touched: Annotated[int, msgspec.Meta(ge=0, description="How many jobs or keys it changed.")]
+    acted_at: datetime
+
+
+class OperatorActions(msgspec.Struct, frozen=True):
+    actions: list[OperatorActionView]

@@ -132,6 +132,9 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # processes serving the api on one port (uvicorn workers); in containers,
     # prefer one per container and more replicas
     api_workers: Annotated[int, msgspec.Meta(ge=1, le=64)] = 1
+    # the API documentation pages under /schema/ (api/docs_pages.py); off
+    # unless asked for: `make run` turns them on
+    api_docs_pages: bool = False
     # spend per UTC day, all clients together and each client (unset: none);
     # a job's worst case is reserved when it is accepted
     budget_usd_per_day: Decimal | None = None

@@ -200,6 +200,20 @@ def _client_kwargs(application_name: str, connect_timeout_s: float) -> dict[str,
     }
 
 
+# What a transaction pooler (PgBouncer) answers a connection that sends
+# startup options, i.e. one made without DATABASE_POOLER=transaction.
+POOLER_REFUSED_OPTIONS = (
+    "DATABASE_URL leads to a transaction pooler, which refuses the startup options this process sends: "
+    "set DATABASE_POOLER=transaction (and DATABASE_LISTEN_URL; see docs/pooler.md, \"Behind a pooler\")"
+)
+
+
+def refused_by_pooler(exc: BaseException) -> bool:
+    """Whether a connection failed because a pooler refused its startup
+    options (PgBouncer: ``unsupported startup parameter: options``)."""
+    return isinstance(exc, psycopg.OperationalError) and "unsupported startup parameter: options" in str(exc)
+
+
 async def connect(url: str, **kwargs: Any) -> AsyncConnection[Any]:
     return await psycopg.AsyncConnection.connect(url, **connect_kwargs(**kwargs))
 

@@ -9,6 +9,7 @@ from typing import Any, Literal
 
 import msgspec
 
+from shared.pricing import Price
 from shared.ratelimit import LimiterState
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 
@@ -43,6 +44,10 @@ class Admission(msgspec.Struct, frozen=True):
     max_tokens: int
     input_tokens_estimate: int
     worst_case_usd: Decimal
+    # what the worst case assumed, which the job is then run with
+    model: str
+    input_usd_per_mtok: Decimal
+    output_usd_per_mtok: Decimal
 
 
 class EnqueueResult(msgspec.Struct, frozen=True):
@@ -129,6 +134,17 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     # fixed when the job was accepted; None for jobs accepted before they were
     max_tokens: int | None = None
     input_tokens_estimate: int | None = None
+    # the model and prices its reservation assumed; None for jobs accepted
+    # before they were
+    model: str | None = None
+    input_usd_per_mtok: Decimal | None = None
+    output_usd_per_mtok: Decimal | None = None
+
+    def price(self) -> Price | None:
+        """The prices the job's reservation assumed, if it carries them."""
+        if self.input_usd_per_mtok is None or self.output_usd_per_mtok is None:
+            return None
+        return Price(self.input_usd_per_mtok, self.output_usd_per_mtok)
 
 
 class Draft(msgspec.Struct, frozen=True, kw_only=True):
@@ -276,6 +292,8 @@ class OperatorKeyAuth(msgspec.Struct, frozen=True):
     key_hash: bytes
     revoked: bool
     name: str
+    # operator_actions.operator_key_id of what this key does
+    key_id: int = 0
 
 
 class OperatorKeyListRow(msgspec.Struct, frozen=True):
@@ -525,3 +543,17 @@ class WebhookDeliveryRow(msgspec.Struct, frozen=True):
     last_status_code: int | None
     last_error: str | None
     delivered_at: datetime | None
+OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke"]
+
+
+class OperatorActionRow(msgspec.Struct, frozen=True):
+    """One recorded operator action; filter is its JSON text, as stored."""
+
+    id: int
+    operator: str
+    operator_key_prefix: str
+    action: OperatorAction
+    job_id: uuid.UUID | None
+    filter: str | None
+    touched: int
+    acted_at: datetime

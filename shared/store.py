@@ -43,6 +43,8 @@ from shared.rows import (
     KeyAuth,
     KeyListRow,
     LlmCallRow,
+    OperatorAction,
+    OperatorActionRow,
     OperatorKeyAuth,
     OperatorKeyListRow,
     OpsClient,
@@ -208,6 +210,9 @@ async def job_insert_if_admitted(
             "max_tokens": a.max_tokens,
             "input_tokens_estimate": a.input_tokens_estimate,
             "worst_case_usd": a.worst_case_usd,
+            "model": a.model,
+            "input_usd_per_mtok": a.input_usd_per_mtok,
+            "output_usd_per_mtok": a.output_usd_per_mtok,
         }
         for ord_, a in enumerate(admissions)
     ]
@@ -481,6 +486,11 @@ async def job_prune_finished(
     return len(ids)
 
 
+async def budget_over_reservation_total(conn: Conn) -> Decimal:
+    (total,) = await _scalars(conn, "budget_over_reservation_total")
+    return Decimal(total)
+
+
 # -- operators' commands ----------------------------------------------------------
 
 
@@ -699,3 +709,17 @@ async def webhook_delivery_list(
 async def webhook_delivery_retry(conn: Conn, *, delivery_id: int) -> bool:
     """dead -> pending, due now; False: no dead delivery of that id."""
     return bool(await _scalars(conn, "webhook_delivery_retry", {"delivery_id": delivery_id}))
+
+
+async def operator_action_record(
+    conn: Conn, *, operator_key_id: int, action: OperatorAction, touched: int, job_id: uuid.UUID | None = None,
+    filter: Mapping[str, Any] | None = None,
+) -> None:
+    """Records an operator's action; run it in the action's transaction."""
+    await conn.execute(Q["operator_action_insert"], {
+        "operator_key_id": operator_key_id, "action": action, "job_id": job_id,
+        "filter": None if filter is None else _json(filter), "touched": touched})
+
+
+async def operator_action_list(conn: Conn, *, limit: int, before_id: int | None = None) -> list[OperatorActionRow]:
+    return await _all(conn, OperatorActionRow, "operator_action_list", {"limit": limit, "before_id": before_id})

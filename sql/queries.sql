@@ -131,7 +131,8 @@ SELECT pg_advisory_xact_lock(%(lock_key)s);
 WITH req AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
         ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
-        max_tokens int, input_tokens_estimate int, worst_case_usd numeric)
+        max_tokens int, input_tokens_estimate int, worst_case_usd numeric,
+        model text, input_usd_per_mtok numeric, output_usd_per_mtok numeric)
 ),
 -- LATERAL: one primary-key lookup per request, never a join over the table
 existing AS MATERIALIZED (
@@ -214,9 +215,11 @@ admitted AS MATERIALIZED (
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
-                            max_tokens, input_tokens_estimate, reserved_usd)
+                            max_tokens, input_tokens_estimate, reserved_usd,
+                            model, input_usd_per_mtok, output_usd_per_mtok)
     SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request,
-           max_tokens, input_tokens_estimate, reserved_usd
+           max_tokens, input_tokens_estimate, reserved_usd,
+           model, input_usd_per_mtok, output_usd_per_mtok
     FROM admitted ORDER BY ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
@@ -453,7 +456,7 @@ claimed AS (
         worker_id = %(worker_id)s
     WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
     RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-              j.max_tokens, j.input_tokens_estimate
+              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok
 ),
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
@@ -470,7 +473,9 @@ coalesce((
     SELECT json_agg(json_build_object(
         'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
         'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
-        'input_tokens_estimate', c.input_tokens_estimate)
+        'input_tokens_estimate', c.input_tokens_estimate, 'model', c.model,
+        -- as text: exact
+        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text)
         ORDER BY c.id)
     FROM claimed c JOIN first_calls f ON f.job_id = c.id
 )::text, '[]') AS claimed,
@@ -713,9 +718,9 @@ LISTEN storyjobs_pending;
 -- its commit), the claims it may have made belong to this worker but never
 -- reached it: no LLM call was sent for them, so the worker runs them now.
 -- The same columns as the claim's answer: an adopted job runs with the
--- max_tokens it was accepted with.
+-- max_tokens, model and prices it was accepted with.
 SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-       j.max_tokens, j.input_tokens_estimate
+       j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok
 FROM story_jobs j
 JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
 WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
@@ -970,6 +975,13 @@ deliveries_pruned AS (
 )
 SELECT id FROM pruned;
 
+-- name: budget_over_reservation_total
+-- What the charges of every day's jobs have passed their reservations by
+-- (only the provider's reported usage can), all clients: the sweeper's
+-- storyjobs_budget_over_reservation_usd_total. budget_days keeps every day,
+-- so the total only grows; one row per day is read.
+SELECT coalesce(sum(over_reservation_usd), 0) FROM budget_days WHERE client_id = 0;
+
 
 -- name: job_list
 -- `storyjobs jobs list`, newest first.
@@ -1024,7 +1036,7 @@ VALUES (%(name)s, %(key_prefix)s, %(key_hash)s);
 -- name: operator_key_get
 -- Every /ops request: the api compares key_hash in constant time. Only
 -- operator_keys is read, so a client's key is not found here.
-SELECT key_hash, revoked_at IS NOT NULL AS revoked, name
+SELECT key_hash, revoked_at IS NOT NULL AS revoked, name, id AS key_id
 FROM operator_keys
 WHERE key_prefix = %(key_prefix)s;
 
@@ -1616,3 +1628,19 @@ enabled AS (
     FROM retried WHERE e.id = retried.endpoint_id AND e.disabled_at IS NOT NULL
 )
 SELECT id FROM retried;
+-- name: operator_action_insert
+-- An operator's action, recorded in the action's own transaction (api/ops.py
+-- runs both in one): who (the key's id), what, on what, and how many jobs
+-- or keys it changed.
+INSERT INTO operator_actions (operator_key_id, action, job_id, filter, touched)
+VALUES (%(operator_key_id)s, %(action)s, %(job_id)s, %(filter)s::jsonb, %(touched)s);
+
+-- name: operator_action_list
+-- The console's "Recent actions" and `storyjobs actions`, newest first,
+-- before %(before_id)s when paging; the operator named by its key.
+SELECT a.id, k.name AS operator, k.key_prefix AS operator_key_prefix, a.action, a.job_id,
+       a.filter::text AS filter, a.touched, a.acted_at
+FROM operator_actions a JOIN operator_keys k ON k.id = a.operator_key_id
+WHERE %(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint
+ORDER BY a.id DESC
+LIMIT %(limit)s;

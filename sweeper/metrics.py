@@ -3,7 +3,11 @@ them are listed in README.md, Operations."""
 
 from __future__ import annotations
 
-from prometheus_client import Counter, Gauge
+from collections.abc import Iterator
+
+from prometheus_client import REGISTRY, Counter, Gauge
+from prometheus_client.core import CounterMetricFamily
+from prometheus_client.registry import Collector
 
 from shared.status import ErrorCode, JobStatus
 
@@ -53,3 +57,28 @@ WEBHOOK_OLDEST_UNDELIVERED_AGE = Gauge(
     "storyjobs_webhook_oldest_undelivered_age_seconds",
     "Age of the oldest webhook event not yet delivered, at the last pass (0 when none).",
 )
+
+class DatabaseTotal(Collector):
+    """A counter whose total the database keeps: exported at the value the
+    last pass read, and not before the first pass, so that a restarted
+    sweeper continues the series instead of resetting it to 0."""
+
+    def __init__(self, name: str, documentation: str) -> None:
+        self.name = name
+        self.documentation = documentation
+        self.value: float | None = None
+
+    def collect(self) -> Iterator[CounterMetricFamily]:
+        family = CounterMetricFamily(self.name, self.documentation)
+        if self.value is not None:
+            family.add_metric([], self.value)
+        yield family
+
+
+# alert: BudgetChargesOverReservation (deploy/prometheus/alerts.yml)
+OVER_RESERVATION = DatabaseTotal(
+    "storyjobs_budget_over_reservation_usd",
+    "What jobs' charges passed their reservations by (the provider reported more usage than admission "
+    "bounded), all clients, every day.",
+)
+REGISTRY.register(OVER_RESERVATION)

@@ -129,6 +129,7 @@ class Sweeper:
             await rollup.record_minutes(conn, self.settings, pending=gauges.pending, running=gauges.running)
             budgets = await store.budget_days_today(conn, now=now)
             outbox = await store.webhook_delivery_gauges(conn, now=now)
+            over_reservation = await store.budget_over_reservation_total(conn)
             for _ in range(_PRUNE_BATCHES_PER_PASS):
                 deleted = await store.job_prune_finished(
                     conn, retention_s=self.settings.job_retention_s,
@@ -146,6 +147,7 @@ class Sweeper:
             metrics.BUDGET_RESERVED.labels(scope=day.scope).set(float(day.reserved_usd))
         metrics.WEBHOOK_UNDELIVERED.set(outbox.undelivered)
         metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(outbox.oldest_undelivered_age_seconds)
+        metrics.OVER_RESERVATION.value = float(over_reservation)
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
             interrupted=counts[ErrorCode.INTERRUPTED],

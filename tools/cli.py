@@ -235,6 +235,16 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
     return 0
 
 
+async def cmd_actions(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        rows = await store.operator_action_list(conn, limit=args.limit)
+    _out(f"{'WHEN':<25} {'OPERATOR':<16} {'KEY':<14} {'ACTION':<18} {'TOUCHED':>7}  ON")
+    for row in rows:
+        _out(f"{_when(row.acted_at):<25} {row.operator[:16]:<16} {row.operator_key_prefix:<14} {row.action:<18} "
+             f"{row.touched:>7}  {row.job_id or row.filter or '-'}")
+    return 0
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="storyjobs", description="storyjobs: LLM stories as background jobs.")
     commands = parser.add_subparsers(dest="command", required=True)
@@ -277,6 +287,10 @@ def _parser() -> argparse.ArgumentParser:
     deliveries.add_argument("--state", choices=["pending", "delivered", "dead"])
     deliveries.add_argument("--limit", type=int, default=50)
     deliveries.set_defaults(run=cmd_webhooks_deliveries)
+
+    actions = commands.add_parser("actions", help="what operators did from the console, newest first")
+    actions.add_argument("--limit", type=int, default=50)
+    actions.set_defaults(run=cmd_actions)
 
     from tools import client
 

@@ -111,7 +111,8 @@ def main() -> None:
     def start(name: str, module: str, **extra: str) -> None:
         processes.append((name, subprocess.Popen([sys.executable, "-m", module], env={**env, **extra})))
 
-    start("api", "api")
+    # the API documentation pages, for trying the api out (off by default)
+    start("api", "api", API_DOCS_PAGES=env.get("API_DOCS_PAGES", "true"))
     start("worker-1", "worker", METRICS_PORT=env.get("WORKER_1_METRICS_PORT", "9100"))
     start("worker-2", "worker", METRICS_PORT=env.get("WORKER_2_METRICS_PORT", "9102"))
     start("sweeper", "sweeper", METRICS_PORT=env.get("SWEEPER_METRICS_PORT", "9101"))

@@ -219,7 +219,7 @@ class AnthropicWriter:
         call.sending()
         try:
             manager = self._client.messages.stream(
-                model=self.model,
+                model=call.model,
                 max_tokens=call.max_tokens,
                 system=prompt.SYSTEM,
                 messages=[{"role": "user", "content": prompt.user_message(request)}],
@@ -267,7 +267,7 @@ class AnthropicWriter:
         return Draft(
             title=title,
             body=body,
-            model=message.model or self.model,
+            model=message.model or call.model,
             prompt_version=prompt.PROMPT_VERSION,
             input_tokens=call.input_tokens,
             output_tokens=call.output_tokens,

@@ -72,7 +72,7 @@ from worker.executor import (
 from worker.heartbeat import Heartbeat
 from worker.listener import listen
 from worker.store import WorkerStore
-from worker.writing import CallRecord, JobCall, StoryWriter
+from worker.writing import CallRecord, JobCall, StoryWriter, job_call
 
 log = structlog.get_logger()
 
@@ -606,7 +606,7 @@ class Coordinator:
         """Holds a job and starts its task at once, so that the heartbeat
         never sees a held job that is not running."""
         hooks = LedgerHooks(self.store, job, self.heard, clock=self._clock, sleep=self._sleep)
-        call = JobCall(self._writer.price, hooks, max_tokens=job.max_tokens or self.settings.llm_max_tokens)
+        call = job_call(job, self._writer, hooks, default_max_tokens=self.settings.llm_max_tokens)
         held = HeldJob(job, call, self._clock())
         self._jobs[job.id] = held
         held.task = asyncio.create_task(execute(job, self._writer, call), name=f"job-{job.id}")

@@ -21,12 +21,12 @@ from typing import Protocol
 import msgspec
 
 from shared.pricing import FREE, Price
-from shared.rows import Draft, RetryStart
+from shared.rows import ClaimedJob, Draft, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 
 __all__ = ["FREE", "CallHooks", "CallRecord", "Draft", "JobCall", "LostOwnership", "Price", "Sent",
-           "StoryWriter", "WriteFailed"]
+           "StoryWriter", "WriteFailed", "job_call"]
 
 
 class WriteFailed(Exception):
@@ -90,12 +90,13 @@ class JobCall:
     way, where its request stands, the usage so far (what heartbeats report
     as progress), and the job's worst case as its reservation counts it: the
     max_tokens fixed when the job was accepted, and the bound on its input
-    tokens."""
+    tokens; and the model a writer calls, and the prices it charges at,
+    which that reservation assumed (job_call)."""
 
-    __slots__ = ("attempt", "sent", "refusal", "input_tokens", "output_tokens", "request_id", "price",
+    __slots__ = ("attempt", "sent", "refusal", "input_tokens", "output_tokens", "request_id", "price", "model",
                  "max_tokens", "input_tokens_at_most", "_hooks")
 
-    def __init__(self, price: Price, hooks: CallHooks, *, max_tokens: int) -> None:
+    def __init__(self, price: Price, hooks: CallHooks, *, model: str, max_tokens: int) -> None:
         # attempt 1's ledger row was written by the claim
         self.attempt = 1
         self.sent = Sent.NOT_SENT
@@ -104,6 +105,7 @@ class JobCall:
         self.output_tokens = 0
         self.request_id: str | None = None
         self.price = price
+        self.model = model
         self.max_tokens = max_tokens
         # the bound a spend budget reserves for the request (set once it is read)
         self.input_tokens_at_most = 0
@@ -189,3 +191,16 @@ class StoryWriter(Protocol):
     async def write(self, request: StoryRequest, call: JobCall) -> Draft: ...
 
     async def aclose(self) -> None: ...
+
+
+def job_call(job: ClaimedJob, writer: StoryWriter, hooks: CallHooks, *, default_max_tokens: int) -> JobCall:
+    """The call of a claimed job, on the terms its reservation assumed
+    (model, prices, max_tokens) whatever this worker's settings, so that its
+    charge stays within what admission reserved. A job accepted before jobs
+    carried them, and the offline writer (which calls no model and bills
+    nothing), keep the writer's own."""
+    max_tokens = job.max_tokens or default_max_tokens
+    price = job.price()
+    if job.model is None or price is None or writer.provider == "offline":
+        return JobCall(writer.price, hooks, model=writer.model, max_tokens=max_tokens)
+    return JobCall(price, hooks, model=job.model, max_tokens=max_tokens)

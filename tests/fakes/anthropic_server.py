@@ -48,6 +48,8 @@ class Plan:
     should_retry: bool | None = None
     # text of the story, instead of generated filler
     text: str | None = None
+    # the input tokens reported, instead of the prompt's word count
+    input_tokens: int | None = None
     # the stream waits for this before its last event, so a test decides
     # exactly when the story is finished
     hold: threading.Event | None = None
@@ -306,7 +308,7 @@ class FakeAnthropic:
         plan = call.plan
         await send({"type": "http.response.start", "status": 200,
                     "headers": [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache"), *extra]})
-        input_tokens = max(1, len(call.prompt.split()))
+        input_tokens = plan.input_tokens or max(1, len(call.prompt.split()))
         model = body.get("model", "fake-model")
 
         async def event(name: str, data: dict[str, Any]) -> None:

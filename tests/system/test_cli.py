@@ -11,9 +11,9 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from shared import store, webhooks
+from shared import keys, store, webhooks
 from shared.rows import Completion, Failure
-from tests.helpers import client_id_of, enqueue
+from tests.helpers import client_id_of, count, enqueue
 from tests.system.procs import REPO
 
 pytestmark = pytest.mark.system
@@ -151,3 +151,24 @@ def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, histor
     (row,) = deliveries.stdout.splitlines()[1:]
     assert row.split()[1:5] == [history["waiting"], "job.cancelled", "pending", "0"]
     assert storyjobs(database_url, "webhooks", "deliveries", "--state", "dead").stdout.splitlines()[1:] == []
+def test_actions_lists_what_operators_did_newest_first(database_url: str) -> None:
+    """`storyjobs actions` lists recorded operator actions, newest first, with the operator, the key's prefix,
+    what each touched and on what."""
+
+    async def record() -> tuple[str, str]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            ada = await keys.create_operator(conn, "ada")
+            job = await enqueue(conn, await client_id_of(conn, "ops"), "a story")
+            key_id = await count(conn, "SELECT id FROM operator_keys WHERE key_prefix = %s", ada.prefix)
+            await store.operator_action_record(conn, operator_key_id=key_id, action="job_cancel", job_id=job,
+                                               touched=1)
+            await store.operator_action_record(conn, operator_key_id=key_id, action="client_keys_revoke",
+                                               filter={"client_id": 7}, touched=2)
+            return ada.prefix, str(job)
+
+    prefix, job = asyncio.run(record())
+    result = storyjobs(database_url, "actions")
+    assert result.returncode == 0, result.stderr
+    lines = result.stdout.splitlines()
+    assert "client_keys_revoke" in lines[1] and '{"client_id": 7}' in lines[1] and prefix in lines[1]
+    assert "job_cancel" in lines[2] and job in lines[2] and "ada" in lines[2]

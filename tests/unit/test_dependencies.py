@@ -16,7 +16,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-SHIPPED = ("api", "worker", "sweeper", "shared")
+SHIPPED = ("api", "worker", "sweeper", "shared", "tools")
 OWN_TOP_LEVEL = {*SHIPPED, "sql", "tests"}
 
 

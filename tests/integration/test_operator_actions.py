@@ -1,0 +1,76 @@
+"""The operators' audit trail: each console action writes one operator_actions
+row in its own transaction (who, what, on what, how many it changed), and
+/ops/api/actions lists them newest first."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from psycopg_pool import AsyncConnectionPool
+
+from shared import keys
+from tests import ops_seed as seed
+from tests.api_helpers import api_client, assert_problem
+
+OPS = "/ops/api"
+Conn = psycopg.AsyncConnection[Any]
+
+
+async def _recorded(conn: Conn) -> list[tuple[Any, ...]]:
+    cur = await conn.execute("SELECT k.name, a.action, a.job_id::text, a.filter, a.touched FROM operator_actions a "
+                             "JOIN operator_keys k ON k.id = a.operator_key_id ORDER BY a.id")
+    return await cur.fetchall()
+
+
+async def test_every_console_action_is_recorded_with_its_operator_target_and_count(
+    pool: AsyncConnectionPool, conn: Conn
+) -> None:
+    """Cancelling a job (and trying again), cancelling by filter, revoking a client's keys and one key each
+    write a row naming the operator's key, the job or the filter as sent, and what it changed; the endpoint
+    lists them newest first, in pages."""
+    acme, _ = await seed.client(conn, "acme")
+    globex, globex_key = await seed.client(conn, "globex")
+    one, two, three = await seed.insert_jobs(conn, [seed.pending(acme, 30), seed.pending(acme, 20),
+                                                    seed.pending(globex, 10)])
+    ada = await seed.operator_key(conn, "ada")
+    bob = await seed.operator_key(conn, "bob")
+    async with api_client(pool, ada) as client:
+        assert (await client.post(f"{OPS}/jobs/{one.public_id}/cancel")).status_code == 200
+        assert_problem(await client.post(f"{OPS}/jobs/{one.public_id}/cancel"), 409)
+        counted = (await client.get(f"{OPS}/cancel-pending", params={"client_id": acme})).json()
+        done = await client.post(f"{OPS}/cancel-pending", json={"client_id": acme, "through": counted["through"]})
+        assert done.json()["cancelled"] == 1
+    async with api_client(pool, bob) as client:
+        assert (await client.post(f"{OPS}/clients/{globex}/revoke-keys")).status_code == 200
+        assert_problem(await client.post(f"{OPS}/keys/{keys.prefix_of(globex_key)}/revoke"), 404)
+        listed = (await client.get(f"{OPS}/actions")).json()["actions"]
+        older = (await client.get(f"{OPS}/actions", params={"before_id": listed[1]["id"], "limit": 2})).json()
+
+    assert await _recorded(conn) == [
+        ("ada", "job_cancel", str(one.public_id), None, 1),
+        ("ada", "job_cancel", str(one.public_id), None, 0),
+        ("ada", "pending_cancel", None, {"client_id": acme, "created_after": None, "created_before": None,
+                                         "through": counted["through"]}, 1),
+        ("bob", "client_keys_revoke", None, {"client_id": globex}, 1),
+    ]
+    assert [(a["operator"], a["action"], a["touched"]) for a in listed] == [
+        ("bob", "client_keys_revoke", 1), ("ada", "pending_cancel", 1), ("ada", "job_cancel", 0),
+        ("ada", "job_cancel", 1)]
+    assert listed[0]["operator_key_prefix"] == keys.prefix_of(bob) and listed[0]["filter"] == {"client_id": globex}
+    assert listed[3]["job_id"] == str(one.public_id)
+    assert [a["id"] for a in older["actions"]] == [listed[2]["id"], listed[3]["id"]]
+    assert two and three
+
+
+async def test_an_action_whose_record_cannot_be_written_does_not_happen(pool: AsyncConnectionPool, conn: Conn) -> None:
+    """With operator_actions refusing every row, a cancel by an operator fails and the job stays pending: the
+    record and the action commit together or not at all."""
+    acme, _ = await seed.client(conn, "acme")
+    job = await seed.insert_job(conn, seed.pending(acme, 10))
+    await conn.execute("ALTER TABLE operator_actions ADD CONSTRAINT refuse_all CHECK (false) NOT VALID")
+    async with api_client(pool, await seed.operator_key(conn, "ada")) as client:
+        answer = await client.post(f"{OPS}/jobs/{job.public_id}/cancel")
+    assert answer.status_code >= 500
+    cur = await conn.execute("SELECT status::text FROM story_jobs WHERE id = %s", (job.id,))
+    assert await cur.fetchone() == ("pending",)
