@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tools import devrun, keys, store
+from shared import keys, store
+from tools import devrun
 
 
 async def _active_dev_keys(conn: psycopg.AsyncConnection[Any]) -> tuple[int, int]:
