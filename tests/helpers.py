@@ -172,6 +172,13 @@ async def wait_until(
         await asyncio.sleep(interval)
 
 
+def rows_sync(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
+    """A query's rows on a connection of its own, for tests that drive
+    processes rather than an event loop."""
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+
+
 def wait_until_sync(
     check: Callable[[], bool], *, timeout: float = 10.0, what: str = "condition", interval: float = 0.02,
 ) -> None:

@@ -5,12 +5,10 @@ killed mid-stream and its job then cancelled, and a 429 says not to retry."""
 
 from __future__ import annotations
 
-import asyncio
 import signal
 import time
 import uuid
 from collections import Counter
-from typing import Any
 
 import httpx
 import psycopg
@@ -18,7 +16,7 @@ import pytest
 from psycopg import sql
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.helpers import create_key_sync, rows_sync, wait_until_sync
 from tests.system.procs import Proc, System
 
 pytestmark = pytest.mark.system
@@ -35,10 +33,6 @@ TIMINGS = {
 }
 
 
-def _rows(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
-
 
 def _read_only(server_url: str, database_name: str, on: bool) -> None:
     """Turns the database read-only (or back) for every session: new sessions
@@ -52,9 +46,6 @@ def _read_only(server_url: str, database_name: str, on: bool) -> None:
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
                       "AND pid <> pg_backend_pid()", (database_name,))
 
-
-def _wait(check: Any, what: str, timeout: float = 30) -> None:
-    asyncio.run(wait_until(check, timeout=timeout, what=what, interval=0.05))
 
 
 def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_twice(
@@ -92,7 +83,7 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
     with http:
         # 1. read-only for 5 s (HEARTBEAT_TIMEOUT_S is 3) while four stories stream
         streamed = [post(f"read-only story {n}") for n in range(4)]
-        _wait(lambda: sum(1 for c in fake.calls if c.chunks_sent >= 1) >= 4, "four stories to stream")
+        wait_until_sync(lambda: sum(1 for c in fake.calls if c.chunks_sent >= 1) >= 4, what="four stories to stream", timeout=30)
         _read_only(server_url, database_name, on=True)
         time.sleep(5)  # the fault itself, not a wait for a state
         _read_only(server_url, database_name, on=False)
@@ -104,14 +95,14 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
         # 3. a cancel while a 429's retry-after is waited out (shorter than a heartbeat interval)
         fake.queue_for("story cancelled in a retry wait", Plan(status=429, retry_after_ms=900))
         retried = post("story cancelled in a retry wait")
-        _wait(lambda: any(c.status == 429 for c in fake.calls_for("story cancelled in a retry wait")), "the 429")
+        wait_until_sync(lambda: any(c.status == 429 for c in fake.calls_for("story cancelled in a retry wait")), what="the 429", timeout=30)
         cancel(retried)
 
         # 4. a worker killed mid-stream, then its job cancelled
         fake.queue_for("killed story", Plan(chunks=40, duration_s=20))
         killed = post("killed story")
-        _wait(lambda: any(c.chunks_sent >= 1 for c in fake.calls_for("killed story")), "the doomed stream")
-        ((worker_id,),) = _rows(database_url, "SELECT worker_id FROM story_jobs WHERE public_id = %s", killed)
+        wait_until_sync(lambda: any(c.chunks_sent >= 1 for c in fake.calls_for("killed story")), what="the doomed stream", timeout=30)
+        ((worker_id,),) = rows_sync(database_url, "SELECT worker_id FROM story_jobs WHERE public_id = %s", killed)
         victim = next(w for w in workers if f"-{w.pid}-" in worker_id)
         victim.kill()
         cancel(killed)
@@ -121,7 +112,7 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
         no_retry = post("story told not to retry")
 
         everyone = [*streamed, nul, retried, killed, no_retry]
-        _wait(lambda: _all_finished(database_url, everyone), "every job to finish", timeout=90)
+        wait_until_sync(lambda: _all_finished(database_url, everyone), what="every job to finish", timeout=90)
         status = {job_id: http.get(f"/stories/jobs/{job_id}").json() for job_id in everyone}
 
     alive: list[Proc] = [api, sweeper, *(w for w in workers if w is not victim)]
@@ -134,7 +125,7 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
     assert (status[killed]["error"]["code"], len(fake.calls_for("killed story"))) == ("cancelled", 1)
     assert (status[no_retry]["status"], status[no_retry]["error"]["code"]) == ("failed", "llm_rejected")
     assert len(fake.calls_for("story told not to retry")) == 1
-    open_rows = _rows(database_url, "SELECT count(*) FROM llm_calls c JOIN story_jobs j ON j.id = c.job_id "
+    open_rows = rows_sync(database_url, "SELECT count(*) FROM llm_calls c JOIN story_jobs j ON j.id = c.job_id "
                                     "WHERE c.outcome = 'started' AND j.status IN ('completed', 'failed')")
     assert open_rows == [(0,)]
     billed = Counter(call.prompt for call in fake.billed)
@@ -147,6 +138,6 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
 
 
 def _all_finished(database_url: str, job_ids: list[str]) -> bool:
-    rows = _rows(database_url, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s::uuid[]) "
+    rows = rows_sync(database_url, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s::uuid[]) "
                                "AND status IN ('completed', 'failed')", job_ids)
     return rows[0][0] == len(job_ids)

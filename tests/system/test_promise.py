@@ -5,9 +5,8 @@ false``). The fake provider's record of what it billed is the proof."""
 
 from __future__ import annotations
 
-import asyncio
+import time
 import uuid
-from typing import Any
 
 import httpx
 import psycopg
@@ -15,7 +14,7 @@ import pytest
 
 from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.helpers import create_key_sync, rows_sync, wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -30,13 +29,6 @@ TIMINGS = {
 }
 
 
-def _rows(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
-    with psycopg.connect(database_url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
-
-
-def _wait(check: Any, what: str, timeout: float = 30) -> None:
-    asyncio.run(wait_until(check, timeout=timeout, what=what, interval=0.05))
 
 
 def _post(api_url: str, key: str, prompt: str) -> str:
@@ -48,7 +40,7 @@ def _post(api_url: str, key: str, prompt: str) -> str:
 
 
 def _cut_connections(database_url: str, database_name: str) -> int:
-    (cut,) = _rows(database_url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
+    (cut,) = rows_sync(database_url, "SELECT count(pg_terminate_backend(pid)) FROM pg_stat_activity "
                                  "WHERE datname = %s AND pid <> pg_backend_pid()", database_name)
     return int(cut[0])
 
@@ -74,20 +66,20 @@ def test_an_end_the_database_refuses_is_kept_and_the_story_is_never_requested_ag
     job_id = _post(api.base_url, key, "a sleepy owl")
     worker.wait_for_event("job.completion_unstorable", timeout=30)
     # the failure that replaces the story is refused too (a round or two): then the connections are cut
-    asyncio.run(asyncio.sleep(1))
+    time.sleep(1)
     assert _cut_connections(database_url, database_name) >= 1
     worker.wait_for_event("worker.database_recovered", timeout=30)
     # the claim the cut broke is searched for by adoption, which must not take the held job: rounds
     # go on meanwhile (the poll is 0.5 s), and none may send a second request
-    asyncio.run(asyncio.sleep(2))
+    time.sleep(2)
     assert len(fake.calls) == 1
-    assert _rows(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id) == [("running",)]
+    assert rows_sync(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id) == [("running",)]
     with psycopg.connect(database_url, autocommit=True) as conn:
         conn.execute("ALTER TABLE story_jobs DROP CONSTRAINT test_refuse_failure")
-    _wait(lambda: _rows(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id)
-          == [("failed",)], "the job's end to be written", timeout=60)
+    wait_until_sync(lambda: rows_sync(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id)
+                    == [("failed",)], what="the job's end to be written", timeout=60)
     assert len(fake.calls) == 1 and len(fake.billed) == 1
-    ledger = _rows(database_url, "SELECT c.attempt, c.outcome, c.billed, c.output_tokens = j.max_tokens "
+    ledger = rows_sync(database_url, "SELECT c.attempt, c.outcome, c.billed, c.output_tokens = j.max_tokens "
                                  "FROM llm_calls c JOIN story_jobs j ON j.id = c.job_id")
     assert ledger == [(1, "succeeded", True, True)]
     assert not any(e["event"] == "job.adopted" for e in worker.events())
@@ -107,15 +99,15 @@ def test_a_database_outage_during_a_429s_wait_keeps_the_job_and_bills_once(
     key = create_key_sync(database_url, "promise")
     worker = system.worker(ANTHROPIC_API_KEY="test", ANTHROPIC_BASE_URL=fake_llm.base_url, **TIMINGS)
     job_id = _post(api.base_url, key, "a moonlit lake")
-    _wait(lambda: any(c.status == 429 for c in fake.calls), "the 429")
+    wait_until_sync(lambda: any(c.status == 429 for c in fake.calls), what="the 429", timeout=30)
     with dbserver.database_refused(server_url, database_name):
-        _wait(lambda: any(e["event"] == "worker.database_error" for e in worker.events()), "the worker to meet it",
-              timeout=15)
+        wait_until_sync(lambda: any(e["event"] == "worker.database_error" for e in worker.events()),
+                        what="the worker to meet it", timeout=15)
         # the outage itself: the 429's retry-after passes while it lasts
-        asyncio.run(asyncio.sleep(6))
-    _wait(lambda: _rows(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id)
-          == [("completed",)], "the job to complete", timeout=60)
+        time.sleep(6)
+    wait_until_sync(lambda: rows_sync(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id)
+                    == [("completed",)], what="the job to complete", timeout=60)
     assert [c.status for c in fake.calls] == [429, 200] and len(fake.billed) == 1
-    ledger = _rows(database_url, "SELECT attempt, outcome, billed FROM llm_calls ORDER BY attempt")
+    ledger = rows_sync(database_url, "SELECT attempt, outcome, billed FROM llm_calls ORDER BY attempt")
     assert ledger == [(1, "rate_limited", False), (2, "succeeded", True)]
     assert worker.popen.poll() is None
