@@ -36,6 +36,7 @@ const byId = (id) => document.getElementById(id);
 const view = {
   keyForm: byId("key-form"),
   keyInput: byId("api-key"),
+  keyKeep: byId("key-keep"),
   keySaved: byId("key-saved"),
   keyMessage: byId("key-message"),
   changeKey: byId("change-key"),
@@ -69,9 +70,20 @@ let lastBody = null;
 
 // -- the key --------------------------------------------------------------------------
 
-const apiKey = () => localStorage.getItem(KEY_STORAGE) || "";
-const storeKey = (key) => localStorage.setItem(KEY_STORAGE, key);
-const forgetKey = () => localStorage.removeItem(KEY_STORAGE);
+// The key lives in this tab's sessionStorage, gone when the tab closes,
+// unless the parent asks to keep it on this device (localStorage): a key
+// left in a shared browser spends the family's budget.
+const apiKey = () => sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
+
+function forgetKey() {
+  sessionStorage.removeItem(KEY_STORAGE);
+  localStorage.removeItem(KEY_STORAGE);
+}
+
+function storeKey(key, onThisDevice) {
+  forgetKey();
+  (onThisDevice ? localStorage : sessionStorage).setItem(KEY_STORAGE, key);
+}
 
 // true: the api knows the key; false: it refused it; null: no answer now.
 // An id no job has: a known key is told 404, an unknown one 401.
@@ -417,7 +429,7 @@ view.keyForm.addEventListener("submit", async (event) => {
     view.keyInput.focus();
     return;
   }
-  storeKey(key);
+  storeKey(key, view.keyKeep.checked);
   view.keyInput.value = "";
   sayAboutKey(accepted ? "" : "The key could not be checked now; it is saved and will be checked with your first story.");
   showKeyState();

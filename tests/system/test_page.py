@@ -230,8 +230,14 @@ def test_page_says_a_failure_in_plain_words_and_try_again_writes_the_story(
     assert console_errors == []
 
 
-def test_page_checks_a_key_when_it_is_saved(system: System, database_url: str, browser: Browser) -> None:
-    """A key the api does not know is refused at once and not kept; a known one is kept."""
+KEY_IN_STORAGE = "[sessionStorage.getItem('storyjobs.apiKey'), localStorage.getItem('storyjobs.apiKey')]"
+
+
+def test_page_checks_a_key_when_it_is_saved_and_keeps_it_for_the_tab_unless_asked(
+    system: System, database_url: str, browser: Browser
+) -> None:
+    """A key the api does not know is refused at once and not kept; a known one is kept in this tab's
+    sessionStorage, so another tab asks for it again, and in localStorage only with "keep it on this device"."""
     api_key = create_key_sync(database_url, "page")
     api = system.api()
     console_errors: list[str] = []
@@ -242,12 +248,28 @@ def test_page_checks_a_key_when_it_is_saved(system: System, database_url: str, b
     expect(page.locator("#key-message")).to_have_text("This key was not accepted. Check it and enter it again.",
                                                       timeout=WAIT_MS)
     expect(page.locator("#key-saved")).to_be_hidden()
-    assert page.evaluate("localStorage.getItem('storyjobs.apiKey')") is None
+    assert page.evaluate(KEY_IN_STORAGE) == [None, None]
     capture(page, "page-key-refused")
 
     save_key(page, api_key)
     expect(page.locator("#key-message")).to_be_hidden()
-    assert page.evaluate("localStorage.getItem('storyjobs.apiKey')") == api_key
+    assert page.evaluate(KEY_IN_STORAGE) == [api_key, None]
+    other_tab = page.context.new_page()
+    other_tab.goto(f"{api.base_url}/")
+    expect(other_tab.locator("#key-form")).to_be_visible(timeout=WAIT_MS)
+    expect(other_tab.locator("#key-saved")).to_be_hidden()
+    other_tab.close()
+
+    page.click("#change-key")
+    page.check("#key-keep")
+    save_key(page, api_key)
+    assert page.evaluate(KEY_IN_STORAGE) == [None, api_key]
+    other_tab = page.context.new_page()
+    other_tab.goto(f"{api.base_url}/")
+    expect(other_tab.locator("#key-saved")).to_be_visible(timeout=WAIT_MS)
+
+    page.click("#change-key")
+    assert page.evaluate(KEY_IN_STORAGE) == [None, None]
     assert console_errors == []
 
 
