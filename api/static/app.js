@@ -90,6 +90,8 @@ function storeKey(key, onThisDevice) {
 async function keyAccepted(key) {
   try {
     const response = await send("GET", `/stories/jobs/${NO_JOB}`, { key });
+    // read to its end: a body left unread holds the request open
+    await response.arrayBuffer();
     if (response.status === 401) return false;
     return response.status === 404 || response.ok ? true : null;
   } catch {
@@ -311,6 +313,9 @@ async function fetchJob(jobId) {
     const problem = await problemOf(response);
     throw new ApiError(response.status, problemText(problem, response.status), problem);
   }
+  // only its Retry-After matters; read to its end all the same (a body left
+  // unread holds the request, and a connection, open)
+  await response.arrayBuffer().catch(() => null);
   return { response, job: null };
 }
 
@@ -479,6 +484,8 @@ view.cancel.addEventListener("click", async () => {
       const problem = await problemOf(response);
       say("The story could not be cancelled.", { problem: true, cancellable: true,
         details: `Details for support: HTTP ${response.status}: ${problemText(problem, response.status)}` });
+    } else {
+      await response.arrayBuffer().catch(() => null);
     }
   } catch {
     say("The cancel did not reach the server. Try again.", { cancellable: true, problem: true });
