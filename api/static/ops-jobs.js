@@ -159,8 +159,9 @@ export async function moreJobs(mine = generation) {
 
 function describeFilter(filter) {
   const parts = [];
-  const client = byId("f-client").selectedOptions[0];
-  if (filter.client_id && client) parts.push(`of client ${client.textContent}`);
+  // the client of the filter sent, which the form may no longer show
+  const client = [...byId("f-client").options].find((option) => option.value === String(filter.client_id));
+  if (filter.client_id) parts.push(`of client ${client ? client.textContent : `#${filter.client_id}`}`);
   if (filter.created_after) parts.push(`created after ${when(filter.created_after)}`);
   if (filter.created_before) parts.push(`created before ${when(filter.created_before)}`);
   return parts.length ? ` ${parts.join(", ")}` : " (no filter: every pending job)";
