@@ -54,8 +54,8 @@ _MEDIA_TYPES = {
     "ops-job.js": "text/javascript",
     "ops-clients.js": "text/javascript",
     "ops-workers.js": "text/javascript",
-    "format.js": "text/javascript",
     "ops-actions.js": "text/javascript",
+    "format.js": "text/javascript",
     "ops.css": "text/css",
 }
 # pages, served at their own paths, not under /static/

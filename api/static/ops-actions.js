@@ -1,49 +1,48 @@
-// The console's "Recent operator actions": what operators did (who, which
-// action, on what, how many it changed), from /ops/api/actions, loaded each
-// time the section is opened. Self-contained: it reads the operator key
-// where ops.js keeps it, and inserts every value as text only.
-"use strict";
+// The clients screen's "Recent operator actions": who did what (cancel a job,
+// cancel by filter, revoke keys), on what, and how many it changed, from
+// /ops/api/actions. Loaded when the section is opened, and again with the
+// clients while it is open, so an action just taken shows at once.
+import { byId, count, h, jobHref, shortId, when } from "./format.js";
+import { api } from "./ops-ui.js";
 
-(() => {
-  const KEY_STORAGE = "storyjobs.operatorKey";
-  const section = document.getElementById("actions-log");
-  const rows = document.getElementById("actions-rows");
-  const status = document.getElementById("actions-status");
-  if (!section || !rows || !status) return;
+const LIMIT = 50;
+// a filter in the console's words; "through" (an opaque position: the jobs
+// pending when the operator looked) says nothing to a reader
+const WORDS = {
+  client_id: (value) => `client ${value}`,
+  key_prefix: (value) => `key ${value}`,
+  created_after: (value) => `created after ${when(value)}`,
+  created_before: (value) => `created before ${when(value)}`,
+  through: () => null,
+};
 
-  function cell(text) {
-    const td = document.createElement("td");
-    td.textContent = text;
-    return td;
+function target(action) {
+  if (action.job_id) return ["job ", h("a", { href: jobHref(action.job_id), title: action.job_id, class: "mono" }, shortId(action.job_id))];
+  const parts = Object.entries(action.filter || {}).filter(([, value]) => value !== null && value !== undefined)
+    .map(([name, value]) => (Object.hasOwn(WORDS, name) ? WORDS[name](value) : `${name} ${value}`)).filter(Boolean);
+  if (!parts.length && action.action === "pending_cancel") return "every pending job";
+  return parts.join(", ");
+}
+
+function actionRow(action) {
+  return h("tr", { "data-action-id": action.id },
+    h("td", {}, when(action.acted_at)),
+    h("td", {}, `${action.operator} (${action.operator_key_prefix})`),
+    h("td", {}, action.action),
+    h("td", {}, target(action)),
+    h("td", { class: "num" }, count(action.touched)));
+}
+
+export const actionsOpen = () => byId("actions-log").open;
+
+export async function loadActions() {
+  byId("actions-status").textContent = "Loading…";
+  try {
+    const { actions } = await api("GET", `/ops/api/actions?limit=${LIMIT}`);
+    byId("actions-rows").replaceChildren(...actions.map(actionRow));
+    byId("actions-status").textContent = actions.length ? "" : "No operator action yet.";
+  } catch (error) {
+    byId("actions-status").textContent = "";
+    throw error;
   }
-
-  function target(action) {
-    if (action.job_id) return `job ${action.job_id}`;
-    if (!action.filter) return "";
-    return Object.entries(action.filter).filter(([, value]) => value !== null)
-      .map(([name, value]) => `${name}=${value}`).join(", ");
-  }
-
-  async function load() {
-    const key = sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
-    status.textContent = "Loading…";
-    try {
-      const answer = await fetch("/ops/api/actions?limit=50", { headers: { Authorization: `Bearer ${key}` } });
-      if (!answer.ok) throw new Error(`the api answered ${answer.status}`);
-      const { actions } = await answer.json();
-      rows.replaceChildren(...actions.map((action) => {
-        const tr = document.createElement("tr");
-        tr.append(cell(new Date(action.acted_at).toLocaleString()), cell(`${action.operator} (${action.operator_key_prefix})`),
-          cell(action.action), cell(target(action)), cell(String(action.touched)));
-        return tr;
-      }));
-      status.textContent = actions.length ? "" : "No operator action yet.";
-    } catch (error) {
-      status.textContent = `Could not load the actions: ${error.message}`;
-    }
-  }
-
-  section.addEventListener("toggle", () => {
-    if (section.open) load();
-  });
-})();
+}

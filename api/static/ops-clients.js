@@ -1,6 +1,8 @@
 // The clients: today's spend against each one's budget, today's jobs and
-// failures, and their keys, which can be revoked.
+// failures, and their keys, which can be revoked; below them, the operators'
+// recent actions.
 import { byId, count, h, query, usd, when } from "./format.js";
+import { actionsOpen, loadActions } from "./ops-actions.js";
 import { api, confirmAction, guard, showNotice } from "./ops-ui.js";
 
 function keyItem(client, key) {
@@ -44,7 +46,8 @@ function renderClients(clients) {
 }
 
 export async function loadClients() {
-  renderClients((await api("GET", "/ops/api/clients")).clients);
+  const [{ clients }] = await Promise.all([api("GET", "/ops/api/clients"), actionsOpen() ? loadActions() : null]);
+  renderClients(clients);
 }
 
 async function revokeClient(client, active) {

@@ -1,8 +1,8 @@
 // The operators' console: overview and history, jobs, a job's page, clients,
 // workers, and the actions (cancel a job, cancel the pending jobs a filter
-// matches, revoke a client's keys). Screens are hash routes (#/?range=...,
-// #/jobs?..., #/jobs/ID, #/clients, #/workers) over the JSON endpoints under
-// /ops/api; each screen is a module of its own.
+// matches, revoke a client's keys) with the record of those taken. Screens
+// are hash routes (#/?range=..., #/jobs?..., #/jobs/ID, #/clients, #/workers)
+// over the JSON endpoints under /ops/api; each screen is a module of its own.
 //
 // Every value from the api is untrusted (stories and error texts come from
 // an LLM and a provider): it is only ever inserted as text (textContent, or
@@ -12,6 +12,7 @@ import { byId, jobHref, query } from "./format.js";
 import { cancelMatching, filterFromForm, loadJobs, moreJobs } from "./ops-jobs.js";
 import { cancelCurrentJob, loadJob } from "./ops-job.js";
 import { loadClients } from "./ops-clients.js";
+import { loadActions } from "./ops-actions.js";
 import { loadOverview, stopOverview } from "./ops-overview.js";
 import { loadWorkers } from "./ops-workers.js";
 import { forgetKey, guard, keepKey, operatorKey, route, show, showError, showNotice } from "./ops-ui.js";
@@ -82,6 +83,9 @@ byId("f-clear").addEventListener("click", () => {
 byId("jobs-more").addEventListener("click", () => guard(moreJobs()));
 byId("cancel-matching").addEventListener("click", () => guard(cancelMatching()));
 byId("job-cancel").addEventListener("click", () => guard(cancelCurrentJob()));
+byId("actions-log").addEventListener("toggle", () => {
+  if (byId("actions-log").open) guard(loadActions());
+});
 document.addEventListener("visibilitychange", () => {
   const where = route();
   if (document.visibilityState === "visible" && where.screen === "overview" && operatorKey()) {
