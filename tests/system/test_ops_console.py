@@ -329,18 +329,18 @@ def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
 ) -> None:
     """Cancelling one pending job from its page fails that job only; cancelling the pending jobs matching a
     client filter, after a confirmation that says how many, fails those and leaves running, finished and other
-    clients' jobs alone."""
+    clients' jobs alone; the clients screen's operator actions list both, newest first."""
 
-    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, list[seed.Job]]:
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, list[seed.Job]]:
         acme, _ = await seed.client(conn, "acme")
         globex, _ = await seed.client(conn, "globex")
         jobs = await seed.insert_jobs(conn, [
             seed.completed(acme, 900), seed.running(acme, 60), seed.pending(globex, 50), seed.pending(acme, 40),
             seed.pending(globex, 30), seed.pending(acme, 20), seed.pending(acme, 10),
         ])
-        return await seed.operator_key(conn, "ada"), jobs
+        return await seed.operator_key(conn, "ada"), acme, jobs
 
-    key, jobs = seed.seeded(database_url, history)
+    key, acme, jobs = seed.seeded(database_url, history)
     api = system.api()
     console = Console(browser, api, LAPTOP)
     page = console.open(key, f"#/jobs/{jobs[2].public_id}")
@@ -376,6 +376,17 @@ def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
     logged = [entry for entry in api.events() if str(entry.get("event", "")).startswith("ops.")]
     assert [entry["event"] for entry in logged] == ["ops.job_cancelled", "ops.pending_cancelled"]
     assert all(entry["operator"] == "ada" and entry["operator_key_prefix"] == key.split("_")[1] for entry in logged)
+
+    page.click("#nav a[data-screen=clients]")
+    page.click("#actions-log summary")
+    actions = page.locator("#actions-rows tr")
+    expect(actions).to_have_count(2, timeout=WAIT_MS)
+    expect(actions.nth(0).locator("td").nth(2)).to_have_text("pending_cancel")
+    expect(actions.nth(0).locator("td").nth(3)).to_have_text(f"client {acme}")
+    expect(actions.nth(0).locator("td").nth(4)).to_have_text("3")
+    expect(actions.nth(1).locator("td").nth(2)).to_have_text("job_cancel")
+    expect(actions.nth(1).locator("td").nth(3)).to_have_text(f"job {str(jobs[2].public_id)[:8]}")
+    expect(actions.nth(1).locator("td").nth(4)).to_have_text("1")
     assert console.errors == []
 
 
@@ -383,23 +394,34 @@ def test_revoking_a_clients_keys_from_the_console_refuses_their_next_request(
     system: System, database_url: str, browser: Browser,
 ) -> None:
     """The clients screen lists each client's keys; Revoke all keys, once confirmed, makes the client's next
-    request a 401 while other clients go on."""
+    request a 401 while other clients go on, and the open operator actions section shows the revocation at
+    once: who, what, on which client, how many keys."""
 
-    async def clients(conn: psycopg.AsyncConnection[Any]) -> tuple[str, str, str]:
-        _, acme_key = await seed.client(conn, "acme")
+    async def clients(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, str, str]:
+        acme_id, acme_key = await seed.client(conn, "acme")
         _, globex_key = await seed.client(conn, "globex")
-        return await seed.operator_key(conn), acme_key, globex_key
+        return await seed.operator_key(conn, "ada"), acme_id, acme_key, globex_key
 
-    key, acme_key, globex_key = seed.seeded(database_url, clients)
+    key, acme_id, acme_key, globex_key = seed.seeded(database_url, clients)
     api = system.api()
     console = Console(browser, api, LAPTOP)
     page = console.open(key, "#/clients")
     acme = page.locator("#clients-rows tr", has_text="acme")
     expect(acme.locator(f'li[data-key-prefix="{acme_key.split("_")[1]}"]')).to_contain_text("active since",
                                                                                           timeout=WAIT_MS)
+    page.click("#actions-log summary")
+    expect(page.locator("#actions-status")).to_have_text("No operator action yet.", timeout=WAIT_MS)
+    expect(page.locator("#actions-rows tr")).to_have_count(0)
     acme.locator("button", has_text="Revoke all keys").click()
     console.confirm("Revoke 1 active key of acme")
     expect(acme.locator("li")).to_contain_text("revoked", timeout=WAIT_MS)
+    actions = page.locator("#actions-rows tr")
+    expect(actions).to_have_count(1, timeout=WAIT_MS)
+    expect(actions.locator("td")).to_have_text(
+        [re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d "), f"ada ({key.split('_')[1]})", "client_keys_revoke",
+         f"client {acme_id}", "1"])
+    expect(page.locator("#actions-status")).to_have_text("")
+    capture(page, "ops-clients-actions")
     probe = f"{api.base_url}/stories/jobs/00000000-0000-0000-0000-000000000000"
     assert httpx.get(probe, headers={"Authorization": f"Bearer {acme_key}"}).status_code == 401
     assert httpx.get(probe, headers={"Authorization": f"Bearer {globex_key}"}).status_code == 404
@@ -475,7 +497,7 @@ def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
     api = system.api()
     with httpx.Client(base_url=api.base_url) as client:
         modules = ["ops.js", "ops-ui.js", "ops-overview.js", "ops-jobs.js", "ops-job.js", "ops-clients.js",
-                   "ops-workers.js", "format.js", "http.js"]
+                   "ops-workers.js", "ops-actions.js", "format.js", "http.js"]
         for path, content_type in (("/ops/", "text/html; charset=utf-8"), ("/ops", "text/html; charset=utf-8"),
                                    *((f"/static/{name}", "text/javascript; charset=utf-8") for name in modules),
                                    ("/static/ops.css", "text/css; charset=utf-8")):
