@@ -337,11 +337,11 @@ async def job_listen_pending(conn: Conn) -> None:
     await conn.execute(Q["job_listen_pending"])
 
 
-async def job_list_running_for_worker(conn: Conn, *, worker_id: str, known_ids: Sequence[int]) -> list[ClaimedJob]:
+async def job_adopt_lost_claims(conn: Conn, *, worker_id: str, known_ids: Sequence[int]) -> list[ClaimedJob]:
     return await _all(
         conn,
         ClaimedJob,
-        "job_list_running_for_worker",
+        "job_adopt_lost_claims",
         {"worker_id": worker_id, "known_ids": list(known_ids)},
     )
 

@@ -664,7 +664,7 @@ calls_finished AS (
     FROM failing
     WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
       AND c.job_id = failing.job_id
-      AND (c.attempt = failing.attempt OR (c.attempt > failing.attempt AND c.outcome = 'started'))
+      AND (c.attempt = failing.attempt OR (c.attempt > failing.attempt AND c.outcome IN ('started', 'interrupted')))
 ),
 failed AS (
     UPDATE story_jobs j
@@ -713,19 +713,29 @@ WHERE j.id = ANY (ARRAY(SELECT id FROM beat));
 -- claims at once instead of at its next poll.
 LISTEN storyjobs_pending;
 
--- name: job_list_running_for_worker
+-- name: job_adopt_lost_claims
 -- After a claim statement failed without an answer (connection lost around
 -- its commit), the claims it may have made belong to this worker but never
 -- reached it: no LLM call was sent for them, so the worker runs them now.
--- The same columns as the claim's answer: an adopted job runs with the
--- max_tokens, model and prices it was accepted with.
-SELECT j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-       j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok
-FROM story_jobs j
-JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
-WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
-  AND NOT (j.id = ANY (%(known_ids)s::bigint[]))
-  AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1);
+-- Their heartbeat is refreshed in the same statement (the claim's may be as
+-- old as the lost statement), so that the sweeper does not fail a job whose
+-- call is about to start. Rows are locked in ascending id order, as the
+-- heartbeat locks them. The same columns as the claim's answer: an adopted
+-- job runs with the max_tokens, model and prices it was accepted with.
+WITH lost AS MATERIALIZED (
+    SELECT j.id
+    FROM story_jobs j
+    JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
+    WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
+      AND NOT (j.id = ANY (%(known_ids)s::bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1)
+    ORDER BY j.id
+)
+UPDATE story_jobs j
+SET heartbeat_at = now()
+WHERE j.id = ANY (ARRAY(SELECT id FROM lost)) AND j.status = 'running' AND j.worker_id = %(worker_id)s
+RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+          j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok;
 
 -- name: llm_call_start
 -- A retry's ledger row, written before its request is sent, and only while
@@ -802,7 +812,8 @@ ON CONFLICT (model) DO NOTHING;
 -- reserved and the call did not use. A later attempt's row (a retry opened
 -- by a statement whose answer was lost, never sent) is closed as not sent.
 -- The job's row is locked first, as every statement that writes a job and
--- its ledger locks them.
+-- its ledger locks them. Run again after its answer was lost, it finds its
+-- row as it left it and gives the bucket nothing twice.
 WITH job_locked AS MATERIALIZED (
     SELECT id FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
 ),
@@ -814,6 +825,8 @@ closed AS (
         request_id = coalesce(%(request_id)s, c.request_id)
     FROM (SELECT count(*) FROM job_locked) l
     WHERE c.job_id = %(job_id)s AND c.attempt = %(attempt)s
+      AND (c.outcome, c.billed, c.cost_usd, c.error_text)
+          IS DISTINCT FROM (%(outcome)s::text, %(billed)s::boolean, %(cost_usd)s::numeric, %(error_text)s::text)
     RETURNING c.job_id, c.model
 ),
 never_sent AS (
@@ -825,8 +838,8 @@ never_sent AS (
 charged AS (
     UPDATE story_jobs j
     SET charged_usd = %(cost_usd)s::numeric
-    FROM closed c
-    WHERE j.id = c.job_id AND j.status = 'failed' AND j.charged_usd > %(cost_usd)s::numeric
+    FROM job_locked l
+    WHERE j.id = l.id AND j.status = 'failed' AND j.charged_usd > %(cost_usd)s::numeric
     RETURNING j.id
 ),
 reservation AS (

@@ -87,6 +87,9 @@ _ADOPTION_MARGIN_S = 5.0
 _ADOPTION_RECHECK_S = 1.0
 # an end refused in every form is tried again at most this often
 _END_RETRY_MAX_S = 60.0
+# refused as it was, then in its safe form: from then on it is retried, and
+# given up once the job is no longer ours
+_REFUSALS_GIVEN_UP = 3
 # what a money column (numeric(14, 6)) holds
 _USD_MAX = Decimal("99999999.999999")
 SHUTDOWN = "shutdown"
@@ -287,9 +290,15 @@ class Coordinator:
     def gone(self, job_id: int, reason: str) -> bool:
         """The heartbeat found the job no longer ours (swept or cancelled):
         its stream is stopped at once, so that nobody pays for text no one
-        will see. True when a call was stopped."""
+        will see. True when a call was stopped. A job whose end the database
+        refused in every form is then given up at the next round: whoever
+        ended it closed its row, charged as unknown."""
         held = self._jobs.get(job_id)
-        return held is not None and self._stop_call(held, reason)
+        if held is None:
+            return False
+        if held.end is not None and held.refusals >= _REFUSALS_GIVEN_UP:
+            held.stop_reason = held.stop_reason or reason
+        return self._stop_call(held, reason)
 
     # -- the round --------------------------------------------------------------------
 
@@ -314,6 +323,7 @@ class Coordinator:
                 result.finished, result.clean = True, False
                 return result
         self._collect(result)
+        self._give_up_refused_ends(result)
         if now >= self._claiming.poll_due_at:
             self._claiming.work_may_wait = True
         failures = self._due(Failure, now)
@@ -360,11 +370,15 @@ class Coordinator:
                 continue
             outcome = outcome_of(held.task, held.call)
             metrics.JOB_RUN.observe(self._clock() - held.claimed_at)
-            if isinstance(outcome, Lost):
-                self._let_go(held, outcome.reason, result)
-                continue
             _count_call(outcome.call)
-            if isinstance(outcome, Completed):
+            if isinstance(outcome, Lost):
+                # its row and its charge are set right as a stopped call's are
+                metrics.LOST_OWNERSHIP.inc()
+                log.warning("job.lost_ownership", job_id=held.public_id, reason=outcome.reason,
+                            attempt=outcome.call.attempt)
+                held.stop_reason = "ended elsewhere"
+                held.end = outcome.call
+            elif isinstance(outcome, Completed):
                 held.end = _completion(held.job, outcome)
             elif isinstance(outcome, Failed):
                 held.end = _failure(held.job.id, outcome.error_code, outcome.message, outcome.call)
@@ -393,11 +407,13 @@ class Coordinator:
                     "its jobs, never begun, are left to the sweeper")
         return True
 
-    def _let_go(self, held: HeldJob, reason: str, result: RoundResult) -> None:
-        metrics.LOST_OWNERSHIP.inc()
-        log.warning("job.lost_ownership", job_id=held.public_id, reason=reason)
-        self._release(held)
-        result.let_go += 1
+    def _give_up_refused_ends(self, result: RoundResult) -> None:
+        for held in list(self._jobs.values()):
+            if held.end is not None and held.refusals >= _REFUSALS_GIVEN_UP and held.stop_reason is not None:
+                log.error("job.end_given_up", job_id=held.public_id, reason=held.stop_reason,
+                          detail="its end was refused in every form and the job is no longer ours")
+                self._release(held)
+                result.let_go += 1
 
     def _due(self, kind: type[End], now: float) -> list[HeldJob]:
         """The held jobs whose end of this kind can be written now, in id
@@ -473,7 +489,7 @@ class Coordinator:
                 await self.store.call_finish(
                     held.job.id, record.attempt, outcome=record.outcome, billed=record.billed,
                     input_tokens=record.input_tokens, output_tokens=record.output_tokens,
-                    cost_usd=record.cost_usd, error_text=f"stream stopped: job {held.stop_reason}",
+                    cost_usd=record.cost_usd, error_text=f"the job was {held.stop_reason} while this call was open",
                     request_id=storable_or_none(record.request_id),
                 )
             except db.DB_ERRORS as exc:
@@ -497,8 +513,11 @@ class Coordinator:
         found = await self.store.claims_of_lost_answer(list(self._jobs))
         for job in found:
             log.warning("job.adopted", job_id=str(job.public_id), detail="claimed by a statement whose answer was lost")
-            self._hold(job)
+            held = self._hold(job)
             result.adopted += 1
+            if self._shutdown is not None and self._shutdown.streams_stopped:
+                # past the grace nothing more is begun: failed as interrupted, nothing sent
+                self._stop_call(held, SHUTDOWN)
         if (found and self._claiming.lost_answers == 1) or now >= self._claiming.adopt_until:
             self._claiming.lost_answers = 0
         self._claiming.adopt_next_at = now + _ADOPTION_RECHECK_S
@@ -591,7 +610,7 @@ class Coordinator:
             # kept, heartbeats and all, until the database takes it or the
             # job is no longer ours; never sent again
             held.retry_at = self._clock() + min(2.0 ** held.refusals, _END_RETRY_MAX_S)
-            if held.refusals == 3:
+            if held.refusals == _REFUSALS_GIVEN_UP:
                 log.error("job.end_refused", job_id=held.public_id, error=db.describe(exc),
                           detail="the job stays held; its end is tried again with backoff")
 
@@ -602,7 +621,7 @@ class Coordinator:
 
     # -- one job ------------------------------------------------------------------
 
-    def _hold(self, job: ClaimedJob) -> None:
+    def _hold(self, job: ClaimedJob) -> HeldJob:
         """Holds a job and starts its task at once, so that the heartbeat
         never sees a held job that is not running."""
         hooks = LedgerHooks(self.store, job, self.heard, clock=self._clock, sleep=self._sleep)
@@ -611,6 +630,7 @@ class Coordinator:
         self._jobs[job.id] = held
         held.task = asyncio.create_task(execute(job, self._writer, call), name=f"job-{job.id}")
         held.task.add_done_callback(lambda _: self._wake.set())
+        return held
 
     def _stop_call(self, held: HeldJob, reason: str) -> bool:
         """Stops a job's call that is still under way (also one whose task

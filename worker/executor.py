@@ -54,10 +54,12 @@ class Stopped(msgspec.Struct, frozen=True):
 
 
 class Lost(msgspec.Struct, frozen=True):
-    """The job was ended elsewhere before a retry could be sent: the
-    previous attempt's row is closed and nothing more was sent."""
+    """The job was ended elsewhere before a retry could be sent: nothing
+    more was sent; ``call`` is the refused attempt, whose row (and the
+    job's charge) still says what whoever ended the job assumed."""
 
     reason: str
+    call: CallRecord
 
 
 Outcome = Completed | Failed | Stopped | Lost
@@ -77,7 +79,7 @@ async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall) -> Outcom
     except WriteFailed as exc:
         return Failed(exc.error_code, exc.message, call.record(exc.outcome))
     except LostOwnership:
-        return Lost("ended elsewhere while a retry waited")
+        return Lost("ended elsewhere while a retry waited", call.record(LlmOutcome.NOT_SENT))
     except Exception as exc:  # noqa: BLE001 - a bug must end the job with what was sent, not strand it
         log.exception("job.unexpected_error")
         return Failed(ErrorCode.INTERNAL_ERROR, f"the worker failed unexpectedly: {type(exc).__name__}",

@@ -129,7 +129,7 @@ class PgWorkerStore:
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
         async with self._pool.connection() as conn:
-            return await store.job_list_running_for_worker(conn, worker_id=self._worker_id, known_ids=known_ids)
+            return await store.job_adopt_lost_claims(conn, worker_id=self._worker_id, known_ids=known_ids)
 
     async def heartbeat(self, progress: Mapping[int, int]) -> list[HeartbeatRow]:
         async with self._pool.connection() as conn:

@@ -167,17 +167,19 @@ class JobCall:
     def record(self, outcome: LlmOutcome) -> CallRecord:
         """The ledger row of the current attempt, ended as ``outcome`` says
         where the request stands: nothing sent or refused is not billed and
-        keeps its refusal; an accepted stream we stopped, or a finished one,
-        costs its usage; a request whose outcome cannot be known is charged
-        the job's worst case, as a sweep would."""
+        keeps its refusal; a finished one costs its usage; any other (a 5xx,
+        a stream that broke or that we stopped before its end) cannot be
+        known, and is charged the job's worst case, as a sweep would."""
         if self.sent is Sent.NOT_SENT:
             return CallRecord(self.attempt, LlmOutcome.NOT_SENT, False, 0, 0, Decimal(0), self.request_id)
         if self.sent is Sent.REFUSED:
             assert self.refusal is not None
             return CallRecord(self.attempt, self.refusal, False, 0, 0, Decimal(0), self.request_id)
-        if self.sent is Sent.FINISHED or (self.sent is Sent.ACCEPTED and outcome is LlmOutcome.STOPPED):
+        if self.sent is Sent.FINISHED:
             return CallRecord(self.attempt, outcome, True, self.input_tokens, self.output_tokens, self.cost_usd,
                               self.request_id)
+        # sent and never finished (a 5xx, a broken or stopped stream, a
+        # timeout): what the provider generated before it noticed is not known
         input_tokens = max(self.input_tokens, self.input_tokens_at_most)
         return CallRecord(self.attempt, outcome, True, input_tokens, self.max_tokens,
                           self.price.worst_case(input_tokens, self.max_tokens), self.request_id)

@@ -354,3 +354,30 @@ async def test_a_500_before_the_stream_charges_the_budget_the_jobs_reservation(
     job = await _fails_on_a_500(conn, pool, database_url, provider)
     cur = await conn.execute("SELECT spent_usd, reserved_usd FROM budget_days WHERE client_id = 0")
     assert await cur.fetchall() == [(job.reserved_usd, 0)]
+
+
+async def test_a_job_ended_while_its_retry_waits_is_charged_nothing_for_its_refused_call(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    provider: FakeAnthropicServer,
+) -> None:
+    """Cancelled during a 429's wait and found gone by the retry itself (no heartbeat in between), the job
+    whose one request was refused is charged nothing: the cancel's worst-case charge comes down to $0 and
+    the day's budget with it."""
+    provider.fake.queue(Plan(status=429, headers=(("retry-after", "2"),)))
+    client = await client_id_of(conn)
+    (admitted,) = await store.job_insert_if_admitted(
+        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
+        queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
+    assert admitted.public_id is not None
+    async with _worker(pool, database_url, provider, heartbeat_interval_s=30, heartbeat_timeout_s=120,
+                       **PRICED) as worker:
+        await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
+        cancelled = await store.job_cancel(conn, client_id=client, job_id=admitted.public_id)
+        assert cancelled is not None and cancelled.cancelled
+        await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
+    job = await _job(conn, admitted.public_id)
+    assert job.reserved_usd > 0 and job.charged_usd == 0
+    assert [row[:3] for row in job.ledger] == [(1, "rate_limited", False)]
+    cur = await conn.execute("SELECT spent_usd, reserved_usd FROM budget_days WHERE client_id = 0")
+    assert await cur.fetchall() == [(0, 0)]
+    assert len(provider.fake.calls) == 1

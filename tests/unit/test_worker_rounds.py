@@ -464,3 +464,25 @@ async def test_a_stopping_worker_holding_nothing_exits_clean_after_a_lost_claim_
         rounds = [await worker.round_once() for _ in range(2)]  # one more search, then the exit
     assert [(r.finished, r.clean) for r in rounds] == [(False, True), (True, True)]
     assert [e["event"] for e in logs] == ["worker.lost_claim_unsettled"]
+
+
+async def test_a_lost_claim_found_after_the_grace_is_failed_and_never_begun() -> None:
+    """Past the shutdown grace, the job of a lost claim answer found by adoption is not begun: it is
+    failed as interrupted with nothing sent, and the worker exits clean."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claims_of_lost_answer", psycopg.OperationalError("connection refused"))
+    worker = _worker(store, writer, clock, worker_shutdown_grace_s=5.0)
+    await worker.round_once()
+    worker.stop()
+    assert (await worker.round_once()).database_error is not None  # the search fails within the grace
+    clock.now += 5.0
+    assert (await worker.round_once()).adopted == 1
+    await _let_tasks_run()
+    assert (await worker.round_once()).failed == 1
+    assert writer.sent == []
+    (failure,) = store.named("fail_running")[0]
+    assert (failure.error_code, failure.call_outcome, failure.billed) == (
+        ErrorCode.INTERRUPTED, LlmOutcome.NOT_SENT, False)
+    assert (await worker.round_once()).finished
