@@ -1488,13 +1488,6 @@ SELECT coalesce(b.worker_id, s.worker_id) AS worker_id, coalesce(b.running, 0)::
 FROM busy b
 FULL JOIN seen s ON s.worker_id = b.worker_id
 ORDER BY 1;
-SELECT m.minute, coalesce(jobs.completed, 0) AS completed, coalesce(jobs.failed, 0) AS failed,
-       coalesce(calls.spend_usd, 0)::numeric(14, 6) AS spend_usd,
-       coalesce(calls.rate_limited, 0) AS rate_limited
-FROM minutes m
-LEFT JOIN jobs ON jobs.minute = m.minute
-LEFT JOIN calls ON calls.minute = m.minute
-ORDER BY m.minute;
 
 
 -- ---------------------------------------------------------------------------
