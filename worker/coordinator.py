@@ -112,7 +112,8 @@ its failure, or (for a job no longer ours) its stopped call's ledger row."""
 
 
 class HeldJob:
-    __slots__ = ("job", "call", "task", "claimed_at", "progress", "stop_reason", "end", "refusals", "retry_at")
+    __slots__ = ("job", "call", "task", "claimed_at", "progress", "stop_reason", "end", "refusals", "retry_at",
+                 "found_gone")
 
     def __init__(self, job: ClaimedJob, call: JobCall, claimed_at: float) -> None:
         self.job = job
@@ -127,6 +128,9 @@ class HeldJob:
         # how often the database refused its end for its data, and when to try again
         self.refusals = 0
         self.retry_at = float("-inf")
+        # the heartbeat found it no longer ours: only then may an end the
+        # database keeps refusing be given up
+        self.found_gone = False
 
     @property
     def public_id(self) -> str:
@@ -296,8 +300,8 @@ class Coordinator:
         held = self._jobs.get(job_id)
         if held is None:
             return False
-        if held.end is not None and held.refusals >= _REFUSALS_GIVEN_UP:
-            held.stop_reason = held.stop_reason or reason
+        if held.end is not None:
+            held.found_gone = True
         return self._stop_call(held, reason)
 
     # -- the round --------------------------------------------------------------------
@@ -409,8 +413,8 @@ class Coordinator:
 
     def _give_up_refused_ends(self, result: RoundResult) -> None:
         for held in list(self._jobs.values()):
-            if held.end is not None and held.refusals >= _REFUSALS_GIVEN_UP and held.stop_reason is not None:
-                log.error("job.end_given_up", job_id=held.public_id, reason=held.stop_reason,
+            if held.end is not None and held.refusals >= _REFUSALS_GIVEN_UP and held.found_gone:
+                log.error("job.end_given_up", job_id=held.public_id,
                           detail="its end was refused in every form and the job is no longer ours")
                 self._release(held)
                 result.let_go += 1

@@ -486,3 +486,23 @@ async def test_a_lost_claim_found_after_the_grace_is_failed_and_never_begun() ->
     assert (failure.error_code, failure.call_outcome, failure.billed) == (
         ErrorCode.INTERRUPTED, LlmOutcome.NOT_SENT, False)
     assert (await worker.round_once()).finished
+
+
+async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_longer_ours() -> None:
+    """A failure the database refuses as it is and in its safe form keeps the job held (its slot too);
+    once the heartbeat finds the job ended elsewhere, the round lets it go."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(1)
+    worker = _worker(store, GatedWriter(open_all=True, text=""), clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    for _ in range(3):
+        store.fail_next("settle_and_claim", psycopg.errors.DataError("refused"))
+        store.fail_next("fail_running", psycopg.errors.DataError("refused"))
+    for _ in range(4):
+        await worker.round_once()
+        clock.now += 60.0
+    assert worker.held_job_ids == [1] and worker._jobs[1].refusals >= 3
+    store.end_elsewhere(1, ErrorCode.TIMED_OUT)
+    assert await worker.heartbeat_once() == []
+    assert (await worker.round_once()).let_go == 1 and worker.held_job_ids == []
