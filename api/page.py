@@ -55,6 +55,7 @@ _MEDIA_TYPES = {
     "ops-clients.js": "text/javascript",
     "ops-workers.js": "text/javascript",
     "ops-actions.js": "text/javascript",
+    "ops-webhooks.js": "text/javascript",
     "format.js": "text/javascript",
     "ops.css": "text/css",
 }

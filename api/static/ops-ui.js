@@ -4,7 +4,7 @@ import { ApiError, call } from "./http.js";
 import { byId } from "./format.js";
 
 const KEY_STORAGE = "storyjobs.operatorKey";
-const SCREENS = ["key", "overview", "jobs", "job", "clients", "workers"];
+const SCREENS = ["key", "overview", "jobs", "job", "clients", "workers", "webhooks"];
 
 export const operatorKey = () => sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
 
@@ -95,6 +95,7 @@ export function route() {
   }
   if (path === "/clients") return { screen: "clients" };
   if (path === "/workers") return { screen: "workers" };
+  if (path === "/webhooks") return { screen: "webhooks" };
   const range = params.get("range");
   return { screen: "overview", range: RANGES.includes(range) ? range : "hour" };
 }

@@ -1,7 +1,8 @@
 // The operators' console: overview and history, jobs, a job's page, clients,
-// workers, and the actions (cancel a job, cancel the pending jobs a filter
-// matches, revoke a client's keys) with the record of those taken. Screens
-// are hash routes (#/?range=..., #/jobs?..., #/jobs/ID, #/clients, #/workers)
+// workers, webhook endpoints, and the actions (cancel a job, cancel the
+// pending jobs a filter matches, revoke a client's keys, send a dead webhook
+// delivery again) with the record of those taken. Screens are hash routes
+// (#/?range=..., #/jobs?..., #/jobs/ID, #/clients, #/workers, #/webhooks)
 // over the JSON endpoints under /ops/api; each screen is a module of its own.
 //
 // Every value from the api is untrusted (stories and error texts come from
@@ -14,6 +15,7 @@ import { cancelCurrentJob, loadJob } from "./ops-job.js";
 import { loadClients } from "./ops-clients.js";
 import { loadActions } from "./ops-actions.js";
 import { loadOverview, stopOverview } from "./ops-overview.js";
+import { loadWebhooks } from "./ops-webhooks.js";
 import { loadWorkers } from "./ops-workers.js";
 import { forgetKey, guard, keepKey, operatorKey, route, show, showError, showNotice } from "./ops-ui.js";
 
@@ -33,6 +35,7 @@ async function render() {
   else if (where.screen === "jobs") await loadJobs(where.filter);
   else if (where.screen === "job") await loadJob(where.jobId);
   else if (where.screen === "workers") await loadWorkers();
+  else if (where.screen === "webhooks") await loadWebhooks();
   else await loadClients();
 }
 

@@ -18,6 +18,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from api.page import CONTENT_SECURITY_POLICY
+from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
 from sweeper import rollup
 from tests import ops_seed as seed
@@ -497,7 +498,7 @@ def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
     api = system.api()
     with httpx.Client(base_url=api.base_url) as client:
         modules = ["ops.js", "ops-ui.js", "ops-overview.js", "ops-jobs.js", "ops-job.js", "ops-clients.js",
-                   "ops-workers.js", "ops-actions.js", "format.js", "http.js"]
+                   "ops-workers.js", "ops-actions.js", "ops-webhooks.js", "format.js", "http.js"]
         for path, content_type in (("/ops/", "text/html; charset=utf-8"), ("/ops", "text/html; charset=utf-8"),
                                    *((f"/static/{name}", "text/javascript; charset=utf-8") for name in modules),
                                    ("/static/ops.css", "text/css; charset=utf-8")):
@@ -629,3 +630,74 @@ def test_the_workers_screen_shows_busy_gone_and_idle_workers_and_the_offline_wri
     expect(page.locator("#offline-note")).to_be_visible(timeout=WAIT_MS)
     expect(page.locator("#writers-now")).to_contain_text("offline writer")
     assert console.errors == []
+
+
+def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a_dead_one(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """With no endpoint the screen says so; then an endpoint shows its client, URL, state and counts and its last
+    deliveries (event, job, state, attempts, status code, error as text, last attempt), and on a phone Retry on
+    the dead one makes it pending in the database and on the screen."""
+    key = seed.seeded(database_url, seed.operator_key)
+    api = system.api()
+    console = Console(browser, api, PHONE)
+    page = console.open(key, "#/webhooks")
+    expect(page.locator("#webhooks-empty")).to_have_text("No webhook endpoint yet.", timeout=WAIT_MS)
+    expect(page.locator("#webhooks-list article")).to_have_count(0)
+
+    async def endpoint(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, int, seed.Job]:
+        acme, _ = await seed.client(conn, "acme")
+        row = await seed.store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
+                                                       events=webhooks.EVENTS, secret=webhooks.new_secret(),
+                                                       max_per_client=10)
+        assert row is not None
+        done, broken = await seed.insert_jobs(conn, [seed.completed(acme, 600), seed.failed(acme, 300, "llm_error")])
+        ids = []
+        for job, state, attempts, status, error in (
+                (done, "delivered", 1, 200, None), (broken, "dead", 8, 500, f"HTTP 500 {HOSTILE}")):
+            cur = await conn.execute(
+                "INSERT INTO webhook_deliveries (endpoint_id, job_id, job_public_id, job_status, error_code, "
+                "occurred_at, state, attempts, last_attempt_at, last_status_code, last_error, delivered_at) "
+                "VALUES (%s, %s, %s, %s::job_status, %s, now() - interval '5 minutes', %s, %s, "
+                "now() - interval '1 minute', %s, %s, CASE WHEN %s = 'delivered' THEN now() END) RETURNING id",
+                (row.id, job.id, job.public_id, job.status, job.error_code, state, attempts, status, error, state))
+            ids.append(int((await cur.fetchone() or [0])[0]))
+        await conn.execute("UPDATE webhook_endpoints SET failing_since = now() WHERE id = %s", (row.id,))
+        return str(row.id), ids[0], ids[1], broken
+
+    endpoint_id, delivered_id, dead_id, broken = seed.seeded(database_url, endpoint)
+    page.reload()
+    card = page.locator(f'#webhooks-list article[data-endpoint-id="{endpoint_id}"]')
+    expect(card.locator("h2")).to_have_text("acme", timeout=WAIT_MS)
+    expect(page.locator("#webhooks-empty")).to_be_hidden()
+    expect(card.locator('[data-k="url"]')).to_have_text("https://hooks.acme.example/in")
+    expect(card.locator('[data-k="endpoint-state"]')).to_have_text("failing")
+    expect(card.locator('[data-k="counts"]')).to_contain_text("0 pending · 1 dead")
+    delivered = card.locator(f'tr[data-delivery-id="{delivered_id}"]')
+    dead = card.locator(f'tr[data-delivery-id="{dead_id}"]')
+    moment = re.compile(r"^\d{4}-\d\d-\d\d \d\d:\d\d:\d\d ")
+    expect(delivered.locator("td")).to_have_text([re.compile(r"^job\.completed\s*[0-9a-f]{8}$"), "delivered", "1",
+                                                  "200", moment])
+    expect(dead.locator("td")).to_have_text([re.compile(rf"^job\.failed\s*{str(broken.public_id)[:8]}$"),
+                                             re.compile(r"^dead\s*Retry$"), "8", "500", moment])
+    expect(dead.locator("a")).to_have_attribute("href", f"#/jobs/{broken.public_id}")
+    expect(card.locator('[data-k="last-error"]')).to_have_text(f"HTTP 500 {HOSTILE}")
+    expect(delivered.locator("button")).to_have_count(0)
+    capture(page, "ops-webhooks")
+    assert console.fits_the_screen() and console.in_view(f'tr[data-delivery-id="{dead_id}"] button')
+
+    dead.locator("button", has_text="Retry").click()
+    expect(dead.locator('[data-k="state"]')).to_have_text("pending", timeout=WAIT_MS)
+    expect(page.locator("#notice")).to_contain_text(f"job {str(broken.public_id)[:8]} will be sent again")
+    expect(dead.locator("button")).to_have_count(0)
+    assert rows_of(database_url, "SELECT state, attempts, next_attempt_at <= now() FROM webhook_deliveries "
+                                 "WHERE id = %s", dead_id) == [("pending", 0, True)]
+    assert scalar(database_url, "SELECT state FROM webhook_deliveries WHERE id = %s", delivered_id) == "delivered"
+    assert page.locator("main img, main script").count() == 0 and page.evaluate("window.__pwned") is None
+    assert console.errors == []
+
+    laptop = Console(browser, api, LAPTOP)
+    wide = laptop.open(key, "#/webhooks")
+    expect(wide.locator(f'tr[data-delivery-id="{dead_id}"] [data-k="state"]')).to_have_text("pending", timeout=WAIT_MS)
+    expect(wide.locator(f'tr[data-delivery-id="{dead_id}"] [data-k="last-attempt"]')).to_be_visible()
+    capture(wide, "ops-webhooks-laptop")
