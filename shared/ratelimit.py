@@ -38,6 +38,9 @@ class RateLimits(msgspec.Struct, frozen=True):
     input_tokens_capacity: float | None
     output_tokens_rate: float | None
     output_tokens_capacity: float | None
+    # LLM_RATE_BURST_S: also how long a job the bucket does not cover lets
+    # the jobs behind it pass before the bucket is kept for it
+    burst_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> RateLimits:
@@ -55,7 +58,7 @@ class RateLimits(msgspec.Struct, frozen=True):
             values[f"{kind}_rate"] = rate
             values[f"{kind}_capacity"] = (
                 None if rate is None else max(rate * settings.llm_rate_burst_s, float(largest_need[kind])))
-        return cls(**values)
+        return cls(**values, burst_s=settings.llm_rate_burst_s)
 
     @property
     def limited(self) -> bool:

@@ -62,6 +62,11 @@ LIMIT 1;
 -- budget per UTC day, in place of CLIENT_BUDGET_USD_PER_DAY.
 UPDATE api_clients SET budget_usd_per_day = %(budget_usd_per_day)s WHERE id = %(client_id)s;
 
+-- name: api_client_weight_set
+-- `storyjobs keys create NAME --weight N`: the client's share of the workers
+-- (N jobs to a weight-1 client's one), taken by the jobs it sends from now on.
+UPDATE api_clients SET weight = %(weight)s WHERE id = %(client_id)s;
+
 -- name: api_key_insert
 INSERT INTO api_keys (client_id, key_prefix, key_hash)
 VALUES (%(client_id)s, %(key_prefix)s, %(key_hash)s);
@@ -155,7 +160,7 @@ fresh AS MATERIALIZED (
 -- missing), and `counted` the pending jobs counted up to the maximum, only
 -- when the kept bound does not leave room for the batch (NULL otherwise).
 client_depth AS MATERIALIZED (
-    SELECT c.client_id, a.pending_at_most AS kept,
+    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
            CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs s
@@ -213,14 +218,31 @@ admitted AS MATERIALIZED (
     ) c, spend s
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
 ),
+-- Each admitted job's turn in the claim's round robin (sql/006_fair_share.sql):
+-- after the turn being served now (the smallest pending one, else the last
+-- one given) and after its client's last, by 1 / the client's weight per job.
+-- A client whose pending jobs were counted and found gone starts afresh.
+serving AS MATERIALIZED (
+    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
+                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
+),
+turns AS MATERIALIZED (
+    SELECT a.ord, a.client_id,
+           greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END)
+           + (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 / coalesce(c.weight, 1) AS turn
+    FROM admitted a
+    CROSS JOIN serving s
+    JOIN client_depth d ON d.client_id = a.client_id
+    LEFT JOIN api_clients c ON c.id = a.client_id
+),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
                             max_tokens, input_tokens_estimate, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok)
-    SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request,
-           max_tokens, input_tokens_estimate, reserved_usd,
-           model, input_usd_per_mtok, output_usd_per_mtok
-    FROM admitted ORDER BY ord
+                            model, input_usd_per_mtok, output_usd_per_mtok, turn)
+    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
+           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn
+    FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
 keys_recorded AS (
@@ -236,21 +258,27 @@ new_bounds AS (
     SELECT 0::bigint AS client_id, q.kept,
            CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
                 WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
-                ELSE q.kept END AS bound
-    FROM queue q, (SELECT count(*) AS admitted FROM admitted) n
+                ELSE q.kept END AS bound,
+           n.last_turn
+    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn), 0) AS last_turn FROM turns) n
     UNION ALL
     SELECT d.client_id, d.kept,
            CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
                 WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
-                ELSE d.kept END
+                ELSE d.kept END,
+           n.last_turn
     FROM client_depth d
-    CROSS JOIN LATERAL (SELECT count(*) AS admitted FROM admitted a WHERE a.client_id = d.client_id) n
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn), 0) AS last_turn
+                        FROM turns t WHERE t.client_id = d.client_id) n
 ),
+-- (a queue admitting anything always gets a new bound, so its last turn is
+-- written with it)
 bounds_kept AS (
-    INSERT INTO job_admission (client_id, pending_at_most)
-    SELECT client_id, bound FROM new_bounds
+    INSERT INTO job_admission (client_id, pending_at_most, last_turn)
+    SELECT client_id, bound, last_turn FROM new_bounds
     WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
-    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
+    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
+        last_turn = greatest(job_admission.last_turn, excluded.last_turn)
 ),
 -- the reservations, on today's rows of all clients and of each client, the
 -- all-clients row first (see story_jobs_settle_budget)
@@ -292,13 +320,14 @@ ORDER BY r.ord;
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
 -- the job (if it is this client's) with its queue position or story.
--- queue_position counts pending jobs ahead of this one on the active index.
+-- queue_position counts pending jobs ahead of this one in the claim's order
+-- (turns: the client's share), on the claim's index.
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        j.public_id, j.status, j.error_code, j.error_text, j.progress,
        j.created_at, j.started_at, j.completed_at,
        CASE WHEN j.status = 'pending' THEN
            (SELECT count(*) + 1 FROM story_jobs p
-            WHERE p.status = 'pending' AND (p.created_at, p.id) < (j.created_at, j.id))
+            WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
        END AS queue_position,
        -- one shape for a story, here and in story_get_for_key (cost as text: exact)
        CASE WHEN s.id IS NOT NULL THEN json_build_object(
@@ -508,7 +537,7 @@ paused AS MATERIALIZED (
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE status = 'pending'
-    ORDER BY created_at, id
+    ORDER BY turn, id
     LIMIT (SELECT CASE WHEN coalesce(until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM paused)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
@@ -534,7 +563,8 @@ SELECT
 -- given back what the completed calls did not use, capped by what the
 -- provider's headers last said was left, and a job is claimed only while the
 -- bucket covers one request, its estimated input tokens and its max_tokens;
--- a job it does not cover stays pending. A pause (a 429's retry-after, or the
+-- a job it does not cover stays pending without holding back the jobs behind
+-- it that it covers (until it is owed the bucket: see `held`). A pause (a 429's retry-after, or the
 -- provider saying nothing is left) claims nothing.
 WITH
 -- include: job_settle_ctes
@@ -576,24 +606,52 @@ bucket_now AS MATERIALIZED (
     LEFT JOIN bucket b ON true
     CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
 ),
+-- The next pending jobs in turn order, a few more than the slots to fill:
+-- a job the bucket does not cover now lets the ones behind it that it does
+-- cover go first (below).
 claimable AS MATERIALIZED (
-    SELECT id, created_at,
+    SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
            coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
     FROM story_jobs
     WHERE status = 'pending'
-    ORDER BY created_at, id
-    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM bucket_now)
+    ORDER BY turn, id
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE %(claim_limit)s + 8 END
+           FROM bucket_now)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
--- the longest run of the claimable jobs, in order, that the bucket covers
+-- Whether the bucket covers each job on its own.
+covered AS MATERIALIZED (
+    SELECT c.*, (b.requests IS NULL OR b.requests >= 1)
+                AND (b.input_tokens IS NULL OR c.input_tokens_need <= b.input_tokens)
+                AND (b.output_tokens IS NULL OR c.output_tokens_need <= b.output_tokens) AS fits
+    FROM claimable c, bucket_now b
+),
+-- The first job the bucket does not cover. Once it has waited for the
+-- bucket LLM_RATE_BURST_S (%(burst_s)s: about what the bucket takes to fill),
+-- the jobs behind it stop passing it, so that it is never starved: the
+-- bucket fills for it, and it goes first.
+held AS MATERIALIZED (
+    SELECT h.id, h.turn,
+           coalesce(h.id = b.held_job_id AND b.held_since < now() - make_interval(secs => %(burst_s)s::float8),
+                    false) AS reserving,
+           CASE WHEN h.id = b.held_job_id THEN b.held_since ELSE now() END AS since
+    FROM (SELECT id, turn FROM covered WHERE NOT fits ORDER BY turn, id LIMIT 1) h
+    LEFT JOIN bucket b ON true
+),
+-- the jobs the bucket covers, in turn order, up to the free slots, passing
+-- those it does not cover (unless one of them is owed the bucket)
 chosen AS MATERIALIZED (
     SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
         SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
                sum(c.output_tokens_need) OVER w AS output_tokens_cum
-        FROM claimable c WINDOW w AS (ORDER BY c.created_at, c.id)
+        FROM covered c
+        WHERE c.fits AND NOT EXISTS (
+            SELECT 1 FROM held h WHERE h.reserving AND (h.turn, h.id) < (c.turn, c.id))
+        WINDOW w AS (ORDER BY c.turn, c.id)
     ) c, bucket_now b
-    WHERE (b.requests IS NULL OR c.n <= b.requests)
+    WHERE c.n <= %(claim_limit)s
+      AND (b.requests IS NULL OR c.n <= b.requests)
       AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
       AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
 ),
@@ -610,14 +668,19 @@ bucket_left AS MATERIALIZED (
     FROM bucket_now b, taken t
 ),
 bucket_written AS (
-    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until)
-    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity')
-    FROM bucket_left l
+    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
+                                       held_job_id, held_since)
+    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
+           h.id, h.since
+    FROM bucket_left l LEFT JOIN held h ON true
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens,
         refilled_at = greatest(b.refilled_at, excluded.refilled_at),
-        paused_until = greatest(b.paused_until, excluded.paused_until)
+        paused_until = greatest(b.paused_until, excluded.paused_until),
+        -- a round that looked at no job (paused, or no slot) leaves them as they are
+        held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
+        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
 )
 SELECT
 -- include: job_settle_and_claim_answer
@@ -631,7 +694,7 @@ SELECT
  LEFT JOIN LATERAL (
      SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
      WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
-     ORDER BY c.created_at, c.id LIMIT 1
+     ORDER BY c.turn, c.id LIMIT 1
  ) n ON true)::text AS limiter;
 
 -- name: job_fail_running
