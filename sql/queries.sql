@@ -219,21 +219,25 @@ admitted AS MATERIALIZED (
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
 ),
 -- Each admitted job's turn in the claim's round robin (sql/006_fair_share.sql):
--- after the turn being served now (the smallest pending one, else the last
--- one given) and after its client's last, by 1 / the client's weight per job.
--- A client whose pending jobs were counted and found gone starts afresh.
+-- the turn being served now (the smallest pending one; with none pending,
+-- the end of the last turn given), or the end of its client's last turn if
+-- later; a job lasts 1 / the client's weight. A client whose pending jobs
+-- were counted and found gone starts afresh.
 serving AS MATERIALIZED (
     SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
                     (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
 ),
 turns AS MATERIALIZED (
-    SELECT a.ord, a.client_id,
-           greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END)
-           + (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 / coalesce(c.weight, 1) AS turn
-    FROM admitted a
-    CROSS JOIN serving s
-    JOIN client_depth d ON d.client_id = a.client_id
-    LEFT JOIN api_clients c ON c.id = a.client_id
+    SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
+    FROM (
+        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
+               greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END) AS start,
+               (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
+        FROM admitted a
+        CROSS JOIN serving s
+        JOIN client_depth d ON d.client_id = a.client_id
+        LEFT JOIN api_clients c ON c.id = a.client_id
+    ) t
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
@@ -260,7 +264,7 @@ new_bounds AS (
                 WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
                 ELSE q.kept END AS bound,
            n.last_turn
-    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn), 0) AS last_turn FROM turns) n
+    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
     UNION ALL
     SELECT d.client_id, d.kept,
            CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
@@ -268,7 +272,7 @@ new_bounds AS (
                 ELSE d.kept END,
            n.last_turn
     FROM client_depth d
-    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn), 0) AS last_turn
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
                         FROM turns t WHERE t.client_id = d.client_id) n
 ),
 -- (a queue admitting anything always gets a new bound, so its last turn is
