@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -47,7 +47,9 @@ class RateLimits(msgspec.Struct, frozen=True):
         """A minute's limit refills continuously; the bucket holds at most
         LLM_RATE_BURST_S of refill, since the provider enforces the limit over
         shorter intervals too (60 a minute may mean one a second), but never
-        less than the largest single job needs, or that job could never start."""
+        less than the largest single job the api accepts needs (up to the
+        minute's limit: more is refused at admission, see over_limit), or
+        that job could never start."""
         largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX,
                         "output_tokens": settings.llm_max_tokens}
         values: dict[str, float | None] = {}
@@ -57,7 +59,8 @@ class RateLimits(msgspec.Struct, frozen=True):
             rate = None if per_minute is None else per_minute / 60.0
             values[f"{kind}_rate"] = rate
             values[f"{kind}_capacity"] = (
-                None if rate is None else max(rate * settings.llm_rate_burst_s, float(largest_need[kind])))
+                None if per_minute is None or rate is None
+                else max(rate * settings.llm_rate_burst_s, float(min(largest_need[kind], per_minute))))
         return cls(**values, burst_s=settings.llm_rate_burst_s)
 
     @property
@@ -67,6 +70,17 @@ class RateLimits(msgspec.Struct, frozen=True):
     def rate(self, kind: str) -> float | None:
         value: float | None = getattr(self, f"{kind}_rate")
         return value
+
+
+def over_limit(settings: BaseSettings, *, input_tokens: int, output_tokens: int) -> str | None:
+    """The configured limit a single job's call would exceed on its own (the
+    variable's name), or None: the provider never serves such a call, so the
+    api refuses it rather than let it wait in the queue for good."""
+    if settings.llm_input_tokens_per_minute is not None and input_tokens > settings.llm_input_tokens_per_minute:
+        return "LLM_INPUT_TOKENS_PER_MINUTE"
+    if settings.llm_output_tokens_per_minute is not None and output_tokens > settings.llm_output_tokens_per_minute:
+        return "LLM_OUTPUT_TOKENS_PER_MINUTE"
+    return None
 
 
 class ProviderView(msgspec.Struct, frozen=True):
@@ -109,25 +123,30 @@ class ProviderView(msgspec.Struct, frozen=True):
         return cls(seen_at=seen_at, seen_wall=datetime.now(UTC), remaining=remaining, limits=limits,
                    resets=resets)
 
-    def pause_until(self, *, output_tokens_need: int) -> datetime | None:
-        """When claiming may resume, if the provider said too little is left
-        for one more job: for each kind short of it, when enough has refilled
-        at its limit's pace (a minute's limit refills continuously), or, with
-        no limit given, at its reset; the latest of them."""
+    def pause_s(self, *, output_tokens_need: int, now: float) -> float | None:
+        """How long from ``now`` (this process's monotonic clock) claiming
+        should pause, if the provider said too little is left for one more
+        job: for each kind short of it, until enough has refilled at its
+        limit's pace (a minute's limit refills continuously), or, with no
+        limit given, until its reset; the longest of them. A duration, which
+        the database adds to its own clock: a reset is read against the
+        moment the answer arrived and bounded by the minute it resets within,
+        so a host clock off by minutes cannot pause anyone for long."""
         needs = {"requests": 1.0, "input_tokens": 1.0, "output_tokens": float(output_tokens_need),
                  "tokens": float(output_tokens_need)}
-        until = []
+        waits = []
         for kind, left in self.remaining.items():
             if left >= needs[kind]:
                 continue
             if kind in self.limits:
                 # both validated, so finite; at most the minute a limit refills in
-                refill_s = min((needs[kind] - left) / (self.limits[kind] / 60.0), 60.0)
-                until.append(self.seen_wall + timedelta(seconds=refill_s))
+                waits.append(min((needs[kind] - left) / (self.limits[kind] / 60.0), 60.0))
             elif kind in self.resets:
                 # a minute's limit is whole again within the minute: a later reset is not believed
-                until.append(min(self.resets[kind], self.seen_wall + timedelta(seconds=60.0)))
-        return max(until, default=None)
+                waits.append(min(max((self.resets[kind] - self.seen_wall).total_seconds(), 0.0), 60.0))
+        if not waits:
+            return None
+        return max(max(waits) - max(now - self.seen_at, 0.0), 0.0)
 
 
 # our kind -> the provider's header name
@@ -148,7 +167,8 @@ def claim_params(limits: RateLimits, view: ProviderView | None, *, default_max_t
         rate = limits.rate(kind)
         left = None if view is None else view.remaining.get(kind)
         params[f"provider_{kind}"] = None if rate is None or left is None else left + rate * elapsed
-    params["provider_pause_until"] = None if view is None else view.pause_until(output_tokens_need=default_max_tokens)
+    params["provider_pause_s"] = None if view is None else view.pause_s(output_tokens_need=default_max_tokens,
+                                                                        now=clock())
     return params
 
 

@@ -312,7 +312,10 @@ SELECT r.ord,
        coalesce(i.status, e.status) AS status,
        coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
        coalesce(i.created_at, e.created_at) AS created_at,
-       (SELECT count(*) FROM notified) AS notified
+       (SELECT count(*) FROM notified) AS notified,
+       -- until the UTC day of the spend budgets ends, by the database's clock
+       extract(epoch FROM (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')
+                          - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
 FROM req r
 LEFT JOIN existing e ON e.ord = r.ord
 LEFT JOIN client_ok c ON c.ord = r.ord
@@ -339,7 +342,9 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
            'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story,
        -- how far along a running job is: its progress against what its length allows
-       j.max_tokens
+       j.max_tokens,
+       -- the database's clock, which started_at was written by
+       now() AS now
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
@@ -528,7 +533,8 @@ coalesce((
 --
 -- The model's bucket row is only read, for a pause (a 429's retry-after, or
 -- the provider's headers saying nothing is left), during which nothing is
--- claimed; a pause the headers announce (%(provider_pause_until)s) is written
+-- claimed; a pause the headers announce (%(provider_pause_s)s, a duration:
+-- every time the limiter keeps is the database's) is written
 -- there for every worker. Without the limiter's arithmetic the statement
 -- costs the database about a quarter less (tests/bench/statement_cost.py).
 WITH
@@ -536,7 +542,7 @@ WITH
 ,
 paused AS MATERIALIZED (
     SELECT greatest((SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s),
-                    %(provider_pause_until)s::timestamptz) AS until
+                    now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until
 ),
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
@@ -550,8 +556,8 @@ chosen AS (SELECT id FROM claimable),
 ,
 pause_shared AS (
     INSERT INTO llm_rate_buckets AS b (model, paused_until)
-    SELECT %(model)s, %(provider_pause_until)s::timestamptz
-    WHERE %(provider_pause_until)s::timestamptz > now()
+    SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
+    WHERE %(provider_pause_s)s::float8 > 0
     ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
@@ -591,7 +597,7 @@ bucket AS MATERIALIZED (
 bucket_now AS MATERIALIZED (
     SELECT
         -- greatest() passes over NULLs: no row, no pause
-        greatest(b.paused_until, %(provider_pause_until)s::timestamptz) AS paused_until,
+        greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
