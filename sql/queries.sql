@@ -616,9 +616,10 @@ bucket_now AS MATERIALIZED (
     LEFT JOIN bucket b ON true
     CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
 ),
--- The next pending jobs in turn order, a few more than the slots to fill:
--- a job the bucket does not cover now lets the ones behind it that it does
--- cover go first (below).
+-- The next pending jobs in turn order, twice the slots to fill: a job the
+-- bucket does not cover now lets the ones behind it that it does cover go
+-- first (below). (Each row looked at is locked: a longer look costs every
+-- round.)
 claimable AS MATERIALIZED (
     SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
@@ -626,7 +627,7 @@ claimable AS MATERIALIZED (
     FROM story_jobs
     WHERE status = 'pending'
     ORDER BY turn, id
-    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE %(claim_limit)s + 8 END
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
            FROM bucket_now)
     FOR NO KEY UPDATE SKIP LOCKED
 ),

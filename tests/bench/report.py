@@ -75,6 +75,11 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("peers", "vs_pgqueuer.drain_batched_jobs_per_s"): at_least(1.2),
     ("peers", "vs_bare.pickup_p99_ms"): at_most(1),
     ("peers", "storyjobs.drain_one_db_cpu_ms_per_job"): at_most(0.5),
+    # every client with pending jobs gets 1/k of each 100 claims, ± 10 %
+    ("fair_claim", "share_min_x_k"): at_least(0.9),
+    ("fair_claim", "share_max_x_k"): at_most(1.1),
+    ("fair_claim", "claim_p99_ratio"): at_most(1.5),
+    ("fair_claim", "drain_ratio"): at_least(0.9),
 }
 
 # drain figures set against the ceiling: (drain figure, ceiling figure, label)
