@@ -446,8 +446,11 @@ class Coordinator:
         with), the end of the grace, the shutdown's last chance, the next try
         of an end the database refused. Without one, a job finishing or a
         NOTIFY wakes the loop first."""
-        deadlines = ([max(self._claiming.poll_due_at, self._claiming.not_before)]
-                     if self._shutdown is None and self._free_slots() else [])
+        # a claim the limiter held back is due when the bucket covers the
+        # next job, not at the next poll: the work is known to wait
+        claiming = self._claiming
+        claim_at = claiming.not_before if claiming.work_may_wait else max(claiming.poll_due_at, claiming.not_before)
+        deadlines = [claim_at] if self._shutdown is None and self._free_slots() else []
         deadlines += [h.retry_at for h in self._jobs.values() if h.end is not None]
         if self._claiming.lost_answers:
             deadlines.append(self._claiming.adopt_next_at)
