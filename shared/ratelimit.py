@@ -63,6 +63,24 @@ class RateLimits(msgspec.Struct, frozen=True):
                 else max(rate * settings.llm_rate_burst_s, float(min(largest_need[kind], per_minute))))
         return cls(**values, burst_s=settings.llm_rate_burst_s)
 
+    def learned(self, view: ProviderView | None, *, max_tokens: int) -> RateLimits:
+        """Without a configured limit, the limits the provider's headers
+        announced (``anthropic-ratelimit-*-limit``) as the bucket's, held as
+        configured ones are (LLM_RATE_BURST_S of refill, at least the largest
+        job); with a configured limit, or nothing announced, these limits."""
+        if self.limited or view is None or not any(kind in view.limits for kind in KINDS):
+            return self
+        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX, "output_tokens": max_tokens}
+        values: dict[str, float | None] = {}
+        for kind in KINDS:
+            per_minute = view.limits.get(kind)
+            rate = None if per_minute is None else per_minute / 60.0
+            values[f"{kind}_rate"] = rate
+            values[f"{kind}_capacity"] = (
+                None if per_minute is None or rate is None
+                else max(rate * self.burst_s, float(min(largest_need[kind], per_minute))))
+        return RateLimits(**values, burst_s=self.burst_s)
+
     @property
     def limited(self) -> bool:
         return any(self.rate(kind) is not None for kind in KINDS)

@@ -20,7 +20,7 @@ from psycopg.rows import BaseRowFactory, dict_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
-from shared.ratelimit import UNLIMITED, LimiterState, RateLimits
+from shared.ratelimit import NO_LIMITS, UNLIMITED, LimiterState, RateLimits
 from shared.rows import (
     Admission,
     BudgetDay,
@@ -352,16 +352,18 @@ async def job_adopt_lost_claims(conn: Conn, *, worker_id: str, known_ids: Sequen
 
 async def llm_call_start(
     conn: Conn, *, worker_id: str, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome,
-    previous_billed: bool, previous_error: str | None, model: str = "",
+    previous_billed: bool, previous_error: str | None, model: str = "", limits: RateLimits = NO_LIMITS,
 ) -> RetryStart:
     """Closes the previous attempt's ledger row and, if the job is still
-    running under this worker and ``model``'s rate bucket is not paused,
-    opens the next (see RetryStart)."""
+    running under this worker and ``model``'s rate bucket is not paused and
+    holds a request (refilled at ``limits``' rates), opens the next (see
+    RetryStart)."""
     started = await _one(
         conn,
         RetryStart,
         "llm_call_start",
         {
+            **msgspec.structs.asdict(limits),
             "model": model,
             "worker_id": worker_id,
             "job_id": job_id,

@@ -820,8 +820,11 @@ RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
 -- written, so a cancellation or a sweep either happens first (and no row is
 -- opened) or waits, and then closes the new row with a statement of its own
 -- (llm_call_close_*). While the shared rate bucket is paused (another
--- worker's 429), no row is opened either: the answer says how long to wait
--- before asking again. An opened retry takes its request from the bucket.
+-- worker's 429), or, where a limit is known, until it holds a whole request
+-- (refilled to now, as a claim refills it), no row is opened either: the
+-- answer says how long to wait before asking again. An opened retry takes
+-- its request from the bucket like a new claim, so that the jobs waiting out
+-- a 429 leave at the limit's pace, not all at once when the pause ends.
 -- Idempotent: run again after its answer was lost, it finds the row it
 -- opened (still started) and answers it, taking nothing more from the bucket.
 WITH owned AS MATERIALIZED (
@@ -829,9 +832,32 @@ WITH owned AS MATERIALIZED (
     WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
     FOR SHARE
 ),
+-- The bucket refilled to now (a kind without a known rate as stored),
+-- locked after the job's row, as every statement takes them.
+bucket AS MATERIALIZED (
+    SELECT b.model,
+           greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
+           CASE WHEN %(requests_rate)s::float8 IS NULL OR b.requests IS NULL THEN b.requests
+                ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed) END
+               AS requests,
+           CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
+                ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)
+           END AS input_tokens,
+           CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
+                ELSE least(%(output_tokens_capacity)s::float8,
+                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens
+    FROM llm_rate_buckets b
+    CROSS JOIN (SELECT count(*) FROM owned) job_locked
+    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
+    WHERE b.model = %(model)s
+    FOR NO KEY UPDATE OF b
+),
 paused AS MATERIALIZED (
-    SELECT coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
-                     WHERE model = %(model)s), 0)::float8 AS paused_s
+    SELECT coalesce((
+        SELECT CASE WHEN paused_s > 0 OR %(requests_rate)s::float8 IS NULL OR requests IS NULL OR requests >= 1
+                    THEN paused_s
+                    ELSE (1 - requests) / %(requests_rate)s::float8 END
+        FROM bucket), 0)::float8 AS paused_s
 ),
 -- Joined to the job's lock (one row, ours or not), so that the job's row is
 -- locked before this ledger row: a cancellation or a sweep locks the job's
@@ -856,8 +882,11 @@ opened AS (
     RETURNING attempt
 ),
 request_taken AS (
-    UPDATE llm_rate_buckets b SET requests = b.requests - 1
-    WHERE b.model = %(model)s AND b.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
+    UPDATE llm_rate_buckets b
+    SET requests = n.requests - 1, input_tokens = n.input_tokens, output_tokens = n.output_tokens,
+        refilled_at = greatest(b.refilled_at, now())
+    FROM bucket n
+    WHERE b.model = n.model AND n.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
 )
 SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE outcome = 'started')) AS attempt,
        (SELECT paused_s FROM paused) AS paused_s, EXISTS (SELECT 1 FROM owned) AS owned;

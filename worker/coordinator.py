@@ -212,7 +212,8 @@ class Coordinator:
         self._isolating = False
         self._backoff_s = BACKOFF_FIRST_S
         self._errors = db.ErrorEpisode("worker", clock=clock, task="coordinator")
-        self._limits = RateLimits.from_settings(settings)
+        self._configured_limits = RateLimits.from_settings(settings)
+        self._limits = self._configured_limits
         # what the provider's headers last said (written by job tasks), and
         # the last one a claim round told the shared bucket (by the round)
         self._heard: ProviderView | None = None
@@ -283,6 +284,11 @@ class Coordinator:
         view = ProviderView.from_headers(headers, seen_at=self._clock())
         if view is not None:
             self._heard = view
+            # with no limit configured, the announced limits pace the claims
+            # until the headers announce others (the store learns them from
+            # the same view)
+            if any(kind in view.limits for kind in KINDS):
+                self._limits = self._configured_limits.learned(view, max_tokens=self.settings.llm_max_tokens)
 
     def beats(self) -> dict[int, int]:
         """The held jobs and their progress, for the heartbeat: a job whose

@@ -16,7 +16,7 @@ from typing import Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db, store
-from shared.ratelimit import NO_LIMITS, ProviderView, RateLimits, claim_params
+from shared.ratelimit import KINDS, NO_LIMITS, ProviderView, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import LlmOutcome
 
@@ -96,6 +96,9 @@ class PgWorkerStore:
         self._worker_id = worker_id
         self._provider = provider
         self._model = model
+        # the configured limits, or, with none, what the provider's headers
+        # last announced (learned from the views claim rounds pass on)
+        self._configured = limits
         self._limits = limits
         self._default_max_tokens = default_max_tokens
         self._listen_url = listen_url
@@ -115,6 +118,8 @@ class PgWorkerStore:
     async def settle_and_claim(
         self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
     ) -> SettleResult:
+        if provider_view is not None and any(kind in provider_view.limits for kind in KINDS):
+            self._limits = self._configured.learned(provider_view, max_tokens=self._default_max_tokens)
         limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
             return await store.job_settle_and_claim(
@@ -142,7 +147,7 @@ class PgWorkerStore:
             return await store.llm_call_start(
                 conn, worker_id=self._worker_id, job_id=job_id, previous_attempt=previous_attempt,
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
-                previous_error=previous_error, model=self._model,
+                previous_error=previous_error, model=self._model, limits=self._limits,
             )
 
     async def pause(self, pause_s: float) -> None:

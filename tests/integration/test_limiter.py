@@ -14,6 +14,7 @@ import pytest
 from shared import store
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
+from shared.status import LlmOutcome
 from tests.helpers import client_id_of, count, enqueue, wait_until, waiting_on_a_lock
 
 MODEL = "m"
@@ -129,3 +130,29 @@ async def test_a_deleted_bucket_row_is_recreated_empty_and_claims_nothing_meanwh
     await conn.execute("DELETE FROM llm_rate_buckets")
     assert await _claim(conn, "w", 3) == []
     assert await _bucket(conn) == (0.0, 0.0)
+
+
+async def test_a_retry_after_a_429_takes_its_request_from_the_bucket_like_a_claim(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """At one request a second, a retry finding 0.25 of a request in the bucket opens no attempt and is
+    told to wait 0.75 s; with 1.5 requests it opens its attempt and leaves 0.5."""
+    limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+                        output_tokens_rate=None, output_tokens_capacity=None)
+    (job,) = await _claim(conn, "w1", 1)
+
+    async def retry() -> tuple[int | None, float]:
+        started = await store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
+                                             previous_error="429", model=MODEL, limits=limits)
+        assert started.owned
+        return started.attempt, started.paused_s
+
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 0.25, refilled_at = now() WHERE model = %s", (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt is None and wait_s == pytest.approx(0.75, abs=0.05)
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 1.5, refilled_at = now() WHERE model = %s", (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt == 2 and wait_s == 0
+    requests, _ = await _bucket(conn)
+    assert requests == pytest.approx(0.5, abs=0.05)
