@@ -837,8 +837,10 @@ WITH owned AS MATERIALIZED (
 bucket AS MATERIALIZED (
     SELECT b.model,
            greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
-           CASE WHEN %(requests_rate)s::float8 IS NULL OR b.requests IS NULL THEN b.requests
-                ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed) END
+           -- a row no limited claim has written yet (a pause's) is full
+           CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                ELSE least(%(requests_capacity)s::float8,
+                           coalesce(b.requests + %(requests_rate)s::float8 * r.elapsed, 'infinity')) END
                AS requests,
            CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
                 ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)

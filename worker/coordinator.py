@@ -285,8 +285,8 @@ class Coordinator:
         if view is not None:
             self._heard = view
             # with no limit configured, the announced limits pace the claims
-            # until the headers announce others (the store learns them from
-            # the same view)
+            # and the retries until the headers announce others
+            self.store.learn(view)
             if any(kind in view.limits for kind in KINDS):
                 self._limits = self._configured_limits.learned(view, max_tokens=self.settings.llm_max_tokens)
 

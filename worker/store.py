@@ -62,6 +62,11 @@ class WorkerStore(Protocol):
         """No claim and no retry, by any worker, for pause_s (a 429)."""
         ...
 
+    def learn(self, view: ProviderView) -> None:
+        """What the provider's headers said: with no limit configured, the
+        limits they announce pace claims and retries from now on."""
+        ...
+
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
         output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
@@ -118,8 +123,6 @@ class PgWorkerStore:
     async def settle_and_claim(
         self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
     ) -> SettleResult:
-        if provider_view is not None and any(kind in provider_view.limits for kind in KINDS):
-            self._limits = self._configured.learned(provider_view, max_tokens=self._default_max_tokens)
         limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
             return await store.job_settle_and_claim(
@@ -149,6 +152,10 @@ class PgWorkerStore:
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
                 previous_error=previous_error, model=self._model, limits=self._limits,
             )
+
+    def learn(self, view: ProviderView) -> None:
+        if any(kind in view.limits for kind in KINDS):
+            self._limits = self._configured.learned(view, max_tokens=self._default_max_tokens)
 
     async def pause(self, pause_s: float) -> None:
         async with self._pool.connection() as conn:

@@ -80,6 +80,10 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("fair_claim", "share_max_x_k"): at_most(1.1),
     ("fair_claim", "claim_p99_ratio"): at_most(1.5),
     ("fair_claim", "drain_ratio"): at_least(0.9),
+    # every allowed request used, and no 429 herds
+    **{("provider_limit", f"{key}_configured_of_limit"): at_least(0.95) for key in ("rpm30", "rpm45", "otpm24k")},
+    **{("provider_limit", f"{key}_configured_429s"): exactly(0) for key in ("rpm30", "rpm45", "otpm24k")},
+    **{("provider_limit", f"{key}_learned_of_limit"): at_least(0.9) for key in ("rpm30", "rpm45", "otpm24k")},
 }
 
 # drain figures set against the ceiling: (drain figure, ceiling figure, label)
