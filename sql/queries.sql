@@ -563,7 +563,9 @@ pause_shared AS (
 SELECT
 -- include: job_settle_and_claim_answer
 ,
-(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM until - now()), 0), 0))
+-- (greatest() first: a row a limited round wrote holds '-infinity', which
+-- no interval can be taken from)
+(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0))
  FROM paused)::text AS limiter;
 
 -- name: job_settle_and_claim_limited

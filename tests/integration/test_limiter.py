@@ -156,3 +156,14 @@ async def test_a_retry_after_a_429_takes_its_request_from_the_bucket_like_a_clai
     assert attempt == 2 and wait_s == 0
     requests, _ = await _bucket(conn)
     assert requests == pytest.approx(0.5, abs=0.05)
+
+
+async def test_a_claim_without_a_limit_reads_a_bucket_a_limited_round_wrote(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """A worker that has not learned the provider's limits yet claims, without a limit, from a bucket
+    row that a limited round left unpaused ('-infinity'): it claims, and reads no pause."""
+    assert len(await _claim(conn, "w1", 1)) == 1
+    result = await store.job_settle_and_claim(conn, worker_id="w2", completions=[], claim_limit=2,
+                                              provider="anthropic", model=MODEL)
+    assert len(result.claimed) == 2 and result.limiter.paused_s == 0
