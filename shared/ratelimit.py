@@ -68,12 +68,19 @@ class RateLimits(msgspec.Struct, frozen=True):
         announced (``anthropic-ratelimit-*-limit``) as the bucket's, held as
         configured ones are (LLM_RATE_BURST_S of refill, at least the largest
         job); with a configured limit, or nothing announced, these limits."""
-        if self.limited or view is None or not any(kind in view.limits for kind in KINDS):
+        if self.limited or view is None:
+            return self
+        return self.announced(view.limits, max_tokens=max_tokens)
+
+    def announced(self, per_minute_by_kind: Mapping[str, float | None], *, max_tokens: int) -> RateLimits:
+        """These limits, or, where none is configured and some are given
+        (per minute, by kind), those."""
+        if self.limited or not any(per_minute_by_kind.get(kind) for kind in KINDS):
             return self
         largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX, "output_tokens": max_tokens}
         values: dict[str, float | None] = {}
         for kind in KINDS:
-            per_minute = view.limits.get(kind)
+            per_minute = per_minute_by_kind.get(kind)
             rate = None if per_minute is None else per_minute / 60.0
             values[f"{kind}_rate"] = rate
             values[f"{kind}_capacity"] = (
@@ -201,6 +208,14 @@ class LimiterState(msgspec.Struct, frozen=True):
     output_tokens: float | None = None
     next_input_tokens: float | None = None
     next_output_tokens: float | None = None
+    # the limits the bucket is paced by, per minute, as the round without a
+    # limit read them (None: none known)
+    requests_per_minute: float | None = None
+    input_tokens_per_minute: float | None = None
+    output_tokens_per_minute: float | None = None
+
+    def announced(self) -> dict[str, float | None]:
+        return {kind: getattr(self, f"{kind}_per_minute") for kind in KINDS}
 
     def wait_s(self, limits: RateLimits) -> float:
         """How long until the bucket can cover the job it held back (0: it

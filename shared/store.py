@@ -377,9 +377,11 @@ async def llm_call_start(
     return started
 
 
-async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float) -> None:
-    """No claim and no retry for ``model`` for pause_s (a 429's retry-after)."""
-    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s})
+async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float, limits: RateLimits = NO_LIMITS) -> None:
+    """No claim and no retry for ``model`` for pause_s (a 429's retry-after);
+    at ``limits``' request rate, one request in the bucket when it ends."""
+    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s,
+                                                    "requests_rate": limits.requests_rate})
 
 
 async def llm_rate_bucket_ensure(conn: Conn, *, model: str, limits: RateLimits) -> None:

@@ -44,3 +44,11 @@ CREATE INDEX story_jobs_turn_idx ON story_jobs (turn, id) WHERE status = 'pendin
 -- The first pending job the bucket did not cover, and since when: after
 -- LLM_RATE_BURST_S the jobs behind it stop passing it, so it is not starved.
 ALTER TABLE llm_rate_buckets ADD COLUMN held_job_id bigint, ADD COLUMN held_since timestamptz;
+
+-- The limits per minute the last limited round paced the bucket by
+-- (configured, or announced by the provider's headers): a worker that has
+-- heard no header yet learns them here instead of claiming unpaced.
+ALTER TABLE llm_rate_buckets
+    ADD COLUMN requests_per_minute double precision,
+    ADD COLUMN input_tokens_per_minute double precision,
+    ADD COLUMN output_tokens_per_minute double precision;

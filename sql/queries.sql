@@ -540,15 +540,21 @@ coalesce((
 WITH
 -- include: job_settle_ctes
 ,
+-- The pause, and the limits other workers pace the bucket by: a worker that
+-- has not heard them yet claims nothing, learns them from the answer and
+-- claims with the limiter from its next round.
 paused AS MATERIALIZED (
-    SELECT greatest((SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s),
-                    now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until
+    SELECT greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until,
+           b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
+           coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
+               AS paced
+    FROM (SELECT 1) one LEFT JOIN llm_rate_buckets b ON b.model = %(model)s
 ),
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE status = 'pending'
     ORDER BY turn, id
-    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM paused)
+    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END FROM paused)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 chosen AS (SELECT id FROM claimable),
@@ -565,7 +571,12 @@ SELECT
 ,
 -- (greatest() first: a row a limited round wrote holds '-infinity', which
 -- no interval can be taken from)
-(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0))
+(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0),
+                          'requests_per_minute', requests_per_minute,
+                          'input_tokens_per_minute', input_tokens_per_minute,
+                          'output_tokens_per_minute', output_tokens_per_minute,
+                          -- held back until the limits are learned
+                          'next_output_tokens', CASE WHEN paced AND %(claim_limit)s > 0 THEN 0 END)
  FROM paused)::text AS limiter;
 
 -- name: job_settle_and_claim_limited
@@ -682,15 +693,19 @@ bucket_left AS MATERIALIZED (
 ),
 bucket_written AS (
     INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
-                                       held_job_id, held_since)
+                                       held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
+                                       output_tokens_per_minute)
     SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
-           h.id, h.since
+           h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
+           %(output_tokens_rate)s::float8 * 60
     FROM bucket_left l LEFT JOIN held h ON true
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens,
         refilled_at = greatest(b.refilled_at, excluded.refilled_at),
         paused_until = greatest(b.paused_until, excluded.paused_until),
+        requests_per_minute = excluded.requests_per_minute, input_tokens_per_minute = excluded.input_tokens_per_minute,
+        output_tokens_per_minute = excluded.output_tokens_per_minute,
         -- a round that looked at no job (paused, or no slot) leaves them as they are
         held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
         held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
@@ -898,10 +913,20 @@ SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE
 -- name: llm_rate_bucket_pause
 -- A 429: no worker claims, and no retry is sent, for the model until its
 -- retry-after has passed, so that one 429 is not followed by one more from
--- each replica. Written as soon as the 429 arrives.
-INSERT INTO llm_rate_buckets AS b (model, paused_until)
-VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8))
-ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until);
+-- each replica. Written as soon as the 429 arrives. Where the request rate
+-- is known (%(requests_rate)s), the provider has just said nothing is left:
+-- the bucket is lowered so that it holds one request when the pause ends,
+-- and the requests waiting for it then leave one at a time at the limit's
+-- pace (refilled_at is kept, so the other kinds lose no refill).
+INSERT INTO llm_rate_buckets AS b (model, paused_until, requests)
+VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8),
+        1 - %(requests_rate)s::float8 * %(pause_s)s::float8)
+ON CONFLICT (model) DO UPDATE
+SET paused_until = greatest(b.paused_until, excluded.paused_until),
+    requests = CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                    ELSE least(coalesce(b.requests, 'infinity'),
+                               1 - %(requests_rate)s::float8 * extract(epoch FROM excluded.paused_until - b.refilled_at))
+               END;
 
 -- name: llm_rate_bucket_ensure
 -- At a worker's start, when a limit is configured: the model's bucket row,

@@ -582,6 +582,9 @@ class Coordinator:
             available = getattr(limiter, kind)
             if available is not None:
                 metrics.LLM_RATELIMIT_AVAILABLE.labels(kind=kind).set(available)
+        if not self._limits.limited:
+            self._limits = self._configured_limits.announced(limiter.announced(),
+                                                             max_tokens=self.settings.llm_max_tokens)
         held_back = claim_limit > 0 and (limiter.paused_s > 0 or limiter.next_output_tokens is not None)
         if held_back:
             metrics.LLM_RATELIMIT_WAITS.inc()

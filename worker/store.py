@@ -125,10 +125,15 @@ class PgWorkerStore:
     ) -> SettleResult:
         limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
-            return await store.job_settle_and_claim(
+            settled = await store.job_settle_and_claim(
                 conn, worker_id=self._worker_id, completions=completions, claim_limit=claim_limit,
                 provider=self._provider, model=self._model, limiter=limiter,
             )
+        if not self._limits.limited:
+            # what other workers learned, before this one heard any header
+            self._limits = self._configured.announced(settled.limiter.announced(),
+                                                      max_tokens=self._default_max_tokens)
+        return settled
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         async with self._pool.connection() as conn:
@@ -159,7 +164,7 @@ class PgWorkerStore:
 
     async def pause(self, pause_s: float) -> None:
         async with self._pool.connection() as conn:
-            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s)
+            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=self._limits)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,

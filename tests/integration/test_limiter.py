@@ -158,12 +158,31 @@ async def test_a_retry_after_a_429_takes_its_request_from_the_bucket_like_a_clai
     assert requests == pytest.approx(0.5, abs=0.05)
 
 
-async def test_a_claim_without_a_limit_reads_a_bucket_a_limited_round_wrote(
+async def test_a_claim_without_a_limit_learns_the_limits_a_limited_round_paced_by(
     conn: psycopg.AsyncConnection[Any], pending: int
 ) -> None:
-    """A worker that has not learned the provider's limits yet claims, without a limit, from a bucket
-    row that a limited round left unpaused ('-infinity'): it claims, and reads no pause."""
+    """A worker that knows no limit yet, after another's limited round left the bucket unpaused
+    ('-infinity'): its claim claims nothing, is held back, and answers the limits per minute to pace
+    by from then on."""
     assert len(await _claim(conn, "w1", 1)) == 1
     result = await store.job_settle_and_claim(conn, worker_id="w2", completions=[], claim_limit=2,
                                               provider="anthropic", model=MODEL)
-    assert len(result.claimed) == 2 and result.limiter.paused_s == 0
+    assert result.claimed == [] and result.limiter.paused_s == 0
+    assert result.limiter.next_output_tokens is not None
+    assert result.limiter.requests_per_minute == pytest.approx(LIMITS.requests_rate * 60)  # type: ignore[operator]
+    assert result.limiter.input_tokens_per_minute is None
+
+
+async def test_a_429_leaves_the_bucket_one_request_for_the_end_of_its_pause(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """At one request a second, a 429 with a 2 s retry-after lowers a full bucket so that, refilled, it
+    holds one request when the pause ends (-1 now); without a known rate the bucket is left alone."""
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 5, refilled_at = now() WHERE model = %s", (MODEL,))
+    await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0, limits=RateLimits(
+        requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+        output_tokens_rate=None, output_tokens_capacity=None))
+    requests, _ = await _bucket(conn)
+    assert requests == pytest.approx(-1.0, abs=0.1)
+    await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0)
+    assert (await _bucket(conn))[0] == requests
