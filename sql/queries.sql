@@ -864,18 +864,26 @@ bucket AS MATERIALIZED (
            END AS input_tokens,
            CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
                 ELSE least(%(output_tokens_capacity)s::float8,
-                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens
+                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+           -- the job's max_tokens, which the provider takes again from its
+           -- own bucket when the retry arrives
+           (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8
+               AS output_tokens_need
     FROM llm_rate_buckets b
     CROSS JOIN (SELECT count(*) FROM owned) job_locked
     CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
     WHERE b.model = %(model)s
     FOR NO KEY UPDATE OF b
 ),
+-- How long until the retry may go: the pause, then a whole request and the
+-- job's max_tokens in the bucket, where their rates are known.
 paused AS MATERIALIZED (
     SELECT coalesce((
-        SELECT CASE WHEN paused_s > 0 OR %(requests_rate)s::float8 IS NULL OR requests IS NULL OR requests >= 1
-                    THEN paused_s
-                    ELSE (1 - requests) / %(requests_rate)s::float8 END
+        SELECT greatest(paused_s,
+                        CASE WHEN %(requests_rate)s::float8 IS NULL OR requests IS NULL THEN 0
+                             ELSE greatest(1 - requests, 0) / %(requests_rate)s::float8 END,
+                        CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR output_tokens IS NULL THEN 0
+                             ELSE greatest(output_tokens_need - output_tokens, 0) / %(output_tokens_rate)s::float8 END)
         FROM bucket), 0)::float8 AS paused_s
 ),
 -- Joined to the job's lock (one row, ours or not), so that the job's row is
@@ -902,10 +910,16 @@ opened AS (
 ),
 request_taken AS (
     UPDATE llm_rate_buckets b
-    SET requests = n.requests - 1, input_tokens = n.input_tokens, output_tokens = n.output_tokens,
+    -- (the claim's reservation of max_tokens is kept until the job ends:
+    -- the bucket then counts the refused attempt's too, erring on the safe
+    -- side for as long as it takes to refill it)
+    SET requests = n.requests - 1, input_tokens = n.input_tokens,
+        output_tokens = n.output_tokens - CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN 0
+                                               ELSE n.output_tokens_need END,
         refilled_at = greatest(b.refilled_at, now())
     FROM bucket n
-    WHERE b.model = n.model AND n.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
+    WHERE b.model = n.model AND (n.requests IS NOT NULL OR n.output_tokens IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM opened)
 )
 SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE outcome = 'started')) AS attempt,
        (SELECT paused_s FROM paused) AS paused_s, EXISTS (SELECT 1 FROM owned) AS owned;

@@ -186,3 +186,28 @@ async def test_a_429_leaves_the_bucket_one_request_for_the_end_of_its_pause(
     assert requests == pytest.approx(-1.0, abs=0.1)
     await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0)
     assert (await _bucket(conn))[0] == requests
+
+
+async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """With only an output-token limit (1,000 a second), a retry of a 1,600-token job finding 600 in the
+    bucket waits 1 s; with 2,000 it opens and takes the 1,600 (the provider takes them again)."""
+    limits = RateLimits(requests_rate=None, requests_capacity=None, input_tokens_rate=None,
+                        input_tokens_capacity=None, output_tokens_rate=1000.0, output_tokens_capacity=8000.0)
+    (job,) = await _claim(conn, "w1", 1)
+
+    async def retry() -> tuple[int | None, float]:
+        started = await store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
+                                             previous_error="429", model=MODEL, limits=limits)
+        return started.attempt, started.paused_s
+
+    await conn.execute("UPDATE llm_rate_buckets SET output_tokens = 600, refilled_at = now() WHERE model = %s",
+                       (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt is None and wait_s == pytest.approx(1.0, abs=0.05)
+    await conn.execute("UPDATE llm_rate_buckets SET output_tokens = 2000, refilled_at = now() WHERE model = %s",
+                       (MODEL,))
+    assert (await retry())[0] == 2
+    assert (await _bucket(conn))[1] == pytest.approx(400, abs=50)
