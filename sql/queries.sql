@@ -218,7 +218,7 @@ admitted AS MATERIALIZED (
     ) c, spend s
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
 ),
--- Each admitted job's turn in the claim's round robin (sql/006_fair_share.sql):
+-- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
 -- the turn being served now (the smallest pending one; with none pending,
 -- the end of the last turn given), or the end of its client's last turn if
 -- later; a job lasts 1 / the client's weight. A client whose pending jobs

@@ -1,4 +1,4 @@
--- storyjobs schema, version 6: a fair share of the workers for every client.
+-- storyjobs schema, version 9: a fair share of the workers for every client.
 -- Applied by `storyjobs migrate` inside one transaction; see shared/migrate.py.
 --
 -- The claim serves the clients with pending jobs in turn, weighted, oldest
