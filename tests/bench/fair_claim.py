@@ -23,19 +23,20 @@ import asyncio
 import time
 import uuid
 from collections import Counter
-from decimal import Decimal
 from typing import Any
 
 import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
+from api.admission import admission
 from shared import db, store
+from shared.config import ApiSettings
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED
-from shared.rows import Admission
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
+    BENCH_REQUEST,
     BENCH_REQUEST_JSON,
     BenchContext,
     BenchDatabase,
@@ -119,12 +120,10 @@ def _share_database(ctx: BenchContext, bench_db: BenchDatabase) -> str:
 
 
 async def _admit(url: str, queues: list[tuple[int, int]]) -> None:
+    settings = ApiSettings()
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         for client_id, jobs in queues:
-            admissions = [Admission(client_id=client_id, idempotency_key=uuid.uuid4().hex,
-                                    request_fingerprint=BENCH_FINGERPRINT, request_json=BENCH_REQUEST_JSON,
-                                    max_tokens=800, input_tokens_estimate=200, worst_case_usd=Decimal(0))
-                          for _ in range(jobs)]
+            admissions = [admission(client_id, uuid.uuid4().hex, BENCH_REQUEST, settings) for _ in range(jobs)]
             for start in range(0, jobs, 200):
                 results = await store.job_insert_if_admitted(conn, admissions=admissions[start:start + 200],
                                                              queue_max=1_000_000, client_queue_max=1_000_000)
