@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import math
 import re
 import uuid
 from collections.abc import AsyncIterator
@@ -39,6 +40,7 @@ from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
 from shared.config import ApiSettings
+from shared.ratelimit import over_limit
 from shared.rows import JobView
 from shared.status import JobStatus
 from shared.story_request import (
@@ -207,6 +209,12 @@ async def generate_story(
         if found.public_id is not None:
             assert found.status is not None and found.request_fingerprint is not None
             return _replay(found.public_id, found.status, found.request_fingerprint, requested)
+        if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
+                                output_tokens=new.max_tokens)) is not None:
+            raise ProblemError(422, "Over the provider's rate limit",
+                               f"this story alone needs more than {limit} allows a minute, so the provider "
+                               "would never take it; nothing was stored (a shorter prompt or length fits)",
+                               reason="over_rate_limit")
         result = await api_state.admissions.admit(new)
     if result.outcome in ("budget_exhausted", "client_budget_exhausted"):
         which = ("today's spend budget" if result.outcome == "budget_exhausted"
@@ -214,7 +222,7 @@ async def generate_story(
         raise ProblemError(429, "Budget exhausted",
                            f"{which} has no room for this story's worst case; nothing was stored, retry "
                            "with the same key after the budget resets at midnight UTC",
-                           headers={_RETRY_AFTER: str(pacing.seconds_to_utc_midnight(datetime.now(UTC)))},
+                           headers={_RETRY_AFTER: str(max(1, math.ceil(result.day_ends_in_s)))},
                            reason=result.outcome, type=BUDGET_EXHAUSTED)
     if result.outcome in ("queue_full", "client_queue_full"):
         stats = await api_state.drain_stats.get()
@@ -278,7 +286,7 @@ async def get_job(
         stats = await api_state.drain_stats.get()
         remaining = pacing.seconds_remaining(
             stats, status=view.status, queue_position=view.queue_position, started_at=view.started_at,
-            fraction=pacing.fraction_done(view.progress, view.max_tokens), now=datetime.now(UTC),
+            fraction=pacing.fraction_done(view.progress, view.max_tokens), now=view.now or datetime.now(UTC),
             requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
         )
         headers[_RETRY_AFTER] = str(pacing.retry_after(view.status, remaining))

@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import datetime
 
 import msgspec
 import structlog
@@ -141,12 +141,6 @@ def retry_after(status: JobStatus, remaining_s: float | None) -> int:
         return DEFAULT_RETRY_AFTER_S
     ceiling = 15 if status is JobStatus.PENDING else 10
     return int(min(max(remaining_s / 5, 1), ceiling))
-
-
-def seconds_to_utc_midnight(now: datetime) -> int:
-    """Until a spend budget's day ends (at least a second)."""
-    tomorrow = (now.astimezone(UTC) + timedelta(days=1)).replace(hour=0, minute=0, second=0, microsecond=0)
-    return max(1, math.ceil((tomorrow - now).total_seconds()))
 
 
 # a full queue with nothing to measure yet: soon, the clients add jitter

@@ -66,14 +66,18 @@ def matches(key: str, stored_hash: bytes | None) -> bool:
 
 
 async def create(
-    conn: AsyncConnection[Any], client_name: str, *, budget_usd_per_day: Decimal | None = None
+    conn: AsyncConnection[Any], client_name: str, *, budget_usd_per_day: Decimal | None = None,
+    weight: int | None = None,
 ) -> NewKey:
     """A new key for client ``client_name`` (created if new: a second key is
     how a client's key is rotated), and, if given, the client's own spend
-    budget per UTC day. Only the key's hash is stored."""
+    budget per UTC day and its weight in the claim's round robin. Only the
+    key's hash is stored."""
     client_id = await store.api_client_upsert(conn, name=client_name)
     if budget_usd_per_day is not None:
         await store.api_client_budget_set(conn, client_id=client_id, budget_usd_per_day=budget_usd_per_day)
+    if weight is not None:
+        await store.api_client_weight_set(conn, client_id=client_id, weight=weight)
     new = generate()
     await store.api_key_insert(conn, client_id=client_id, key_prefix=new.prefix, key_hash=new.hash)
     return new

@@ -50,8 +50,9 @@ def input_tokens_at_most(request: StoryRequest) -> int:
 
 def _largest_request() -> StoryRequest:
     widest = "\U0001f319"  # four bytes in UTF-8, the most a character takes
+    # the longest language tag StoryRequest accepts: 3 letters and three 8-character subtags
     return StoryRequest(prompt=widest * PROMPT_MAX_CHARS, child_name=widest * NAME_MAX_CHARS, age=12,
-                        length="long", language="zh-Hant-TW")
+                        length="long", language="zzz" + "-abcdefgh" * 3)
 
 
 def input_tokens_estimate(request: StoryRequest) -> int:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Mapping
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import msgspec
@@ -38,13 +38,18 @@ class RateLimits(msgspec.Struct, frozen=True):
     input_tokens_capacity: float | None
     output_tokens_rate: float | None
     output_tokens_capacity: float | None
+    # LLM_RATE_BURST_S: also how long a job the bucket does not cover lets
+    # the jobs behind it pass before the bucket is kept for it
+    burst_s: float = 5.0
 
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> RateLimits:
         """A minute's limit refills continuously; the bucket holds at most
         LLM_RATE_BURST_S of refill, since the provider enforces the limit over
         shorter intervals too (60 a minute may mean one a second), but never
-        less than the largest single job needs, or that job could never start."""
+        less than the largest single job the api accepts needs (up to the
+        minute's limit: more is refused at admission, see over_limit), or
+        that job could never start."""
         largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX,
                         "output_tokens": settings.llm_max_tokens}
         values: dict[str, float | None] = {}
@@ -54,8 +59,34 @@ class RateLimits(msgspec.Struct, frozen=True):
             rate = None if per_minute is None else per_minute / 60.0
             values[f"{kind}_rate"] = rate
             values[f"{kind}_capacity"] = (
-                None if rate is None else max(rate * settings.llm_rate_burst_s, float(largest_need[kind])))
-        return cls(**values)
+                None if per_minute is None or rate is None
+                else max(rate * settings.llm_rate_burst_s, float(min(largest_need[kind], per_minute))))
+        return cls(**values, burst_s=settings.llm_rate_burst_s)
+
+    def learned(self, view: ProviderView | None, *, max_tokens: int) -> RateLimits:
+        """Without a configured limit, the limits the provider's headers
+        announced (``anthropic-ratelimit-*-limit``) as the bucket's, held as
+        configured ones are (LLM_RATE_BURST_S of refill, at least the largest
+        job); with a configured limit, or nothing announced, these limits."""
+        if self.limited or view is None:
+            return self
+        return self.announced(view.limits, max_tokens=max_tokens)
+
+    def announced(self, per_minute_by_kind: Mapping[str, float | None], *, max_tokens: int) -> RateLimits:
+        """These limits, or, where none is configured and some are given
+        (per minute, by kind), those."""
+        if self.limited or not any(per_minute_by_kind.get(kind) for kind in KINDS):
+            return self
+        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX, "output_tokens": max_tokens}
+        values: dict[str, float | None] = {}
+        for kind in KINDS:
+            per_minute = per_minute_by_kind.get(kind)
+            rate = None if per_minute is None else per_minute / 60.0
+            values[f"{kind}_rate"] = rate
+            values[f"{kind}_capacity"] = (
+                None if per_minute is None or rate is None
+                else max(rate * self.burst_s, float(min(largest_need[kind], per_minute))))
+        return RateLimits(**values, burst_s=self.burst_s)
 
     @property
     def limited(self) -> bool:
@@ -64,6 +95,17 @@ class RateLimits(msgspec.Struct, frozen=True):
     def rate(self, kind: str) -> float | None:
         value: float | None = getattr(self, f"{kind}_rate")
         return value
+
+
+def over_limit(settings: BaseSettings, *, input_tokens: int, output_tokens: int) -> str | None:
+    """The configured limit a single job's call would exceed on its own (the
+    variable's name), or None: the provider never serves such a call, so the
+    api refuses it rather than let it wait in the queue for good."""
+    if settings.llm_input_tokens_per_minute is not None and input_tokens > settings.llm_input_tokens_per_minute:
+        return "LLM_INPUT_TOKENS_PER_MINUTE"
+    if settings.llm_output_tokens_per_minute is not None and output_tokens > settings.llm_output_tokens_per_minute:
+        return "LLM_OUTPUT_TOKENS_PER_MINUTE"
+    return None
 
 
 class ProviderView(msgspec.Struct, frozen=True):
@@ -106,25 +148,30 @@ class ProviderView(msgspec.Struct, frozen=True):
         return cls(seen_at=seen_at, seen_wall=datetime.now(UTC), remaining=remaining, limits=limits,
                    resets=resets)
 
-    def pause_until(self, *, output_tokens_need: int) -> datetime | None:
-        """When claiming may resume, if the provider said too little is left
-        for one more job: for each kind short of it, when enough has refilled
-        at its limit's pace (a minute's limit refills continuously), or, with
-        no limit given, at its reset; the latest of them."""
+    def pause_s(self, *, output_tokens_need: int, now: float) -> float | None:
+        """How long from ``now`` (this process's monotonic clock) claiming
+        should pause, if the provider said too little is left for one more
+        job: for each kind short of it, until enough has refilled at its
+        limit's pace (a minute's limit refills continuously), or, with no
+        limit given, until its reset; the longest of them. A duration, which
+        the database adds to its own clock: a reset is read against the
+        moment the answer arrived and bounded by the minute it resets within,
+        so a host clock off by minutes cannot pause anyone for long."""
         needs = {"requests": 1.0, "input_tokens": 1.0, "output_tokens": float(output_tokens_need),
                  "tokens": float(output_tokens_need)}
-        until = []
+        waits = []
         for kind, left in self.remaining.items():
             if left >= needs[kind]:
                 continue
             if kind in self.limits:
                 # both validated, so finite; at most the minute a limit refills in
-                refill_s = min((needs[kind] - left) / (self.limits[kind] / 60.0), 60.0)
-                until.append(self.seen_wall + timedelta(seconds=refill_s))
+                waits.append(min((needs[kind] - left) / (self.limits[kind] / 60.0), 60.0))
             elif kind in self.resets:
                 # a minute's limit is whole again within the minute: a later reset is not believed
-                until.append(min(self.resets[kind], self.seen_wall + timedelta(seconds=60.0)))
-        return max(until, default=None)
+                waits.append(min(max((self.resets[kind] - self.seen_wall).total_seconds(), 0.0), 60.0))
+        if not waits:
+            return None
+        return max(max(waits) - max(now - self.seen_at, 0.0), 0.0)
 
 
 # our kind -> the provider's header name
@@ -145,7 +192,8 @@ def claim_params(limits: RateLimits, view: ProviderView | None, *, default_max_t
         rate = limits.rate(kind)
         left = None if view is None else view.remaining.get(kind)
         params[f"provider_{kind}"] = None if rate is None or left is None else left + rate * elapsed
-    params["provider_pause_until"] = None if view is None else view.pause_until(output_tokens_need=default_max_tokens)
+    params["provider_pause_s"] = None if view is None else view.pause_s(output_tokens_need=default_max_tokens,
+                                                                        now=clock())
     return params
 
 
@@ -160,6 +208,14 @@ class LimiterState(msgspec.Struct, frozen=True):
     output_tokens: float | None = None
     next_input_tokens: float | None = None
     next_output_tokens: float | None = None
+    # the limits the bucket is paced by, per minute, as the round without a
+    # limit read them (None: none known)
+    requests_per_minute: float | None = None
+    input_tokens_per_minute: float | None = None
+    output_tokens_per_minute: float | None = None
+
+    def announced(self) -> dict[str, float | None]:
+        return {kind: getattr(self, f"{kind}_per_minute") for kind in KINDS}
 
     def wait_s(self, limits: RateLimits) -> float:
         """How long until the bucket can cover the job it held back (0: it

@@ -59,6 +59,8 @@ class EnqueueResult(msgspec.Struct, frozen=True):
     request_fingerprint: bytes | None
     created_at: datetime | None
     notified: int
+    # until the budgets' UTC day ends, by the database's clock
+    day_ends_in_s: float = 86_400.0
 
 
 class StoryRow(msgspec.Struct, frozen=True):
@@ -93,6 +95,8 @@ class JobView(msgspec.Struct, frozen=True):
     queue_position: int | None
     story: StoryRow | None
     max_tokens: int | None = None
+    # the database's clock when it answered
+    now: datetime | None = None
 
 
 class CancelResult(msgspec.Struct, frozen=True):

@@ -20,7 +20,7 @@ from psycopg.rows import BaseRowFactory, dict_row, scalar_row
 from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
-from shared.ratelimit import UNLIMITED, LimiterState, RateLimits
+from shared.ratelimit import NO_LIMITS, UNLIMITED, LimiterState, RateLimits
 from shared.rows import (
     Admission,
     BudgetDay,
@@ -158,6 +158,10 @@ async def api_client_upsert(conn: Conn, *, name: str) -> int:
 
 async def api_client_budget_set(conn: Conn, *, client_id: int, budget_usd_per_day: Decimal) -> None:
     await conn.execute(Q["api_client_budget_set"], {"client_id": client_id, "budget_usd_per_day": budget_usd_per_day})
+
+
+async def api_client_weight_set(conn: Conn, *, client_id: int, weight: int) -> None:
+    await conn.execute(Q["api_client_weight_set"], {"client_id": client_id, "weight": weight})
 
 
 async def api_key_insert(conn: Conn, *, client_id: int, key_prefix: str, key_hash: bytes) -> None:
@@ -348,16 +352,18 @@ async def job_adopt_lost_claims(conn: Conn, *, worker_id: str, known_ids: Sequen
 
 async def llm_call_start(
     conn: Conn, *, worker_id: str, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome,
-    previous_billed: bool, previous_error: str | None, model: str = "",
+    previous_billed: bool, previous_error: str | None, model: str = "", limits: RateLimits = NO_LIMITS,
 ) -> RetryStart:
     """Closes the previous attempt's ledger row and, if the job is still
-    running under this worker and ``model``'s rate bucket is not paused,
-    opens the next (see RetryStart)."""
+    running under this worker and ``model``'s rate bucket is not paused and
+    holds a request (refilled at ``limits``' rates), opens the next (see
+    RetryStart)."""
     started = await _one(
         conn,
         RetryStart,
         "llm_call_start",
         {
+            **msgspec.structs.asdict(limits),
             "model": model,
             "worker_id": worker_id,
             "job_id": job_id,
@@ -371,9 +377,11 @@ async def llm_call_start(
     return started
 
 
-async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float) -> None:
-    """No claim and no retry for ``model`` for pause_s (a 429's retry-after)."""
-    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s})
+async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float, limits: RateLimits = NO_LIMITS) -> None:
+    """No claim and no retry for ``model`` for pause_s (a 429's retry-after);
+    at ``limits``' request rate, one request in the bucket when it ends."""
+    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s,
+                                                    "requests_rate": limits.requests_rate})
 
 
 async def llm_rate_bucket_ensure(conn: Conn, *, model: str, limits: RateLimits) -> None:

@@ -62,6 +62,11 @@ LIMIT 1;
 -- budget per UTC day, in place of CLIENT_BUDGET_USD_PER_DAY.
 UPDATE api_clients SET budget_usd_per_day = %(budget_usd_per_day)s WHERE id = %(client_id)s;
 
+-- name: api_client_weight_set
+-- `storyjobs keys create NAME --weight N`: the client's share of the workers
+-- (N jobs to a weight-1 client's one), taken by the jobs it sends from now on.
+UPDATE api_clients SET weight = %(weight)s WHERE id = %(client_id)s;
+
 -- name: api_key_insert
 INSERT INTO api_keys (client_id, key_prefix, key_hash)
 VALUES (%(client_id)s, %(key_prefix)s, %(key_hash)s);
@@ -155,7 +160,7 @@ fresh AS MATERIALIZED (
 -- missing), and `counted` the pending jobs counted up to the maximum, only
 -- when the kept bound does not leave room for the batch (NULL otherwise).
 client_depth AS MATERIALIZED (
-    SELECT c.client_id, a.pending_at_most AS kept,
+    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
            CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs s
@@ -213,14 +218,35 @@ admitted AS MATERIALIZED (
     ) c, spend s
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
 ),
+-- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
+-- the turn being served now (the smallest pending one; with none pending,
+-- the end of the last turn given), or the end of its client's last turn if
+-- later; a job lasts 1 / the client's weight. A client whose pending jobs
+-- were counted and found gone starts afresh.
+serving AS MATERIALIZED (
+    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
+                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
+),
+turns AS MATERIALIZED (
+    SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
+    FROM (
+        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
+               greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END) AS start,
+               (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
+        FROM admitted a
+        CROSS JOIN serving s
+        JOIN client_depth d ON d.client_id = a.client_id
+        LEFT JOIN api_clients c ON c.id = a.client_id
+    ) t
+),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
                             max_tokens, input_tokens_estimate, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok)
-    SELECT client_id, idempotency_key, decode(request_fingerprint, 'hex'), request,
-           max_tokens, input_tokens_estimate, reserved_usd,
-           model, input_usd_per_mtok, output_usd_per_mtok
-    FROM admitted ORDER BY ord
+                            model, input_usd_per_mtok, output_usd_per_mtok, turn)
+    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
+           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn
+    FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
 keys_recorded AS (
@@ -236,21 +262,27 @@ new_bounds AS (
     SELECT 0::bigint AS client_id, q.kept,
            CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
                 WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
-                ELSE q.kept END AS bound
-    FROM queue q, (SELECT count(*) AS admitted FROM admitted) n
+                ELSE q.kept END AS bound,
+           n.last_turn
+    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
     UNION ALL
     SELECT d.client_id, d.kept,
            CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
                 WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
-                ELSE d.kept END
+                ELSE d.kept END,
+           n.last_turn
     FROM client_depth d
-    CROSS JOIN LATERAL (SELECT count(*) AS admitted FROM admitted a WHERE a.client_id = d.client_id) n
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
+                        FROM turns t WHERE t.client_id = d.client_id) n
 ),
+-- (a queue admitting anything always gets a new bound, so its last turn is
+-- written with it)
 bounds_kept AS (
-    INSERT INTO job_admission (client_id, pending_at_most)
-    SELECT client_id, bound FROM new_bounds
+    INSERT INTO job_admission (client_id, pending_at_most, last_turn)
+    SELECT client_id, bound, last_turn FROM new_bounds
     WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
-    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most
+    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
+        last_turn = greatest(job_admission.last_turn, excluded.last_turn)
 ),
 -- the reservations, on today's rows of all clients and of each client, the
 -- all-clients row first (see story_jobs_settle_budget)
@@ -280,7 +312,10 @@ SELECT r.ord,
        coalesce(i.status, e.status) AS status,
        coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
        coalesce(i.created_at, e.created_at) AS created_at,
-       (SELECT count(*) FROM notified) AS notified
+       (SELECT count(*) FROM notified) AS notified,
+       -- until the UTC day of the spend budgets ends, by the database's clock
+       extract(epoch FROM (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')
+                          - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
 FROM req r
 LEFT JOIN existing e ON e.ord = r.ord
 LEFT JOIN client_ok c ON c.ord = r.ord
@@ -292,13 +327,14 @@ ORDER BY r.ord;
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
 -- the job (if it is this client's) with its queue position or story.
--- queue_position counts pending jobs ahead of this one on the active index.
+-- queue_position counts pending jobs ahead of this one in the claim's order
+-- (turns: the client's share), on the claim's index.
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        j.public_id, j.status, j.error_code, j.error_text, j.progress,
        j.created_at, j.started_at, j.completed_at,
        CASE WHEN j.status = 'pending' THEN
            (SELECT count(*) + 1 FROM story_jobs p
-            WHERE p.status = 'pending' AND (p.created_at, p.id) < (j.created_at, j.id))
+            WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
        END AS queue_position,
        -- one shape for a story, here and in story_get_for_key (cost as text: exact)
        CASE WHEN s.id IS NOT NULL THEN json_build_object(
@@ -306,7 +342,9 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
            'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story,
        -- how far along a running job is: its progress against what its length allows
-       j.max_tokens
+       j.max_tokens,
+       -- the database's clock, which started_at was written by
+       now() AS now
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
@@ -495,21 +533,28 @@ coalesce((
 --
 -- The model's bucket row is only read, for a pause (a 429's retry-after, or
 -- the provider's headers saying nothing is left), during which nothing is
--- claimed; a pause the headers announce (%(provider_pause_until)s) is written
+-- claimed; a pause the headers announce (%(provider_pause_s)s, a duration:
+-- every time the limiter keeps is the database's) is written
 -- there for every worker. Without the limiter's arithmetic the statement
 -- costs the database about a quarter less (tests/bench/statement_cost.py).
 WITH
 -- include: job_settle_ctes
 ,
+-- The pause, and the limits other workers pace the bucket by: a worker that
+-- has not heard them yet claims nothing, learns them from the answer and
+-- claims with the limiter from its next round.
 paused AS MATERIALIZED (
-    SELECT greatest((SELECT paused_until FROM llm_rate_buckets WHERE model = %(model)s),
-                    %(provider_pause_until)s::timestamptz) AS until
+    SELECT greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until,
+           b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
+           coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
+               AS paced
+    FROM (SELECT 1) one LEFT JOIN llm_rate_buckets b ON b.model = %(model)s
 ),
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
     WHERE status = 'pending'
-    ORDER BY created_at, id
-    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM paused)
+    ORDER BY turn, id
+    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END FROM paused)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
 chosen AS (SELECT id FROM claimable),
@@ -517,14 +562,21 @@ chosen AS (SELECT id FROM claimable),
 ,
 pause_shared AS (
     INSERT INTO llm_rate_buckets AS b (model, paused_until)
-    SELECT %(model)s, %(provider_pause_until)s::timestamptz
-    WHERE %(provider_pause_until)s::timestamptz > now()
+    SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
+    WHERE %(provider_pause_s)s::float8 > 0
     ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
 -- include: job_settle_and_claim_answer
 ,
-(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM until - now()), 0), 0))
+-- (greatest() first: a row a limited round wrote holds '-infinity', which
+-- no interval can be taken from)
+(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0),
+                          'requests_per_minute', requests_per_minute,
+                          'input_tokens_per_minute', input_tokens_per_minute,
+                          'output_tokens_per_minute', output_tokens_per_minute,
+                          -- held back until the limits are learned
+                          'next_output_tokens', CASE WHEN paced AND %(claim_limit)s > 0 THEN 0 END)
  FROM paused)::text AS limiter;
 
 -- name: job_settle_and_claim_limited
@@ -534,7 +586,8 @@ SELECT
 -- given back what the completed calls did not use, capped by what the
 -- provider's headers last said was left, and a job is claimed only while the
 -- bucket covers one request, its estimated input tokens and its max_tokens;
--- a job it does not cover stays pending. A pause (a 429's retry-after, or the
+-- a job it does not cover stays pending without holding back the jobs behind
+-- it that it covers (until it is owed the bucket: see `held`). A pause (a 429's retry-after, or the
 -- provider saying nothing is left) claims nothing.
 WITH
 -- include: job_settle_ctes
@@ -557,7 +610,7 @@ bucket AS MATERIALIZED (
 bucket_now AS MATERIALIZED (
     SELECT
         -- greatest() passes over NULLs: no row, no pause
-        greatest(b.paused_until, %(provider_pause_until)s::timestamptz) AS paused_until,
+        greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
@@ -576,24 +629,53 @@ bucket_now AS MATERIALIZED (
     LEFT JOIN bucket b ON true
     CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
 ),
+-- The next pending jobs in turn order, twice the slots to fill: a job the
+-- bucket does not cover now lets the ones behind it that it does cover go
+-- first (below). (Each row looked at is locked: a longer look costs every
+-- round.)
 claimable AS MATERIALIZED (
-    SELECT id, created_at,
+    SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
            coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
     FROM story_jobs
     WHERE status = 'pending'
-    ORDER BY created_at, id
-    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE %(claim_limit)s END FROM bucket_now)
+    ORDER BY turn, id
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
+           FROM bucket_now)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
--- the longest run of the claimable jobs, in order, that the bucket covers
+-- Whether the bucket covers each job on its own.
+covered AS MATERIALIZED (
+    SELECT c.*, (b.requests IS NULL OR b.requests >= 1)
+                AND (b.input_tokens IS NULL OR c.input_tokens_need <= b.input_tokens)
+                AND (b.output_tokens IS NULL OR c.output_tokens_need <= b.output_tokens) AS fits
+    FROM claimable c, bucket_now b
+),
+-- The first job the bucket does not cover. Once it has waited for the
+-- bucket LLM_RATE_BURST_S (%(burst_s)s: about what the bucket takes to fill),
+-- the jobs behind it stop passing it, so that it is never starved: the
+-- bucket fills for it, and it goes first.
+held AS MATERIALIZED (
+    SELECT h.id, h.turn,
+           coalesce(h.id = b.held_job_id AND b.held_since < now() - make_interval(secs => %(burst_s)s::float8),
+                    false) AS reserving,
+           CASE WHEN h.id = b.held_job_id THEN b.held_since ELSE now() END AS since
+    FROM (SELECT id, turn FROM covered WHERE NOT fits ORDER BY turn, id LIMIT 1) h
+    LEFT JOIN bucket b ON true
+),
+-- the jobs the bucket covers, in turn order, up to the free slots, passing
+-- those it does not cover (unless one of them is owed the bucket)
 chosen AS MATERIALIZED (
     SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
         SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
                sum(c.output_tokens_need) OVER w AS output_tokens_cum
-        FROM claimable c WINDOW w AS (ORDER BY c.created_at, c.id)
+        FROM covered c
+        WHERE c.fits AND NOT EXISTS (
+            SELECT 1 FROM held h WHERE h.reserving AND (h.turn, h.id) < (c.turn, c.id))
+        WINDOW w AS (ORDER BY c.turn, c.id)
     ) c, bucket_now b
-    WHERE (b.requests IS NULL OR c.n <= b.requests)
+    WHERE c.n <= %(claim_limit)s
+      AND (b.requests IS NULL OR c.n <= b.requests)
       AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
       AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
 ),
@@ -610,14 +692,23 @@ bucket_left AS MATERIALIZED (
     FROM bucket_now b, taken t
 ),
 bucket_written AS (
-    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until)
-    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity')
-    FROM bucket_left l
+    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
+                                       held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
+                                       output_tokens_per_minute)
+    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
+           h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
+           %(output_tokens_rate)s::float8 * 60
+    FROM bucket_left l LEFT JOIN held h ON true
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens,
         refilled_at = greatest(b.refilled_at, excluded.refilled_at),
-        paused_until = greatest(b.paused_until, excluded.paused_until)
+        paused_until = greatest(b.paused_until, excluded.paused_until),
+        requests_per_minute = excluded.requests_per_minute, input_tokens_per_minute = excluded.input_tokens_per_minute,
+        output_tokens_per_minute = excluded.output_tokens_per_minute,
+        -- a round that looked at no job (paused, or no slot) leaves them as they are
+        held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
+        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
 )
 SELECT
 -- include: job_settle_and_claim_answer
@@ -631,7 +722,7 @@ SELECT
  LEFT JOIN LATERAL (
      SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
      WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
-     ORDER BY c.created_at, c.id LIMIT 1
+     ORDER BY c.turn, c.id LIMIT 1
  ) n ON true)::text AS limiter;
 
 -- name: job_fail_running
@@ -746,8 +837,11 @@ RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
 -- written, so a cancellation or a sweep either happens first (and no row is
 -- opened) or waits, and then closes the new row with a statement of its own
 -- (llm_call_close_*). While the shared rate bucket is paused (another
--- worker's 429), no row is opened either: the answer says how long to wait
--- before asking again. An opened retry takes its request from the bucket.
+-- worker's 429), or, where a limit is known, until it holds a whole request
+-- (refilled to now, as a claim refills it), no row is opened either: the
+-- answer says how long to wait before asking again. An opened retry takes
+-- its request from the bucket like a new claim, so that the jobs waiting out
+-- a 429 leave at the limit's pace, not all at once when the pause ends.
 -- Idempotent: run again after its answer was lost, it finds the row it
 -- opened (still started) and answers it, taking nothing more from the bucket.
 WITH owned AS MATERIALIZED (
@@ -755,9 +849,42 @@ WITH owned AS MATERIALIZED (
     WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
     FOR SHARE
 ),
+-- The bucket refilled to now (a kind without a known rate as stored),
+-- locked after the job's row, as every statement takes them.
+bucket AS MATERIALIZED (
+    SELECT b.model,
+           greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
+           -- a row no limited claim has written yet (a pause's) is full
+           CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                ELSE least(%(requests_capacity)s::float8,
+                           coalesce(b.requests + %(requests_rate)s::float8 * r.elapsed, 'infinity')) END
+               AS requests,
+           CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
+                ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)
+           END AS input_tokens,
+           CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
+                ELSE least(%(output_tokens_capacity)s::float8,
+                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+           -- the job's max_tokens, which the provider takes again from its
+           -- own bucket when the retry arrives
+           (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8
+               AS output_tokens_need
+    FROM llm_rate_buckets b
+    CROSS JOIN (SELECT count(*) FROM owned) job_locked
+    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
+    WHERE b.model = %(model)s
+    FOR NO KEY UPDATE OF b
+),
+-- How long until the retry may go: the pause, then a whole request and the
+-- job's max_tokens in the bucket, where their rates are known.
 paused AS MATERIALIZED (
-    SELECT coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
-                     WHERE model = %(model)s), 0)::float8 AS paused_s
+    SELECT coalesce((
+        SELECT greatest(paused_s,
+                        CASE WHEN %(requests_rate)s::float8 IS NULL OR requests IS NULL THEN 0
+                             ELSE greatest(1 - requests, 0) / %(requests_rate)s::float8 END,
+                        CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR output_tokens IS NULL THEN 0
+                             ELSE greatest(output_tokens_need - output_tokens, 0) / %(output_tokens_rate)s::float8 END)
+        FROM bucket), 0)::float8 AS paused_s
 ),
 -- Joined to the job's lock (one row, ours or not), so that the job's row is
 -- locked before this ledger row: a cancellation or a sweep locks the job's
@@ -782,8 +909,17 @@ opened AS (
     RETURNING attempt
 ),
 request_taken AS (
-    UPDATE llm_rate_buckets b SET requests = b.requests - 1
-    WHERE b.model = %(model)s AND b.requests IS NOT NULL AND EXISTS (SELECT 1 FROM opened)
+    UPDATE llm_rate_buckets b
+    -- (the claim's reservation of max_tokens is kept until the job ends:
+    -- the bucket then counts the refused attempt's too, erring on the safe
+    -- side for as long as it takes to refill it)
+    SET requests = n.requests - 1, input_tokens = n.input_tokens,
+        output_tokens = n.output_tokens - CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN 0
+                                               ELSE n.output_tokens_need END,
+        refilled_at = greatest(b.refilled_at, now())
+    FROM bucket n
+    WHERE b.model = n.model AND (n.requests IS NOT NULL OR n.output_tokens IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM opened)
 )
 SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE outcome = 'started')) AS attempt,
        (SELECT paused_s FROM paused) AS paused_s, EXISTS (SELECT 1 FROM owned) AS owned;
@@ -791,10 +927,20 @@ SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE
 -- name: llm_rate_bucket_pause
 -- A 429: no worker claims, and no retry is sent, for the model until its
 -- retry-after has passed, so that one 429 is not followed by one more from
--- each replica. Written as soon as the 429 arrives.
-INSERT INTO llm_rate_buckets AS b (model, paused_until)
-VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8))
-ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until);
+-- each replica. Written as soon as the 429 arrives. Where the request rate
+-- is known (%(requests_rate)s), the provider has just said nothing is left:
+-- the bucket is lowered so that it holds one request when the pause ends,
+-- and the requests waiting for it then leave one at a time at the limit's
+-- pace (refilled_at is kept, so the other kinds lose no refill).
+INSERT INTO llm_rate_buckets AS b (model, paused_until, requests)
+VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8),
+        1 - %(requests_rate)s::float8 * %(pause_s)s::float8)
+ON CONFLICT (model) DO UPDATE
+SET paused_until = greatest(b.paused_until, excluded.paused_until),
+    requests = CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                    ELSE least(coalesce(b.requests, 'infinity'),
+                               1 - %(requests_rate)s::float8 * extract(epoch FROM excluded.paused_until - b.refilled_at))
+               END;
 
 -- name: llm_rate_bucket_ensure
 -- At a worker's start, when a limit is configured: the model's bucket row,

@@ -1,7 +1,7 @@
 """The ``storyjobs`` command: migrations, API keys and operators' views.
 
     storyjobs migrate
-    storyjobs keys create NAME [--operator] | keys list | keys revoke PREFIX
+    storyjobs keys create NAME [--operator] [--weight N] | keys list | keys revoke PREFIX
     storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
     storyjobs stats
     storyjobs webhooks endpoints [--client-id N] | webhooks deliveries [--endpoint ID] [--state S] [--limit N]
@@ -42,6 +42,16 @@ def _usd(text: str) -> Decimal:
     return value
 
 
+def _weight(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a whole number: {text!r}") from None
+    if not 1 <= value <= 1000:
+        raise argparse.ArgumentTypeError(f"must be from 1 to 1000: {text!r}")
+    return value
+
+
 def _out(line: str = "") -> None:
     sys.stdout.write(line + "\n")
 
@@ -75,7 +85,8 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
         if args.operator:
             new = await keys.create_operator(conn, args.name)
         else:
-            new = await keys.create(conn, args.name, budget_usd_per_day=args.budget_usd_per_day)
+            new = await keys.create(conn, args.name, budget_usd_per_day=args.budget_usd_per_day,
+                                    weight=args.weight)
     if args.operator:
         what = f"operator key {new.prefix} for {args.name!r} (the console, /ops/)"
     else:
@@ -259,6 +270,8 @@ def _parser() -> argparse.ArgumentParser:
                         help="a key of the operators' console (/ops/) held by NAME, instead of a client's key")
     create.add_argument("--budget-usd-per-day", type=_usd, metavar="USD",
                         help="the client's own spend budget per UTC day (instead of CLIENT_BUDGET_USD_PER_DAY)")
+    create.add_argument("--weight", type=_weight, metavar="N",
+                        help="the client's share of the workers: N jobs to a weight-1 client's one (default 1)")
     create.set_defaults(run=cmd_keys_create)
     key_commands.add_parser("list", help="list keys by prefix").set_defaults(run=cmd_keys_list)
     revoke = key_commands.add_parser("revoke", help="revoke a key (by prefix or whole key); effective at once")

@@ -212,7 +212,8 @@ class Coordinator:
         self._isolating = False
         self._backoff_s = BACKOFF_FIRST_S
         self._errors = db.ErrorEpisode("worker", clock=clock, task="coordinator")
-        self._limits = RateLimits.from_settings(settings)
+        self._configured_limits = RateLimits.from_settings(settings)
+        self._limits = self._configured_limits
         # what the provider's headers last said (written by job tasks), and
         # the last one a claim round told the shared bucket (by the round)
         self._heard: ProviderView | None = None
@@ -283,6 +284,11 @@ class Coordinator:
         view = ProviderView.from_headers(headers, seen_at=self._clock())
         if view is not None:
             self._heard = view
+            # with no limit configured, the announced limits pace the claims
+            # and the retries until the headers announce others
+            self.store.learn(view)
+            if any(kind in view.limits for kind in KINDS):
+                self._limits = self._configured_limits.learned(view, max_tokens=self.settings.llm_max_tokens)
 
     def beats(self) -> dict[int, int]:
         """The held jobs and their progress, for the heartbeat: a job whose
@@ -446,8 +452,11 @@ class Coordinator:
         with), the end of the grace, the shutdown's last chance, the next try
         of an end the database refused. Without one, a job finishing or a
         NOTIFY wakes the loop first."""
-        deadlines = ([max(self._claiming.poll_due_at, self._claiming.not_before)]
-                     if self._shutdown is None and self._free_slots() else [])
+        # a claim the limiter held back is due when the bucket covers the
+        # next job, not at the next poll: the work is known to wait
+        claiming = self._claiming
+        claim_at = claiming.not_before if claiming.work_may_wait else max(claiming.poll_due_at, claiming.not_before)
+        deadlines = [claim_at] if self._shutdown is None and self._free_slots() else []
         deadlines += [h.retry_at for h in self._jobs.values() if h.end is not None]
         if self._claiming.lost_answers:
             deadlines.append(self._claiming.adopt_next_at)
@@ -573,6 +582,9 @@ class Coordinator:
             available = getattr(limiter, kind)
             if available is not None:
                 metrics.LLM_RATELIMIT_AVAILABLE.labels(kind=kind).set(available)
+        if not self._limits.limited:
+            self._limits = self._configured_limits.announced(limiter.announced(),
+                                                             max_tokens=self.settings.llm_max_tokens)
         held_back = claim_limit > 0 and (limiter.paused_s > 0 or limiter.next_output_tokens is not None)
         if held_back:
             metrics.LLM_RATELIMIT_WAITS.inc()

@@ -16,7 +16,7 @@ from typing import Protocol
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db, store
-from shared.ratelimit import NO_LIMITS, ProviderView, RateLimits, claim_params
+from shared.ratelimit import KINDS, NO_LIMITS, ProviderView, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import LlmOutcome
 
@@ -62,6 +62,11 @@ class WorkerStore(Protocol):
         """No claim and no retry, by any worker, for pause_s (a 429)."""
         ...
 
+    def learn(self, view: ProviderView) -> None:
+        """What the provider's headers said: with no limit configured, the
+        limits they announce pace claims and retries from now on."""
+        ...
+
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
         output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
@@ -96,6 +101,9 @@ class PgWorkerStore:
         self._worker_id = worker_id
         self._provider = provider
         self._model = model
+        # the configured limits, or, with none, what the provider's headers
+        # last announced (learned from the views claim rounds pass on)
+        self._configured = limits
         self._limits = limits
         self._default_max_tokens = default_max_tokens
         self._listen_url = listen_url
@@ -117,10 +125,15 @@ class PgWorkerStore:
     ) -> SettleResult:
         limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
-            return await store.job_settle_and_claim(
+            settled = await store.job_settle_and_claim(
                 conn, worker_id=self._worker_id, completions=completions, claim_limit=claim_limit,
                 provider=self._provider, model=self._model, limiter=limiter,
             )
+        if not self._limits.limited:
+            # what other workers learned, before this one heard any header
+            self._limits = self._configured.announced(settled.limiter.announced(),
+                                                      max_tokens=self._default_max_tokens)
+        return settled
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         async with self._pool.connection() as conn:
@@ -142,12 +155,16 @@ class PgWorkerStore:
             return await store.llm_call_start(
                 conn, worker_id=self._worker_id, job_id=job_id, previous_attempt=previous_attempt,
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
-                previous_error=previous_error, model=self._model,
+                previous_error=previous_error, model=self._model, limits=self._limits,
             )
+
+    def learn(self, view: ProviderView) -> None:
+        if any(kind in view.limits for kind in KINDS):
+            self._limits = self._configured.learned(view, max_tokens=self._default_max_tokens)
 
     async def pause(self, pause_s: float) -> None:
         async with self._pool.connection() as conn:
-            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s)
+            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=self._limits)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,

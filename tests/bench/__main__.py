@@ -31,6 +31,7 @@ from tests.bench import (
     api_load,
     ceiling,
     drain,
+    fair_claim,
     idle,
     in_flight,
     in_flight_pooler,
@@ -39,6 +40,7 @@ from tests.bench import (
     peers,
     pickup,
     poll,
+    provider_limit,
     report,
     scale,
     statement_cost,
@@ -50,7 +52,7 @@ from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model, webhooks)
+                   stop, statement_cost, model, webhooks, fair_claim, provider_limit)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

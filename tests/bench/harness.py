@@ -168,8 +168,8 @@ class BenchDatabase:
         with self.connect() as conn:
             conn.execute(
                 """
-                INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
-                SELECT %(client_id)s, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb
+                INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn)
+                SELECT %(client_id)s, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb, n
                 FROM generate_series(1, %(count)s) AS n
                 """,
                 {"client_id": client_id, "fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON,

@@ -75,6 +75,15 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("peers", "vs_pgqueuer.drain_batched_jobs_per_s"): at_least(1.2),
     ("peers", "vs_bare.pickup_p99_ms"): at_most(1),
     ("peers", "storyjobs.drain_one_db_cpu_ms_per_job"): at_most(0.5),
+    # every client with pending jobs gets 1/k of each 100 claims, ± 10 %
+    ("fair_claim", "share_min_x_k"): at_least(0.9),
+    ("fair_claim", "share_max_x_k"): at_most(1.1),
+    ("fair_claim", "claim_p99_ratio"): at_most(1.5),
+    ("fair_claim", "drain_ratio"): at_least(0.9),
+    # every allowed request used, and no 429 herds
+    **{("provider_limit", f"{key}_configured_of_limit"): at_least(0.95) for key in ("rpm30", "rpm45", "otpm24k")},
+    **{("provider_limit", f"{key}_configured_429s"): exactly(0) for key in ("rpm30", "rpm45", "otpm24k")},
+    **{("provider_limit", f"{key}_learned_of_limit"): at_least(0.9) for key in ("rpm30", "rpm45", "otpm24k")},
 }
 
 # drain figures set against the ceiling: (drain figure, ceiling figure, label)

@@ -126,8 +126,8 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
         await conn.execute("INSERT INTO api_clients (name) VALUES ('bench')")
         await conn.execute(
-            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
-            "SELECT 1, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb FROM generate_series(1, %(jobs)s) AS n",
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+            "SELECT 1, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb, n FROM generate_series(1, %(jobs)s) AS n",
             {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
         if limited:
             await store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)

@@ -1,5 +1,5 @@
-"""The claim and the sweeper read only the live-jobs index, whatever the history
-and however stale the planner's statistics; so does the autoscaler's count."""
+"""The claim reads only the pending jobs' turn index and the sweeper only the live-jobs index,
+whatever the history and however stale the planner's statistics; so does the autoscaler's count."""
 
 from __future__ import annotations
 
@@ -35,8 +35,8 @@ async def _fill(conn: psycopg.AsyncConnection[Any], *, finished: int, pending: i
     are taken while every row was still pending, as in the middle of a drain."""
     await conn.execute("INSERT INTO api_clients (name) VALUES ('explain')")
     await conn.execute(
-        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
-        "SELECT 1, 'k' || g, '\\x00', '{\"prompt\": \"x\"}' FROM generate_series(1, %s) g",
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+        "SELECT 1, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, %s) g",
         (finished + pending,))
     if analyze_first:
         await conn.execute("ANALYZE story_jobs")
@@ -73,15 +73,15 @@ async def _plan(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str
 
 @pytest.mark.parametrize("params", [CLAIM_PARAMS, LIMITED_CLAIM_PARAMS], ids=["unlimited", "rate-limited"])
 @pytest.mark.parametrize("analyze_first", [False, True], ids=["fresh-stats", "stale-stats"])
-async def test_the_claim_uses_the_active_index(
+async def test_the_claim_uses_the_turn_index(
     conn: psycopg.AsyncConnection[Any], analyze_first: bool, params: dict[str, Any]
 ) -> None:
-    """With 20,000 finished jobs ahead of the pending ones, the claim finds them through
-    story_jobs_active_idx, never by walking the primary key or the table, with or without a rate limit."""
+    """With 20,000 finished jobs ahead of the pending ones, the claim finds them in turn order through
+    story_jobs_turn_idx, never by walking the primary key or the table, with or without a rate limit."""
     await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
     plan = await _plan(conn, store.settle_and_claim_query(params), params)
     (claimable,) = [n for n in _plan_nodes(plan) if n.get("Subplan Name") == "CTE claimable"]
-    assert _story_jobs_scans(claimable) == ["Index Scan:story_jobs_active_idx"]
+    assert _story_jobs_scans(claimable) == ["Index Scan:story_jobs_turn_idx"]
     # everywhere else the statement reaches jobs by id, never by scanning
     assert not any(s.startswith(("Seq Scan", "Bitmap")) for s in _story_jobs_scans(plan))
 
@@ -103,9 +103,10 @@ async def test_the_sweeper_gauges_and_admission_use_the_active_index(
         indexes = {n["Index Name"] for n in _plan_nodes(plan) if n.get("Index Name")}
         assert "story_jobs_active_idx" in indexes, (query, indexes)
         assert not any(s.startswith("Seq Scan") for s in _story_jobs_scans(plan)), query
-        # other indexes only fetch rows already found, by key
+        # other indexes only fetch rows already found, by key (or, for the
+        # admission, the first pending turn)
         for node in _plan_nodes(plan):
-            if node.get("Index Name") not in (None, "story_jobs_active_idx"):
+            if node.get("Index Name") not in (None, "story_jobs_active_idx", "story_jobs_turn_idx"):
                 assert " = " in node.get("Index Cond", ""), (query, node)
 
 

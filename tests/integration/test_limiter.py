@@ -14,6 +14,7 @@ import pytest
 from shared import store
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
+from shared.status import LlmOutcome
 from tests.helpers import client_id_of, count, enqueue, wait_until, waiting_on_a_lock
 
 MODEL = "m"
@@ -129,3 +130,84 @@ async def test_a_deleted_bucket_row_is_recreated_empty_and_claims_nothing_meanwh
     await conn.execute("DELETE FROM llm_rate_buckets")
     assert await _claim(conn, "w", 3) == []
     assert await _bucket(conn) == (0.0, 0.0)
+
+
+async def test_a_retry_after_a_429_takes_its_request_from_the_bucket_like_a_claim(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """At one request a second, a retry finding 0.25 of a request in the bucket opens no attempt and is
+    told to wait 0.75 s; with 1.5 requests it opens its attempt and leaves 0.5."""
+    limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+                        output_tokens_rate=None, output_tokens_capacity=None)
+    (job,) = await _claim(conn, "w1", 1)
+
+    async def retry() -> tuple[int | None, float]:
+        started = await store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
+                                             previous_error="429", model=MODEL, limits=limits)
+        assert started.owned
+        return started.attempt, started.paused_s
+
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 0.25, refilled_at = now() WHERE model = %s", (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt is None and wait_s == pytest.approx(0.75, abs=0.05)
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 1.5, refilled_at = now() WHERE model = %s", (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt == 2 and wait_s == 0
+    requests, _ = await _bucket(conn)
+    assert requests == pytest.approx(0.5, abs=0.05)
+
+
+async def test_a_claim_without_a_limit_learns_the_limits_a_limited_round_paced_by(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """A worker that knows no limit yet, after another's limited round left the bucket unpaused
+    ('-infinity'): its claim claims nothing, is held back, and answers the limits per minute to pace
+    by from then on."""
+    assert len(await _claim(conn, "w1", 1)) == 1
+    result = await store.job_settle_and_claim(conn, worker_id="w2", completions=[], claim_limit=2,
+                                              provider="anthropic", model=MODEL)
+    assert result.claimed == [] and result.limiter.paused_s == 0
+    assert result.limiter.next_output_tokens is not None
+    assert result.limiter.requests_per_minute == pytest.approx(LIMITS.requests_rate * 60)  # type: ignore[operator]
+    assert result.limiter.input_tokens_per_minute is None
+
+
+async def test_a_429_leaves_the_bucket_one_request_for_the_end_of_its_pause(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """At one request a second, a 429 with a 2 s retry-after lowers a full bucket so that, refilled, it
+    holds one request when the pause ends (-1 now); without a known rate the bucket is left alone."""
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 5, refilled_at = now() WHERE model = %s", (MODEL,))
+    await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0, limits=RateLimits(
+        requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+        output_tokens_rate=None, output_tokens_capacity=None))
+    requests, _ = await _bucket(conn)
+    assert requests == pytest.approx(-1.0, abs=0.1)
+    await store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0)
+    assert (await _bucket(conn))[0] == requests
+
+
+async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """With only an output-token limit (1,000 a second), a retry of a 1,600-token job finding 600 in the
+    bucket waits 1 s; with 2,000 it opens and takes the 1,600 (the provider takes them again)."""
+    limits = RateLimits(requests_rate=None, requests_capacity=None, input_tokens_rate=None,
+                        input_tokens_capacity=None, output_tokens_rate=1000.0, output_tokens_capacity=8000.0)
+    (job,) = await _claim(conn, "w1", 1)
+
+    async def retry() -> tuple[int | None, float]:
+        started = await store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
+                                             previous_error="429", model=MODEL, limits=limits)
+        return started.attempt, started.paused_s
+
+    await conn.execute("UPDATE llm_rate_buckets SET output_tokens = 600, refilled_at = now() WHERE model = %s",
+                       (MODEL,))
+    attempt, wait_s = await retry()
+    assert attempt is None and wait_s == pytest.approx(1.0, abs=0.05)
+    await conn.execute("UPDATE llm_rate_buckets SET output_tokens = 2000, refilled_at = now() WHERE model = %s",
+                       (MODEL,))
+    assert (await retry())[0] == 2
+    assert (await _bucket(conn))[1] == pytest.approx(400, abs=50)

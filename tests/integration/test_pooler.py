@@ -298,7 +298,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
         ("job_settle_and_claim", claim),
         ("job_settle_and_claim_limited", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),
-        ("llm_call_start", {"model": "m", "worker_id": "w", "job_id": running[0], "previous_attempt": 1,
+        ("llm_call_start", {**limited, "model": "m", "worker_id": "w", "job_id": running[0], "previous_attempt": 1,
                             "previous_outcome": "rate_limited", "previous_billed": False, "previous_error": "x"}),
     ]
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as pooled_conn:

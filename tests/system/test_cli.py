@@ -172,3 +172,15 @@ def test_actions_lists_what_operators_did_newest_first(database_url: str) -> Non
     lines = result.stdout.splitlines()
     assert "client_keys_revoke" in lines[1] and '{"client_id": 7}' in lines[1] and prefix in lines[1]
     assert "job_cancel" in lines[2] and job in lines[2] and "ada" in lines[2]
+
+
+def test_keys_create_with_a_weight_sets_the_clients_share_and_refuses_a_bad_one(database_url: str) -> None:
+    """`keys create acme --weight 3` stores weight 3 for acme (others keep 1); `--weight 0` is refused
+    with a line naming the bounds, and nothing is created."""
+    assert storyjobs(database_url, "keys", "create", "acme", "--weight", "3").returncode == 0
+    assert storyjobs(database_url, "keys", "create", "plain").returncode == 0
+    refused = storyjobs(database_url, "keys", "create", "zero", "--weight", "0")
+    assert refused.returncode != 0 and "from 1 to 1000" in refused.stderr
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        weights = dict(conn.execute("SELECT name, weight FROM api_clients").fetchall())
+    assert weights == {"acme": 3, "plain": 1}

@@ -208,6 +208,9 @@ class RecordingStore:
         fault = self._enter("pause", pause_s)
         self._leave(fault)
 
+    def learn(self, view: ProviderView) -> None:
+        self.calls.append(("learn", view))
+
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
         output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,

@@ -23,10 +23,15 @@ def test_a_minutes_limit_becomes_a_rate_and_a_burst_of_a_few_seconds() -> None:
 
 def test_a_bucket_always_holds_the_largest_single_job() -> None:
     """A limit so low that five seconds of it would not cover one job's max_tokens or its input still
-    lets that job start: the bucket holds at least one largest job."""
-    limits = RateLimits.from_settings(WorkerSettings(llm_output_tokens_per_minute=600, llm_input_tokens_per_minute=60,
+    lets that job start: the bucket holds at least one largest job, up to the minute's limit itself
+    (a larger job is refused at admission)."""
+    limits = RateLimits.from_settings(WorkerSettings(llm_output_tokens_per_minute=6000,
+                                                     llm_input_tokens_per_minute=2 * INPUT_TOKENS_ESTIMATE_MAX,
                                                      llm_max_tokens=4000, metrics_port=0))
     assert limits.output_tokens_capacity == 4000 and limits.input_tokens_capacity == INPUT_TOKENS_ESTIMATE_MAX
+    tiny = RateLimits.from_settings(WorkerSettings(llm_output_tokens_per_minute=600, llm_input_tokens_per_minute=60,
+                                                   llm_max_tokens=4000, metrics_port=0))
+    assert tiny.output_tokens_capacity == 600 and tiny.input_tokens_capacity == 60
 
 
 def _headers(requests_left: int, output_left: int) -> dict[str, str]:
@@ -55,12 +60,14 @@ def test_the_provider_saying_too_little_is_left_pauses_until_enough_has_refilled
     2,000 output tokens short at 60,000 a minute: two seconds; enough of everything: no pause."""
     view = ProviderView.from_headers(_headers(0, 5000), seen_at=10.0)
     assert view is not None
-    assert view.pause_until(output_tokens_need=1600) == view.seen_wall + timedelta(seconds=1)
+    assert view.pause_s(output_tokens_need=1600, now=10.0) == pytest.approx(1.0)
     short = ProviderView.from_headers(_headers(3, 0), seen_at=10.0)
     assert short is not None
-    assert short.pause_until(output_tokens_need=2000) == short.seen_wall + timedelta(seconds=2)
+    assert short.pause_s(output_tokens_need=2000, now=10.0) == pytest.approx(2.0)
+    # half a second later, half a second is left to wait
+    assert short.pause_s(output_tokens_need=2000, now=10.5) == pytest.approx(1.5)
     plenty = ProviderView.from_headers(_headers(3, 5000), seen_at=10.0)
-    assert plenty is not None and plenty.pause_until(output_tokens_need=1600) is None
+    assert plenty is not None and plenty.pause_s(output_tokens_need=1600, now=10.0) is None
 
 
 def test_what_the_provider_said_is_refilled_to_now_where_a_limit_is_configured() -> None:
@@ -82,3 +89,16 @@ def test_a_held_back_claim_waits_until_the_scarcest_kind_covers_the_next_job() -
     assert held.wait_s(limits) == pytest.approx(2.0)
     assert LimiterState(paused_s=7.5, requests=5.0, output_tokens=8000.0).wait_s(limits) == 7.5
     assert LimiterState(requests=5.0, output_tokens=8000.0).wait_s(limits) == 0.0
+
+
+@pytest.mark.parametrize("host_clock_off_s", [0.0, 600.0, -600.0], ids=["right", "10-min-fast", "10-min-slow"])
+def test_a_reset_becomes_a_duration_bounded_by_its_minute_whatever_the_host_clock(host_clock_off_s: float) -> None:
+    """With no limit given, nothing left pauses until the reset, sent as a duration (the database adds
+    it to its own clock): 20 s with a right clock; a host clock 10 minutes fast pauses nobody, one 10
+    minutes slow at most the minute the reset falls within."""
+    reset = datetime(2026, 11, 30, 12, 0, 20, tzinfo=UTC)
+    view = ProviderView(seen_at=10.0, seen_wall=datetime(2026, 11, 30, 12, 0, 0, tzinfo=UTC)
+                        + timedelta(seconds=host_clock_off_s),
+                        remaining={"requests": 0.0}, limits={}, resets={"requests": reset})
+    expected = {0.0: 20.0, 600.0: 0.0, -600.0: 60.0}[host_clock_off_s]
+    assert view.pause_s(output_tokens_need=1000, now=10.0) == pytest.approx(expected)

@@ -14,6 +14,7 @@ import pytest
 from structlog.testing import capture_logs
 
 from shared.config import WorkerSettings
+from shared.ratelimit import LimiterState
 from shared.rows import Draft
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 from shared.story_request import StoryRequest
@@ -506,3 +507,19 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
     store.end_elsewhere(1, ErrorCode.TIMED_OUT)
     assert await worker.heartbeat_once() == []
     assert (await worker.round_once()).let_go == 1 and worker.held_job_ids == []
+
+
+async def test_a_claim_the_limiter_held_back_is_tried_again_when_the_bucket_covers_the_next_job() -> None:
+    """At 30 requests a minute, a claim held back with 0.2 of a request left waits 1.6 s (what the
+    bucket takes to cover the next job), not the 5 s poll, and then claims."""
+    store, clock = RecordingStore(), FakeClock()
+    worker = _worker(store, GatedWriter(), clock, worker_poll_interval_s=5.0, llm_requests_per_minute=30)
+    store.limiter = LimiterState(requests=0.2, next_input_tokens=100, next_output_tokens=800)
+    held_back = await worker.round_once()
+    assert held_back.claimed == 0
+    store.limiter = LimiterState(requests=0.0)
+    store.add_pending(1)
+    idle = await worker.round_once()
+    assert idle.claimed == 0 and idle.wait_s == pytest.approx(1.6)
+    clock.now += 1.6
+    assert (await worker.round_once()).claimed == 1

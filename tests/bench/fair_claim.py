@@ -1,0 +1,252 @@
+"""fair_claim: the claim's fair share across clients, and what it costs.
+
+Share: one client queues 2,000 jobs, then 9 clients 20 each, through the
+api's admission statement (which gives each job its turn); one connection
+then claims 4 jobs a round until the queue is empty. In every window of 100
+claims, each client with pending jobs at the window's start should get 1/k
+of them (k such clients): reported as the smallest and largest share × k
+over all windows and clients (1.00 is exact). The other clients' first job's
+wait is the number of claims made before it, with the fair claim and with
+the first-come claim it replaced (ORDER BY created_at, id on the live-jobs
+index, run here from the same statement text).
+
+Scale: 1,000,000 pending jobs over 10,000 clients (100 each, turns as the
+admission gives them). From one connection, claim_limit 1: latency of each
+claim, p99, the fair and the first-come claim taking turns in blocks; then
+4 connections completing and claiming 4 jobs a round for a few seconds per
+claim, taking turns: jobs claimed per second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from collections import Counter
+from typing import Any
+
+import msgspec
+import psycopg
+from psycopg.types.json import Jsonb
+
+from api.admission import admission
+from shared import db, store
+from shared.config import ApiSettings
+from shared.queries import QUERIES
+from shared.ratelimit import UNLIMITED
+from tests.bench.harness import (
+    BENCH_FINGERPRINT,
+    BENCH_REQUEST,
+    BENCH_REQUEST_JSON,
+    BenchContext,
+    BenchDatabase,
+    BenchResult,
+    FigureSpec,
+    percentile,
+)
+
+NAME = "fair_claim"
+SPECS = {
+    "share_min_x_k": FigureSpec("share of claims per client per window of 100, × k: smallest", "×"),
+    "share_max_x_k": FigureSpec("share of claims per client per window of 100, × k: largest", "×"),
+    "first_job_claims_ahead_fair": FigureSpec("claims before another client's first job: fair claim", "claims"),
+    "first_job_claims_ahead_fifo": FigureSpec("claims before another client's first job: first-come claim",
+                                              "claims"),
+    "claim_p99_ms_fair": FigureSpec("claim p99 at scale: fair claim", "ms"),
+    "claim_p99_ms_fifo": FigureSpec("claim p99 at scale: first-come claim", "ms"),
+    "claim_p99_ratio": FigureSpec("claim p99 at scale, fair / first-come", "×"),
+    "drain_jobs_per_s_fair": FigureSpec("drain at scale, 4 connections: fair claim", "jobs/s"),
+    "drain_jobs_per_s_fifo": FigureSpec("drain at scale, 4 connections: first-come claim", "jobs/s"),
+    "drain_ratio": FigureSpec("drain at scale, fair / first-come", "×"),
+}
+FAIR = QUERIES["job_settle_and_claim"]
+# the claim before turns: first come, first served across all clients
+FIFO = FAIR.replace("ORDER BY turn, id", "ORDER BY created_at, id")
+assert FIFO != FAIR
+WINDOW = 100
+CLAIM_BLOCK = 50
+DRAIN_CONNECTIONS = 4
+DRAIN_BATCH = 4
+
+
+def run(ctx: BenchContext, result: BenchResult) -> None:
+    clients, per_client = (1_000, 100) if ctx.quick else (10_000, 100)
+    claims = 300 if ctx.quick else 2_000
+    drain_s = 2.0 if ctx.quick else 8.0
+    result.params.update({"share": "1 client × 2,000 then 9 × 20, claimed 4 a round",
+                          "scale_pending": clients * per_client, "scale_clients": clients,
+                          "claims_per_run": claims, "drain_s_per_turn": drain_s,
+                          "drain": f"{DRAIN_CONNECTIONS} connections × {DRAIN_BATCH} jobs a round"})
+    with ctx.database("fair_share") as bench_db:
+        built = _share_database(ctx, bench_db)
+        for run_number in range(1, ctx.runs + 1):
+            low, high, ahead_fair, ahead_fifo = asyncio.run(_share(ctx, built))
+            result.add("share_min_x_k", low)
+            result.add("share_max_x_k", high)
+            result.add("first_job_claims_ahead_fair", ahead_fair)
+            result.add("first_job_claims_ahead_fifo", ahead_fifo)
+            ctx.progress(f"fair_claim run {run_number}/{ctx.runs}: share × k {low:.2f}..{high:.2f}, "
+                         f"claims ahead {ahead_fair:.0f} (first-come {ahead_fifo:.0f})")
+    with ctx.database("fair_scale") as bench_db:
+        started = time.monotonic()
+        _scale_fill(bench_db, clients=clients, per_client=per_client)
+        ctx.progress(f"fair_claim: {clients * per_client:,} pending jobs over {clients:,} clients in "
+                     f"{time.monotonic() - started:.0f} s")
+        for run_number in range(1, ctx.runs + 1):
+            latencies = asyncio.run(_claim_latencies(bench_db.url, claims))
+            p99 = {name: percentile(values, 99) for name, values in latencies.items()}
+            rates = asyncio.run(_drain_rates(bench_db.url, drain_s))
+            result.add("claim_p99_ms_fair", p99["fair"])
+            result.add("claim_p99_ms_fifo", p99["fifo"])
+            result.add("claim_p99_ratio", p99["fair"] / p99["fifo"])
+            result.add("drain_jobs_per_s_fair", rates["fair"])
+            result.add("drain_jobs_per_s_fifo", rates["fifo"])
+            result.add("drain_ratio", rates["fair"] / rates["fifo"])
+            ctx.progress(f"fair_claim run {run_number}/{ctx.runs}: p99 {p99['fair']:.2f} ms vs "
+                         f"{p99['fifo']:.2f} ms, drain {rates['fair']:,.0f} vs {rates['fifo']:,.0f} jobs/s")
+
+
+# -- the share -------------------------------------------------------------------
+
+
+def _share_database(ctx: BenchContext, bench_db: BenchDatabase) -> str:
+    """The queue, admitted as the api admits it; kept as a template so that every run starts from it."""
+    client_ids = [bench_db.create_client(f"client-{n}") for n in range(10)]
+    asyncio.run(_admit(bench_db.url, [(client_ids[0], 2_000)] + [(client, 20) for client in client_ids[1:]]))
+    with bench_db.connect() as conn:
+        conn.execute("VACUUM ANALYZE story_jobs")
+    bench_db.close()
+    return bench_db.name
+
+
+async def _admit(url: str, queues: list[tuple[int, int]]) -> None:
+    settings = ApiSettings()
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        for client_id, jobs in queues:
+            admissions = [admission(client_id, uuid.uuid4().hex, BENCH_REQUEST, settings) for _ in range(jobs)]
+            for start in range(0, jobs, 200):
+                results = await store.job_insert_if_admitted(conn, admissions=admissions[start:start + 200],
+                                                             queue_max=1_000_000, client_queue_max=1_000_000)
+                assert all(r.outcome == "inserted" for r in results), results
+
+
+async def _share(ctx: BenchContext, template: str) -> tuple[float, float, float, float]:
+    """Drains a copy of the queue with each claim; the fair one's windows, and the claims ahead of the
+    other clients' first jobs with both."""
+    order: dict[str, list[int]] = {}
+    for name, query in (("fair", FAIR), ("fifo", FIFO)):
+        with ctx.database(f"fair_share_{name}", template=template) as copy:
+            async with await db.connect(copy.url, application_name="fair_claim", connect_timeout_s=30) as conn:
+                claimed: list[int] = []
+                while jobs := await _round(conn, query, [], DRAIN_BATCH):
+                    claimed.extend(job["client_id"] for job in jobs)
+            order[name] = claimed
+            copy.close()
+    fair = order["fair"]
+    heavy = Counter(fair).most_common(1)[0][0]
+    ratios = []
+    left = Counter(fair)
+    for start in range(0, len(fair), WINDOW):
+        window = fair[start:start + WINDOW]
+        active = [client for client, remaining in left.items() if remaining > 0]
+        if len(window) == WINDOW:
+            counts = Counter(window)
+            ratios.extend(counts[client] / WINDOW * len(active) for client in active)
+        left.subtract(window)
+    ahead = {name: max(claimed.index(client) for client in set(claimed) if client != heavy)
+             for name, claimed in order.items()}
+    return min(ratios), max(ratios), float(ahead["fair"]), float(ahead["fifo"])
+
+
+# -- scale -------------------------------------------------------------------------
+
+
+def _scale_fill(bench_db: BenchDatabase, *, clients: int, per_client: int) -> None:
+    """clients × per_client pending jobs, client by client (as first come, first served would take
+    them), with the turns the admission gives jobs queued that way: each client's n-th job turn n."""
+    with bench_db.connect() as conn:
+        conn.execute("INSERT INTO api_clients (name) SELECT 'scale-' || n FROM generate_series(1, %(clients)s) n",
+                     {"clients": clients})
+        conn.execute(
+            """
+            INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn)
+            SELECT 1 + (n - 1) / %(per_client)s, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb,
+                   (n - 1) %% %(per_client)s
+            FROM generate_series(1, %(jobs)s) AS n
+            """,
+            {"per_client": per_client, "jobs": clients * per_client, "fingerprint": BENCH_FINGERPRINT,
+             "request": BENCH_REQUEST_JSON},
+        )
+        conn.execute("VACUUM ANALYZE story_jobs")
+
+
+def _params(completions: list[dict[str, Any]], claim_limit: int, worker_id: str) -> dict[str, Any]:
+    """What shared.store.job_settle_and_claim sends without a rate limit."""
+    return {**UNLIMITED, "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
+            "model": "offline-writer", "completions": Jsonb(completions)}
+
+
+async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: list[dict[str, Any]],
+                 claim_limit: int, worker_id: str = "bench-fair") -> list[dict[str, Any]]:
+    cur = await conn.execute(query, _params(completions, claim_limit, worker_id))  # type: ignore[arg-type]
+    row = await cur.fetchone()
+    assert row is not None
+    claimed: list[dict[str, Any]] = msgspec.json.decode(row[0])
+    return claimed
+
+
+def _completion(job: dict[str, Any]) -> dict[str, Any]:
+    return {"job_id": job["id"], "client_id": job["client_id"], "attempt": 1, "title": "The Fox and the Moon",
+            "body": "Once upon a time, a small fox could not sleep.", "model": "m", "prompt_version": "v1",
+            "input_tokens": 100, "output_tokens": 180, "cost_usd": "0.0027", "request_id": "req_1"}
+
+
+async def _claim_latencies(url: str, claims: int) -> dict[str, list[float]]:
+    async with await db.connect(url, application_name="fair_claim", connect_timeout_s=30, generic_plans=True) as conn:
+        for query in (FAIR, FIFO):
+            for _ in range(20):
+                await _round(conn, query, [], 1)
+        latencies: dict[str, list[float]] = {"fair": [], "fifo": []}
+        turn = 0
+        while any(len(values) < claims for values in latencies.values()):
+            for name, query in (("fair", FAIR), ("fifo", FIFO))[:: 1 if turn % 2 == 0 else -1]:
+                for _ in range(min(CLAIM_BLOCK, claims - len(latencies[name]))):
+                    started = time.perf_counter()
+                    jobs = await _round(conn, query, [], 1)
+                    latencies[name].append((time.perf_counter() - started) * 1000)
+                    if len(jobs) != 1:
+                        raise RuntimeError("a claim found no pending job")
+            turn += 1
+    return latencies
+
+
+async def _drain_rates(url: str, seconds: float) -> dict[str, float]:
+    """Jobs claimed per second by DRAIN_CONNECTIONS connections, each completing what it claimed in the
+    previous round as a worker does; the two claims take turns, twice each."""
+    totals = {"fair": 0, "fifo": 0}
+    spent = {"fair": 0.0, "fifo": 0.0}
+    conns = [await db.connect(url, application_name="fair_claim", connect_timeout_s=30, generic_plans=True)
+             for _ in range(DRAIN_CONNECTIONS)]
+    try:
+        for name, query in (("fair", FAIR), ("fifo", FIFO), ("fifo", FIFO), ("fair", FAIR)):
+            started = time.perf_counter()
+            deadline = started + seconds / 2
+            counts = await asyncio.gather(*(_drain(conn, query, deadline, f"bench-{n}")
+                                            for n, conn in enumerate(conns)))
+            totals[name] += sum(counts)
+            spent[name] += time.perf_counter() - started
+    finally:
+        for conn in conns:
+            await conn.close()
+    return {name: totals[name] / spent[name] for name in totals}
+
+
+async def _drain(conn: psycopg.AsyncConnection[Any], query: str, deadline: float, worker_id: str) -> int:
+    held: list[dict[str, Any]] = []
+    claimed = 0
+    while time.perf_counter() < deadline:
+        held = await _round(conn, query, [_completion(job) for job in held], DRAIN_BATCH, worker_id)
+        claimed += len(held)
+    # what is still held is completed, so that the next turn starts from the same state
+    await _round(conn, query, [_completion(job) for job in held], 0, worker_id)
+    return claimed
