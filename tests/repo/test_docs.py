@@ -20,11 +20,6 @@ from tests.helpers import REPO
 from tools import cli
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])
-# pages the README links that are still being written elsewhere: a link to one
-# is skipped while the page is missing and checked, anchor and all, once it
-# lands (drop a name from here when its page is in)
-PAGES_TO_COME = {"docs/provider-limits.md"}
-
 _FENCE = re.compile(r"^```.*?^```", re.M | re.S)
 _LINK = re.compile(r"\[[^\]]*\]\(([^)\s]+)\)")
 _HEADING = re.compile(r"^#{1,6} (.+?)\s*$", re.M)
@@ -67,8 +62,6 @@ def test_every_relative_link_lands_on_a_file_and_heading(page: Path) -> None:
             continue  # http(s), mailto: not this repository's
         path, _, anchor = target.partition("#")
         linked = (page.parent / path).resolve() if path else page
-        if str(linked.relative_to(REPO)) in PAGES_TO_COME and not linked.exists():
-            continue
         if not linked.exists():
             broken.append(f"{target}: no such file")
         elif anchor and linked.suffix == ".md" and anchor not in anchors(linked):
