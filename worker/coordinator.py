@@ -49,6 +49,7 @@ from decimal import Decimal
 from typing import Any
 
 import structlog
+from psycopg_pool import PoolTimeout
 
 from shared import db
 from shared.config import WorkerSettings
@@ -541,11 +542,15 @@ class Coordinator:
         try:
             settled = await self.store.settle_and_claim(completions, claim_limit, view)
         except db.DB_ERRORS as exc:
-            if claim_limit and db.is_transient(exc):
+            if claim_limit and db.is_transient(exc) and not isinstance(exc, PoolTimeout):
                 # no answer, or not one the server sent: it may have committed,
-                # and its jobs are ours, never begun
+                # and its jobs are ours, never begun. A backend the server
+                # ended (57P: a terminated session, a shutdown) runs nothing
+                # more, so one search settles it; otherwise the statement may
+                # still be running there, until its statement timeout
                 self._claiming.lost_answers += 1
-                self._claiming.adopt_until = self._clock() + self._statement_timeout_s + _ADOPTION_MARGIN_S
+                later = 0.0 if _server_ended(exc) else self._statement_timeout_s + _ADOPTION_MARGIN_S
+                self._claiming.adopt_until = max(self._claiming.adopt_until, self._clock() + later)
             self._refused(exc, batch, result)
             return
         self._written(batch)
@@ -685,6 +690,13 @@ class Coordinator:
                   detail="the worker stops: it must not hold jobs it cannot heartbeat", exc_info=exc)
         self._crashed = task.get_name()
         self._wake.set()
+
+
+def _server_ended(exc: Exception) -> bool:
+    """The server ended the session the statement ran in (57P01 admin
+    shutdown, 57P02 crash shutdown): its backend is gone, with whatever it
+    was running."""
+    return getattr(exc, "sqlstate", None) in ("57P01", "57P02")
 
 
 def _count_call(record: CallRecord) -> None:

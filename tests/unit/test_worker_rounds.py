@@ -10,6 +10,7 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+import psycopg_pool
 import pytest
 from structlog.testing import capture_logs
 
@@ -523,3 +524,26 @@ async def test_a_claim_the_limiter_held_back_is_tried_again_when_the_bucket_cove
     assert idle.claimed == 0 and idle.wait_s == pytest.approx(1.6)
     clock.now += 1.6
     assert (await worker.round_once()).claimed == 1
+
+
+async def test_a_claim_whose_session_the_server_ended_is_searched_for_once() -> None:
+    """A claim lost because the server ended its session (57P01) cannot commit later: one search for its
+    jobs settles it, and a stopping worker then exits at once instead of waiting out its grace."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.fail_next("settle_and_claim", psycopg.errors.AdminShutdown("terminating connection"))
+    worker = _worker(store, writer, clock)
+    assert (await worker.round_once()).database_error is not None
+    worker.stop()
+    assert (await worker.round_once()).adopted == 0
+    assert (await worker.round_once()).finished
+    assert len(store.named("claims_of_lost_answer")) == 1
+
+
+async def test_a_claim_that_never_got_a_connection_is_not_searched_for() -> None:
+    """A claim that timed out waiting for a pooled connection was never sent: nothing is searched for."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.fail_next("settle_and_claim", psycopg_pool.PoolTimeout("couldn't get a connection"))
+    worker = _worker(store, writer, clock)
+    assert (await worker.round_once()).database_error is not None
+    await worker.round_once()
+    assert store.named("claims_of_lost_answer") == []
