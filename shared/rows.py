@@ -547,6 +547,8 @@ class WebhookDeliveryRow(msgspec.Struct, frozen=True):
     last_status_code: int | None
     last_error: str | None
     delivered_at: datetime | None
+
+
 OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke"]
 
 

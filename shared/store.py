@@ -615,7 +615,6 @@ async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
     return row
 
 
-
 # -- the console's history, kept by the sweeper ------------------------------------------
 
 

@@ -1780,6 +1780,7 @@ enabled AS (
     FROM retried WHERE e.id = retried.endpoint_id AND e.disabled_at IS NOT NULL
 )
 SELECT id FROM retried;
+
 -- name: operator_action_insert
 -- An operator's action, recorded in the action's own transaction (api/ops.py
 -- runs both in one): who (the key's id), what, on what, and how many jobs

@@ -58,6 +58,7 @@ WEBHOOK_OLDEST_UNDELIVERED_AGE = Gauge(
     "Age of the oldest webhook event not yet delivered, at the last pass (0 when none).",
 )
 
+
 class DatabaseTotal(Collector):
     """A counter whose total the database keeps: exported at the value the
     last pass read, and not before the first pass, so that a restarted

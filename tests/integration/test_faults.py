@@ -39,7 +39,6 @@ async def _finished(conn: psycopg.AsyncConnection[Any]) -> bool:
     return all(row.status in ("completed", "failed") for row in await job_rows(conn))
 
 
-
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
     result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
                                               provider="anthropic", model="m")

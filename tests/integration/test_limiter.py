@@ -86,7 +86,6 @@ async def test_a_claimer_waiting_on_the_bucket_sees_what_the_first_took(
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running'") == (5 if first_commits else 4)
 
 
-
 async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_what_it_needs(
     conn: psycopg.AsyncConnection[Any], pending: int
 ) -> None:

@@ -64,7 +64,6 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     assert row.status == "completed" and row.story_id is not None
 
 
-
 async def test_sweeper_first_completion_loses_and_story_is_orphaned(
     database_url: str, conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
 ) -> None:

@@ -129,6 +129,8 @@ def test_stats_without_the_apis_budget_says_it_is_not_in_this_environment(databa
     assert result.returncode == 0, result.stderr
     assert "no BUDGET_USD_PER_DAY in this environment (the api's may set one)" in result.stdout
     assert "no budget" not in result.stdout
+
+
 def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, history: dict[str, str]) -> None:
     """`webhooks endpoints` shows each endpoint with its counts; `webhooks deliveries` each event, by state."""
 
@@ -151,6 +153,8 @@ def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, histor
     (row,) = deliveries.stdout.splitlines()[1:]
     assert row.split()[1:5] == [history["waiting"], "job.cancelled", "pending", "0"]
     assert storyjobs(database_url, "webhooks", "deliveries", "--state", "dead").stdout.splitlines()[1:] == []
+
+
 def test_actions_lists_what_operators_did_newest_first(database_url: str) -> None:
     """`storyjobs actions` lists recorded operator actions, newest first, with the operator, the key's prefix,
     what each touched and on what."""

@@ -33,7 +33,6 @@ TIMINGS = {
 }
 
 
-
 def _read_only(server_url: str, database_name: str, on: bool) -> None:
     """Turns the database read-only (or back) for every session: new sessions
     read the setting, so the current ones are cut, as in a failover."""
@@ -45,7 +44,6 @@ def _read_only(server_url: str, database_name: str, on: bool) -> None:
             admin.execute(sql.SQL("ALTER DATABASE {} RESET default_transaction_read_only").format(name))
         admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s "
                       "AND pid <> pg_backend_pid()", (database_name,))
-
 
 
 def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_twice(

@@ -36,6 +36,7 @@ LONG_ERROR = ("429 rate_limit_error: This request would exceed the rate limit fo
               "requests per minute. For details, refer to the rate limits documentation; retry after 12 seconds.")
 HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</script>'
 
+
 def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
         return conn.execute(query, params).fetchall()  # type: ignore[arg-type]

@@ -29,8 +29,6 @@ TIMINGS = {
 }
 
 
-
-
 def _post(api_url: str, key: str, prompt: str) -> str:
     answer = httpx.post(f"{api_url}/stories/generate", json={"prompt": prompt, "length": "short"}, timeout=20,
                         headers={"Authorization": f"Bearer {key}", "Idempotency-Key": str(uuid.uuid4())})

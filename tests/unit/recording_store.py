@@ -232,7 +232,6 @@ class RecordingStore:
             await self._notifications.get()
             yield
 
-
     def _claimed(self, job: StoredJob) -> ClaimedJob:
         return ClaimedJob(id=job.id, public_id=job.public_id, client_id=1, request={"prompt": f"story {job.id}"},
                           created_at=job.created_at, started_at=datetime.now(UTC), max_tokens=self.max_tokens,

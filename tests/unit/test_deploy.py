@@ -525,7 +525,6 @@ def test_strict_schema_validation_rejects_a_misspelt_field() -> None:
         kubernetes_validate.validate(worker, kubernetes_validate.latest_version(), strict=True)
 
 
-
 def test_keda_scaledobject_scales_the_worker_on_live_story_jobs() -> None:
     """The ScaledObject's postgresql trigger counts pending and running story_jobs for the worker Deployment."""
     scaled = k8s_doc("ScaledObject")
