@@ -1,10 +1,16 @@
-"""The named queries of sql/queries.sql, parsed once at import.
+"""The named queries of sql/*.sql, parsed once at import.
+
+Each caller has its own file of queries (common.sql, api.sql, worker.sql,
+sweeper.sql, console.sql; the numbered files are migrations), and the names
+are one set across them: a name defined twice, in one file or in two, is an
+error.
 
 A block starts with ``-- name: <name>``; the comment lines after it describe
 the query and are dropped; the rest, up to the next block, is one statement.
 A line ``-- include: <name>`` inside a statement stands for that block's
-text, so that two statements can share a part (the worker's round statement,
-with and without the rate limiter) without a second copy of it.
+text, from any file, so that two statements can share a part (the worker's
+round statement, with and without the rate limiter) without a second copy of
+it.
 """
 
 from __future__ import annotations
@@ -14,10 +20,12 @@ from importlib.resources import files
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$")
 _INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
+# the files of queries; a migration's name starts with its number
+_QUERY_FILE = re.compile(r"^[a-z]\w*\.sql$")
 
 
-def parse(text: str) -> dict[str, str]:
-    queries: dict[str, str] = {}
+def _blocks(text: str, queries: dict[str, str]) -> None:
+    """Adds the blocks of text to queries, their includes not yet expanded."""
     name: str | None = None
     lines: list[str] = []
 
@@ -41,6 +49,13 @@ def parse(text: str) -> dict[str, str]:
             lines.append(line)
     flush()
 
+
+def parse(*texts: str) -> dict[str, str]:
+    """The queries of every text, as one set of names."""
+    queries: dict[str, str] = {}
+    for text in texts:
+        _blocks(text, queries)
+
     def expand(name: str, seen: tuple[str, ...]) -> str:
         if name in seen:
             raise ValueError(f"query {name!r} includes itself")
@@ -51,4 +66,10 @@ def parse(text: str) -> dict[str, str]:
     return {name: expand(name, ()) for name in queries}
 
 
-QUERIES: dict[str, str] = parse(files("sql").joinpath("queries.sql").read_text("utf-8"))
+def _query_texts() -> list[str]:
+    found = sorted((entry for entry in files("sql").iterdir() if _QUERY_FILE.match(entry.name)),
+                   key=lambda entry: entry.name)
+    return [entry.read_text("utf-8") for entry in found]
+
+
+QUERIES: dict[str, str] = parse(*_query_texts())

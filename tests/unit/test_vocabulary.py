@@ -27,6 +27,27 @@ def test_a_query_defined_twice_is_refused() -> None:
         parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
 
 
+def test_a_query_defined_in_two_files_is_refused() -> None:
+    """The callers' files share one set of names: a second file cannot redefine a query of the first."""
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n", "-- name: a\nSELECT 2;\n")
+
+
+def test_an_include_may_name_a_block_of_another_file() -> None:
+    """A block is included by its name wherever it is defined, before or after the including file."""
+    part = "-- name: part\nb AS (SELECT 2)\n"
+    whole = "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
+    expected = "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
+    assert parse(part, whole)["whole"] == parse(whole, part)["whole"] == expected
+
+
+def test_every_caller_has_its_file_of_queries() -> None:
+    """The queries come from each caller's file: the worker's round, the api's admission, the sweeper's rules,
+    the console's lists and the common migrations' ledger are all loaded."""
+    assert {"job_settle_and_claim", "job_insert_if_admitted", "job_fail_stale", "ops_job_list",
+            "schema_migrations_create"} <= QUERIES.keys()
+
+
 def test_an_included_block_stands_in_for_its_include_line() -> None:
     """A statement's `-- include: NAME` line becomes that block's statement, so shared parts exist once."""
     queries = parse(

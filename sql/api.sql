@@ -1,0 +1,360 @@
+-- The api's named queries (api/store.py runs them): admission, a client's
+-- jobs and stories, cancellation, the pacing hint, and a client's webhook
+-- endpoints. The conventions are in common.sql.
+
+
+-- name: job_get_by_idempotency_key_for_key
+-- First step of POST /stories/generate, one round trip: authenticate the key
+-- and find a job already made with this Idempotency-Key. A replay answers from
+-- here without taking the admission lock.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       j.public_id, j.status, j.request_fingerprint, j.created_at
+FROM api_keys k
+LEFT JOIN job_idempotency_keys i
+       ON i.client_id = k.client_id AND i.idempotency_key = %(idempotency_key)s
+LEFT JOIN story_jobs j ON j.id = i.job_id
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_admission_lock
+-- Serialises admissions, so that the counts in job_insert_if_admitted are
+-- exact. It must be its own statement: under READ COMMITTED a statement's
+-- snapshot is taken before it waits for a lock, so a statement that both
+-- locked and counted could count stale rows and overshoot.
+SELECT pg_advisory_xact_lock(%(lock_key)s);
+
+-- name: job_insert_if_admitted
+-- Admits a batch of new jobs (the POSTs an api process received while its
+-- previous batch was being written): one admission lock, one statement, one
+-- commit for all of them. Runs under the admission lock (job_admission_lock),
+-- which makes the bounds exact. Requests are taken in order: a request whose
+-- key was used meanwhile answers the existing job; the others are admitted
+-- while their client's queue (CLIENT_QUEUE_MAX), then the whole queue
+-- (QUEUE_MAX), then their client's spend budget and the day's budget have
+-- room, and refused otherwise. Each check admits the longest run of the batch
+-- that fits, in order.
+--
+-- job_admission keeps, per queue, a number never below its pending count:
+-- every admission adds to it, and claims, cancellations and the sweeper only
+-- ever lower the true count. While that bound leaves room for the batch, no
+-- counting is done. Otherwise the pending jobs are counted, stopping at the
+-- maximum (a count never costs more than QUEUE_MAX index entries), and the
+-- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
+--
+-- A request carries its worst-case cost; where a budget applies (the day's,
+-- %(budget_usd)s, or its client's: its own or %(client_budget_usd)s), it is
+-- admitted only if today's spent + reserved + the batch's worst cases so far
+-- stay within the budget, and its worst case is then reserved. Nothing but
+-- admission adds to spent + reserved (a job's end replaces its reservation by
+-- its cost, which is never more), so a budget holds across every replica.
+--
+-- The NOTIFY is delivered at commit and wakes an idle worker at once.
+WITH req AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
+        ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
+        max_tokens int, input_tokens_estimate int, worst_case_usd numeric,
+        model text, input_usd_per_mtok numeric, output_usd_per_mtok numeric)
+),
+-- LATERAL: one primary-key lookup per request, never a join over the table
+existing AS MATERIALIZED (
+    SELECT r.ord, j.public_id, j.status, j.request_fingerprint, j.created_at
+    FROM req r
+    CROSS JOIN LATERAL (
+        SELECT job_id FROM job_idempotency_keys i
+        WHERE i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
+    ) i
+    CROSS JOIN LATERAL (
+        SELECT public_id, status, request_fingerprint, created_at FROM story_jobs j WHERE j.id = i.job_id
+    ) j
+),
+fresh AS MATERIALIZED (
+    SELECT r.*, row_number() OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_rank
+    FROM req r
+    WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
+),
+-- For each queue: `kept` is the bound job_admission keeps (NULL if its row is
+-- missing), and `counted` the pending jobs counted up to the maximum, only
+-- when the kept bound does not leave room for the batch (NULL otherwise).
+client_depth AS MATERIALIZED (
+    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
+           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.status = 'pending' AND s.client_id = c.client_id
+                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
+           END AS counted
+    FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
+    LEFT JOIN job_admission a ON a.client_id = c.client_id
+),
+client_ok AS MATERIALIZED (
+    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
+    WHERE coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
+),
+queue AS MATERIALIZED (
+    SELECT a.pending_at_most AS kept,
+           CASE WHEN a.pending_at_most + (SELECT count(*) FROM client_ok) <= %(queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs WHERE status = 'pending'
+                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
+           END AS counted
+    FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
+),
+queue_ok AS MATERIALIZED (
+    SELECT c.* FROM client_ok c, queue
+    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
+),
+-- Today's spend of all clients (client_id 0) and of each client asking, and
+-- the budget that applies to it (NULL: none).
+spend AS MATERIALIZED (
+    SELECT s.client_id, coalesce(b.spent_usd + b.reserved_usd, 0) AS used,
+           CASE WHEN s.client_id = 0 THEN %(budget_usd)s::numeric
+                ELSE coalesce(c.budget_usd_per_day, %(client_budget_usd)s::numeric) END AS budget
+    FROM (SELECT 0::bigint AS client_id UNION SELECT client_id FROM queue_ok) s
+    LEFT JOIN budget_days b ON b.client_id = s.client_id AND b.day = (now() AT TIME ZONE 'UTC')::date
+    LEFT JOIN api_clients c ON c.id = s.client_id AND s.client_id <> 0
+),
+-- what each request reserves: its worst case where any budget applies to it
+reserving AS MATERIALIZED (
+    SELECT q.*,
+           CASE WHEN (SELECT budget FROM spend WHERE client_id = 0) IS NOT NULL OR s.budget IS NOT NULL
+                THEN q.worst_case_usd ELSE 0 END AS reserved_usd
+    FROM queue_ok q JOIN spend s ON s.client_id = q.client_id
+),
+client_budget_ok AS MATERIALIZED (
+    SELECT r.* FROM (
+        SELECT r.*, sum(r.reserved_usd) OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_cum
+        FROM reserving r
+    ) r JOIN spend s ON s.client_id = r.client_id
+    WHERE s.budget IS NULL OR s.used + r.client_cum <= s.budget
+),
+admitted AS MATERIALIZED (
+    SELECT c.* FROM (
+        SELECT c.*, sum(c.reserved_usd) OVER (ORDER BY c.ord) AS cum FROM client_budget_ok c
+    ) c, spend s
+    WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
+),
+-- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
+-- the turn being served now (the smallest pending one; with none pending,
+-- the end of the last turn given), or the end of its client's last turn if
+-- later; a job lasts 1 / the client's weight. A client whose pending jobs
+-- were counted and found gone starts afresh.
+serving AS MATERIALIZED (
+    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
+                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
+),
+turns AS MATERIALIZED (
+    SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
+    FROM (
+        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
+               greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END) AS start,
+               (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
+        FROM admitted a
+        CROSS JOIN serving s
+        JOIN client_depth d ON d.client_id = a.client_id
+        LEFT JOIN api_clients c ON c.id = a.client_id
+    ) t
+),
+inserted AS (
+    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
+                            max_tokens, input_tokens_estimate, reserved_usd,
+                            model, input_usd_per_mtok, output_usd_per_mtok, turn)
+    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
+           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn
+    FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
+    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
+),
+keys_recorded AS (
+    INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
+    SELECT client_id, idempotency_key, id FROM inserted
+),
+-- The new bound of each queue, never below its pending count: the kept bound
+-- plus what was admitted; or an exact count (below this replica's maximum)
+-- plus what was admitted; or, when the count stopped at this replica's
+-- maximum, the truth may be higher (a replica with a larger maximum admitted
+-- more), so the kept bound stays as it is, and a missing one stays missing.
+new_bounds AS (
+    SELECT 0::bigint AS client_id, q.kept,
+           CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
+                WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
+                ELSE q.kept END AS bound,
+           n.last_turn
+    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
+    UNION ALL
+    SELECT d.client_id, d.kept,
+           CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
+                WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
+                ELSE d.kept END,
+           n.last_turn
+    FROM client_depth d
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
+                        FROM turns t WHERE t.client_id = d.client_id) n
+),
+-- (a queue admitting anything always gets a new bound, so its last turn is
+-- written with it)
+bounds_kept AS (
+    INSERT INTO job_admission (client_id, pending_at_most, last_turn)
+    SELECT client_id, bound, last_turn FROM new_bounds
+    WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
+    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
+        last_turn = greatest(job_admission.last_turn, excluded.last_turn)
+),
+-- the reservations, on today's rows of all clients and of each client, the
+-- all-clients row first (see story_jobs_settle_budget)
+reservations_kept AS (
+    INSERT INTO budget_days (client_id, day, reserved_usd)
+    SELECT client_id, (now() AT TIME ZONE 'UTC')::date, sum(reserved_usd) FROM (
+        SELECT 0::bigint AS client_id, reserved_usd FROM admitted
+        UNION ALL
+        SELECT client_id, reserved_usd FROM admitted
+    ) r
+    GROUP BY client_id HAVING sum(reserved_usd) > 0
+    ORDER BY client_id
+    ON CONFLICT (client_id, day) DO UPDATE SET reserved_usd = budget_days.reserved_usd + excluded.reserved_usd
+),
+notified AS (
+    SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM admitted)
+)
+SELECT r.ord,
+       CASE WHEN i.id IS NOT NULL THEN 'inserted'
+            WHEN e.ord IS NOT NULL THEN 'existing'
+            WHEN c.ord IS NULL THEN 'client_queue_full'
+            WHEN q.ord IS NULL THEN 'queue_full'
+            WHEN b.ord IS NULL THEN 'client_budget_exhausted'
+            ELSE 'budget_exhausted'
+       END AS outcome,
+       coalesce(i.public_id, e.public_id) AS public_id,
+       coalesce(i.status, e.status) AS status,
+       coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
+       coalesce(i.created_at, e.created_at) AS created_at,
+       (SELECT count(*) FROM notified) AS notified,
+       -- until the UTC day of the spend budgets ends, by the database's clock
+       extract(epoch FROM (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')
+                          - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
+FROM req r
+LEFT JOIN existing e ON e.ord = r.ord
+LEFT JOIN client_ok c ON c.ord = r.ord
+LEFT JOIN queue_ok q ON q.ord = r.ord
+LEFT JOIN client_budget_ok b ON b.ord = r.ord
+LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
+ORDER BY r.ord;
+
+-- name: job_get_for_key
+-- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
+-- the job (if it is this client's) with its queue position or story.
+-- queue_position counts pending jobs ahead of this one in the claim's order
+-- (turns: the client's share), on the claim's index.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       j.public_id, j.status, j.error_code, j.error_text, j.progress,
+       j.created_at, j.started_at, j.completed_at,
+       CASE WHEN j.status = 'pending' THEN
+           (SELECT count(*) + 1 FROM story_jobs p
+            WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
+       END AS queue_position,
+       -- one shape for a story, here and in story_get_for_key (cost as text: exact)
+       CASE WHEN s.id IS NOT NULL THEN json_build_object(
+           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story,
+       -- how far along a running job is: its progress against what its length allows
+       j.max_tokens,
+       -- the database's clock, which started_at was written by
+       now() AS now
+FROM api_keys k
+LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
+LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_cancel
+-- DELETE /stories/jobs/{job_id}: pending or running -> failed (cancelled).
+-- A running job's worker sees the change at its next heartbeat and closes
+-- its stream. The snapshot row tells the caller why nothing changed.
+WITH job AS (
+    SELECT id, status FROM story_jobs
+    WHERE public_id = %(job_id)s AND client_id = %(client_id)s
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by the client', completed_at = now(),
+        -- a running job's call may have cost up to its worst case; its worker
+        -- brings the charge down to the real cost when it closes the stream
+        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
+    FROM job
+    WHERE j.id = job.id AND j.status IN ('pending', 'running')
+    RETURNING j.id
+)
+SELECT job.status AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job;
+
+-- name: story_get_for_key
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
+       CASE WHEN s.id IS NOT NULL THEN json_build_object(
+           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story
+FROM api_keys k
+LEFT JOIN stories s ON s.client_id = k.client_id AND s.id = %(story_id)s
+LEFT JOIN story_jobs j ON j.id = s.job_id
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: job_drain_stats
+-- How fast the queue drains, from the last finished jobs (newest first on
+-- the primary key, so the cost does not grow with history), and how long the
+-- shared rate limiter holds every claim (a 429's pause): feeds Retry-After
+-- and the time-remaining estimate. The longest-running job's age and
+-- claimed_last_minute say how soon the queue takes its next job; the claims
+-- are counted among the newest jobs, and only when those reach back a whole
+-- minute (a burst of claims when workers start is no rate).
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       recent.avg_run_seconds, recent.avg_output_tokens,
+       coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
+                 WHERE model = %(model)s), 0)::float8 AS limiter_paused_s,
+       (SELECT CASE WHEN min(started_at) <= now() - interval '60 seconds'
+                    THEN count(*) FILTER (WHERE started_at > now() - interval '60 seconds') ELSE 0 END
+        FROM (SELECT started_at FROM story_jobs ORDER BY id DESC LIMIT 200) newest) AS claimed_last_minute,
+       coalesce((SELECT extract(epoch FROM now() - min(started_at)) FROM story_jobs
+                 WHERE status = 'running'), 0)::float8 AS longest_running_s
+FROM (
+    SELECT avg(extract(epoch FROM completed_at - started_at))::float8 AS avg_run_seconds,
+           avg(progress)::float8 AS avg_output_tokens
+    FROM (
+        SELECT completed_at, started_at, progress FROM story_jobs
+        WHERE status = 'completed'
+        ORDER BY id DESC
+        LIMIT 50
+    ) last
+) recent;
+
+-- name: webhook_endpoint_insert
+-- POST /webhook-endpoints: a client's new endpoint, unless it has
+-- %(max_per_client)s already (no row: refused). Two concurrent requests can
+-- both pass the count; a client with one endpoint too many costs nothing.
+INSERT INTO webhook_endpoints (client_id, url, events, secret)
+SELECT %(client_id)s, %(url)s, %(events)s::text[], %(secret)s
+WHERE (SELECT count(*) FROM webhook_endpoints WHERE client_id = %(client_id)s) < %(max_per_client)s
+RETURNING id, url, events, created_at, disabled_at, failing_since;
+
+-- name: webhook_endpoint_list_for_client
+-- GET /webhook-endpoints: the client's endpoints, without their secrets.
+SELECT id, url, events, created_at, disabled_at, failing_since
+FROM webhook_endpoints WHERE client_id = %(client_id)s
+ORDER BY created_at, id;
+
+-- name: webhook_endpoint_delete
+-- DELETE /webhook-endpoints/{id}: another client's id finds nothing, as an
+-- unknown one. Its deliveries go with it (ON DELETE CASCADE); one in flight
+-- then finds its row gone and records nothing.
+DELETE FROM webhook_endpoints WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
+RETURNING id;
+
+-- name: webhook_endpoint_rotate_secret
+-- POST /webhook-endpoints/{id}/rotate-secret: the new secret signs from now
+-- on, and the current one beside it for %(overlap_s)s seconds, so that a
+-- receiver can switch without refusing a delivery.
+UPDATE webhook_endpoints
+SET previous_secret = secret, previous_secret_expires_at = now() + make_interval(secs => %(overlap_s)s::float8),
+    secret = %(secret)s
+WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
+RETURNING id, url, events, created_at, disabled_at, failing_since;

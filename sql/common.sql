@@ -1,0 +1,161 @@
+-- The named queries several callers share: the migrations' bookkeeping and
+-- the schema version, the status enum's values, clients and keys as
+-- shared/keys.py creates them and the api checks them, and the reads the
+-- console and the sweeper both make (id bounds of a time range, today's
+-- budgets). shared/queries.py parses every sql/*.sql file of queries (this
+-- one, api.sql, worker.sql, sweeper.sql, console.sql) once, into one set of
+-- names, and shared/store.py runs these; each caller's file says which
+-- module runs its own.
+--
+-- A block starts with `-- name: <table>_<verb>_<condition>`, then comment
+-- lines saying what it does and why, then one statement with %(named)s
+-- parameters. A line `-- include: <name>` stands for another block's text
+-- (of any file). Every status change names the status it expects in its
+-- WHERE clause: zero rows means the caller lost a race.
+--
+-- Time is the database's: `coalesce(%(now)s::timestamptz, now())` lets a
+-- test pass its own "now" instead of sleeping.
+
+
+-- name: schema_migrations_create
+-- The migration ledger. Created outside any numbered migration so that the
+-- version check works on an empty database.
+CREATE TABLE IF NOT EXISTS schema_migrations (
+    version     integer PRIMARY KEY,
+    name        text NOT NULL,
+    applied_at  timestamptz NOT NULL DEFAULT now()
+);
+
+-- name: schema_migrations_lock
+-- Held for the whole migration run, so two replicas starting at once migrate
+-- one after the other (the second then finds nothing to do).
+SELECT pg_advisory_lock(%(lock_key)s);
+
+-- name: schema_migrations_unlock
+SELECT pg_advisory_unlock(%(lock_key)s);
+
+-- name: schema_migrations_applied
+SELECT version FROM schema_migrations ORDER BY version;
+
+-- name: schema_migrations_record
+INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);
+
+-- name: schema_version_get
+-- NULL when the database was never migrated.
+SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN NULL
+            ELSE (SELECT coalesce(max(version), 0) FROM schema_migrations) END AS version;
+
+-- name: job_status_enum_values
+-- The SQL side of the status enum, for the test that keeps it in sync with
+-- shared.status.JobStatus.
+SELECT unnest(enum_range(NULL::job_status))::text AS value;
+
+-- name: api_client_upsert
+-- `storyjobs keys create NAME`: a new client, or the existing one of that
+-- name (creating a second key for a client is how keys are rotated).
+WITH inserted AS (
+    INSERT INTO api_clients (name) VALUES (%(name)s)
+    ON CONFLICT (name) DO NOTHING
+    RETURNING id
+)
+SELECT id FROM inserted
+UNION ALL
+SELECT id FROM api_clients WHERE name = %(name)s
+LIMIT 1;
+
+-- name: api_client_budget_set
+-- `storyjobs keys create NAME --budget-usd-per-day X`: the client's own spend
+-- budget per UTC day, in place of CLIENT_BUDGET_USD_PER_DAY.
+UPDATE api_clients SET budget_usd_per_day = %(budget_usd_per_day)s WHERE id = %(client_id)s;
+
+-- name: api_client_weight_set
+-- `storyjobs keys create NAME --weight N`: the client's share of the workers
+-- (N jobs to a weight-1 client's one), taken by the jobs it sends from now on.
+UPDATE api_clients SET weight = %(weight)s WHERE id = %(client_id)s;
+
+-- name: api_key_insert
+INSERT INTO api_keys (client_id, key_prefix, key_hash)
+VALUES (%(client_id)s, %(key_prefix)s, %(key_hash)s);
+
+-- name: api_key_get
+-- Authentication only: the api compares key_hash in constant time.
+SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked
+FROM api_keys k
+WHERE k.key_prefix = %(key_prefix)s;
+
+-- name: llm_call_close_for_cancelled_job
+-- Second statement of a cancellation (a client's, or an operator's with no
+-- client_id), in its transaction: closes the ledger
+-- row of a call that was open when the job was cancelled, as interrupted
+-- (assumed billed; a live worker overwrites it with what it knows when it
+-- closes the stream). A statement of its own, because its snapshot must see
+-- a retry's row opened while the cancellation waited for the job's row lock
+-- (llm_call_start holds it while it opens one).
+UPDATE llm_calls c
+SET finished_at = now(), outcome = 'interrupted',
+    error_text = 'the job was cancelled while this call was open'
+FROM story_jobs j
+WHERE j.public_id = %(job_id)s AND j.status = 'failed'
+  AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+  AND c.job_id = j.id AND c.outcome = 'started';
+
+-- name: budget_days_today
+-- Today's (UTC) spend and reservations, all clients (scope 'all') and each
+-- client with a row, with the client's own budget if it has one: the
+-- sweeper's gauges and `storyjobs stats`.
+SELECT CASE WHEN b.client_id = 0 THEN 'all' ELSE c.name END AS scope, b.client_id,
+       b.spent_usd, b.reserved_usd, c.budget_usd_per_day AS client_budget_usd
+FROM budget_days b LEFT JOIN api_clients c ON c.id = b.client_id
+WHERE b.day = (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC')::date
+ORDER BY b.client_id;
+
+-- name: operator_key_insert
+-- `storyjobs keys create NAME --operator`.
+INSERT INTO operator_keys (name, key_prefix, key_hash)
+VALUES (%(name)s, %(key_prefix)s, %(key_hash)s);
+
+-- name: job_id_bounds
+-- Turns a time range into a range of ids without an index on created_at:
+-- lo_id is at or below the id of every job created at or after
+-- %(created_after)s, hi_id above the id of every job created before
+-- %(created_before)s (NULL: the first id, and one past the last). Each bound
+-- is found by a binary search over the primary key, about log2(ids) lookups
+-- of one row each.
+--
+-- It relies on ids growing with created_at: an id is taken at insert, and
+-- created_at is the inserting transaction's start, so two jobs can disagree
+-- by at most the length of an admission transaction, which its statement
+-- timeout (at most 60 s) bounds. Each search aims 5 minutes wide of its
+-- bound; callers still filter on created_at itself.
+--
+-- The search keeps lo <= hi with the last row below lo created before its
+-- target and the first row at or above hi not; a probe reads the first row
+-- at or above the middle, and the search ends when lo = hi.
+WITH RECURSIVE ends AS MATERIALIZED (
+    SELECT min(id) AS first_id, max(id) + 1 AS next_id FROM story_jobs
+),
+targets AS (
+    SELECT 'lo' AS side, %(created_after)s::timestamptz - interval '5 minutes' AS target
+    WHERE %(created_after)s::timestamptz IS NOT NULL
+    UNION ALL
+    SELECT 'hi', %(created_before)s::timestamptz + interval '5 minutes'
+    WHERE %(created_before)s::timestamptz IS NOT NULL
+),
+search(side, target, lo, hi) AS (
+    SELECT t.side, t.target, ends.first_id, ends.next_id FROM targets t, ends
+  UNION ALL
+    SELECT s.side, s.target,
+           CASE WHEN probe.id < s.hi AND probe.created_at < s.target THEN probe.id + 1 ELSE s.lo END,
+           CASE WHEN probe.id < s.hi AND probe.created_at < s.target THEN s.hi ELSE (s.lo + s.hi) / 2 END
+    FROM search s
+    LEFT JOIN LATERAL (
+        SELECT j.id, j.created_at FROM story_jobs j
+        WHERE j.id >= (s.lo + s.hi) / 2
+        ORDER BY j.id
+        LIMIT 1
+    ) probe ON true
+    WHERE s.lo < s.hi
+)
+SELECT coalesce((SELECT hi FROM search WHERE side = 'lo' AND lo >= hi), ends.first_id, 1) AS lo_id,
+       coalesce((SELECT hi FROM search WHERE side = 'hi' AND lo >= hi), ends.next_id, 1) AS hi_id
+FROM ends;

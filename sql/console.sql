@@ -1,0 +1,429 @@
+-- What operators read and do, from the console at /ops/ (api/ops.py,
+-- api/webhooks.py's operator routes) and from the `storyjobs` command
+-- (tools/cli.py): both run these through shared/console_store.py. The
+-- conventions are in common.sql.
+--
+-- The console reads history without an index of its own: every index on
+-- story_jobs costs each status change a write, so lists walk the primary key
+-- newest first (id DESC) with their filters, each request over a bounded
+-- range of ids, and times are turned into id bounds by job_id_bounds
+-- (common.sql).
+
+
+-- name: api_key_list
+SELECT k.key_prefix, c.name AS client_name, k.created_at, k.revoked_at
+FROM api_keys k JOIN api_clients c ON c.id = k.client_id
+ORDER BY k.id;
+
+-- name: api_key_revoke
+UPDATE api_keys SET revoked_at = now()
+WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
+RETURNING key_prefix;
+
+-- name: llm_rate_bucket_list
+-- The shared rate buckets, refilled to now at the rates the caller knows
+-- (NULL rate: shown as stored): `storyjobs stats`.
+SELECT model, requests, input_tokens, output_tokens,
+       greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s,
+       greatest(extract(epoch FROM now() - refilled_at), 0)::float8 AS since_refill_s
+FROM llm_rate_buckets ORDER BY model;
+
+-- name: job_list
+-- `storyjobs jobs list`, newest first.
+SELECT j.public_id, c.name AS client_name, j.status, j.error_code, j.progress,
+       j.created_at, j.started_at, j.completed_at, j.worker_id
+FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
+WHERE (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
+ORDER BY j.id DESC
+LIMIT %(limit)s;
+
+-- name: job_get_admin
+-- `storyjobs jobs show ID`.
+SELECT j.id, j.public_id, c.name AS client_name, j.status, j.error_code, j.error_text,
+       j.progress, j.worker_id, j.story_id, j.request, j.created_at, j.started_at,
+       j.heartbeat_at, j.completed_at
+FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
+WHERE j.public_id = %(job_id)s;
+
+-- name: llm_call_list_for_job
+SELECT attempt, worker_id, provider, model, started_at, finished_at, outcome, billed,
+       input_tokens, output_tokens, cost_usd, request_id, error_text
+FROM llm_calls WHERE job_id = %(job_id)s ORDER BY attempt;
+
+-- name: stats_last_hour
+-- `storyjobs stats`: queue depth, throughput and spend over the last hour.
+-- The ledger is read by time; llm_calls_started_at_brin keeps that cheap.
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       count(*) FILTER (WHERE c.outcome = 'succeeded') AS succeeded_calls,
+       count(*) FILTER (WHERE c.outcome NOT IN ('succeeded', 'started')) AS failed_calls,
+       count(*) FILTER (WHERE c.billed) AS billed_calls,
+       coalesce(sum(c.input_tokens), 0)::bigint AS input_tokens,
+       coalesce(sum(c.output_tokens), 0)::bigint AS output_tokens,
+       coalesce(sum(c.cost_usd), 0)::numeric(14, 6) AS cost_usd
+FROM llm_calls c
+WHERE c.started_at > now() - interval '1 hour';
+
+-- name: operator_key_get
+-- Every /ops request: the api compares key_hash in constant time. Only
+-- operator_keys is read, so a client's key is not found here.
+SELECT key_hash, revoked_at IS NOT NULL AS revoked, name, id AS key_id
+FROM operator_keys
+WHERE key_prefix = %(key_prefix)s;
+
+-- name: operator_key_list
+SELECT key_prefix, name, created_at, revoked_at FROM operator_keys ORDER BY id;
+
+-- name: operator_key_revoke
+UPDATE operator_keys SET revoked_at = now()
+WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
+RETURNING key_prefix;
+
+-- name: ops_job_list
+-- The console's jobs list, newest first: a walk down the primary key from
+-- %(before_id)s, stopping at %(floor_id)s or when %(limit)s rows matched,
+-- whichever comes first. The caller keeps the range to a bounded number of
+-- ids, so a request costs the same whether the filters match every row or
+-- none, and however deep the page: no OFFSET, no count. Filters that are
+-- NULL are off. Each row's cost is read from its own ledger rows (their
+-- primary key), only for the rows of the page.
+WITH page AS MATERIALIZED (
+    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+           j.created_at, j.started_at, j.completed_at
+    FROM story_jobs j
+    WHERE j.id < %(before_id)s AND j.id >= %(floor_id)s
+      AND (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.id DESC
+    LIMIT %(limit)s
+)
+-- include: ops_job_list_page
+ORDER BY p.id DESC;
+
+-- name: ops_job_list_page
+-- What both jobs lists answer for the rows of their `page`: each job with
+-- its client's name and what its calls cost (billed calls only).
+SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
+       p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
+       cost.calls, cost.billed_calls, cost.cost_usd
+FROM page p
+LEFT JOIN api_clients c ON c.id = p.client_id
+CROSS JOIN LATERAL (
+    SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+    FROM llm_calls l WHERE l.job_id = p.id
+) cost
+
+-- name: ops_job_list_live
+-- The jobs list for one live status (pending or running), newest first by
+-- (created_at, id) below the cursor: the order of the live-jobs index, read
+-- backwards, so the answer costs what the queue holds, never the history.
+WITH page AS MATERIALIZED (
+    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+           j.created_at, j.started_at, j.completed_at
+    FROM story_jobs j
+    WHERE j.status = %(status)s::job_status AND j.status IN ('pending', 'running')
+      AND (j.created_at, j.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
+                                  coalesce(%(before_id)s::bigint, 9223372036854775807))
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.created_at DESC, j.id DESC
+    LIMIT %(limit)s
+)
+-- include: ops_job_list_page
+ORDER BY p.created_at DESC, p.id DESC;
+
+-- name: ops_job_get
+-- A job's page: the job, its client and its story (kept also when the job
+-- failed after the story was paid for), by the public id's unique index.
+SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.status::text AS status,
+       j.error_code, j.error_text, j.worker_id, j.progress, j.request,
+       j.created_at, j.started_at, j.heartbeat_at, j.completed_at,
+       s.id AS story_id, s.title AS story_title, s.body AS story_body, s.model AS story_model,
+       s.prompt_version AS story_prompt_version, s.input_tokens AS story_input_tokens,
+       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd
+FROM story_jobs j
+LEFT JOIN api_clients c ON c.id = j.client_id
+LEFT JOIN stories s ON s.job_id = j.id
+WHERE j.public_id = %(job_id)s;
+
+-- name: ops_job_cancel
+-- An operator cancels one job, whoever's it is: pending or running ->
+-- failed (cancelled), guarded like the client's DELETE. A running job's
+-- worker sees the change at its next heartbeat and closes its stream. The
+-- snapshot row tells the caller why nothing changed; no row: no such job.
+WITH job AS (
+    SELECT id, status FROM story_jobs WHERE public_id = %(job_id)s
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by an operator', completed_at = now(),
+        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
+    FROM job
+    WHERE j.id = job.id AND j.status IN ('pending', 'running')
+    RETURNING j.id
+)
+SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job;
+
+-- name: ops_job_count_pending
+-- What cancelling the pending jobs matching a filter would cancel: how many,
+-- and the highest id among them, which the operator's confirmation carries
+-- back so that ops_job_cancel_pending cancels those jobs and none that
+-- arrived since. Read on the live-jobs index: the cost follows the queue.
+SELECT count(*) AS pending, max(j.id) AS through_id
+FROM story_jobs j
+WHERE j.status = 'pending'
+  AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+  AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+  AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz);
+
+-- name: ops_job_cancel_pending
+-- Cancels every pending job matching a filter, up to the id the operator
+-- confirmed, in one statement: pending -> failed (cancelled), guarded by the
+-- status like every transition. Rows are locked in id order, so two of these
+-- at once cannot deadlock; a job a worker claims meanwhile is re-checked
+-- after the lock, found running and left alone. Cancelling lowers the true
+-- pending count, so job_admission's bounds stay bounds.
+WITH matching AS MATERIALIZED (
+    SELECT j.id FROM story_jobs j
+    WHERE j.status = 'pending' AND j.id <= %(through_id)s
+      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+    ORDER BY j.id
+    FOR NO KEY UPDATE
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled',
+        error_text = 'cancelled by an operator', completed_at = now(), charged_usd = 0
+    WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
+    RETURNING j.public_id
+)
+SELECT public_id FROM cancelled;
+
+-- name: ops_client_list
+-- The clients, for the console's filter and its keys screen.
+SELECT c.id AS client_id, c.name, c.created_at, c.budget_usd_per_day,
+       coalesce(json_agg(json_build_object(
+           'key_prefix', k.key_prefix, 'created_at', k.created_at, 'revoked_at', k.revoked_at)
+           ORDER BY k.id) FILTER (WHERE k.id IS NOT NULL), '[]') AS keys
+FROM api_clients c
+LEFT JOIN api_keys k ON k.client_id = c.id
+GROUP BY c.id
+ORDER BY c.name;
+
+-- name: api_key_revoke_for_client
+-- Revokes every key of a client that is still active, effective from each
+-- key's next request; answers the prefixes revoked now, and no row when
+-- there is no such client.
+WITH client AS (
+    SELECT id FROM api_clients WHERE id = %(client_id)s
+),
+revoked AS (
+    UPDATE api_keys k SET revoked_at = now()
+    FROM client
+    WHERE k.client_id = client.id AND k.revoked_at IS NULL
+    RETURNING k.key_prefix
+)
+SELECT coalesce((SELECT array_agg(key_prefix ORDER BY key_prefix) FROM revoked), '{}') AS revoked
+FROM client;
+
+-- name: ops_overview
+-- The console's overview in one statement. Live jobs come from the
+-- live-jobs index. Finished jobs are counted by when they finished, among
+-- the rows from %(day_from_id)s up: the caller takes that id from
+-- job_id_bounds at a day plus the longest a job can wait and run before the
+-- sweeper fails it, so no job finished in the window is left out (unless the
+-- sweeper was stopped for longer). Spend and the provider's answers come
+-- from the ledger, read by time on its BRIN index. A story billed but not
+-- delivered is a failed job with billed calls. Each source is read once and
+-- aggregated in one pass, the hour and the day side by side.
+WITH finished AS MATERIALIZED (
+    SELECT j.id, j.status, j.error_code, j.completed_at >= now() - interval '1 hour' AS last_hour
+    FROM story_jobs j
+    WHERE j.id >= %(day_from_id)s
+      AND j.status IN ('completed', 'failed')
+      AND j.completed_at >= now() - interval '1 day'
+),
+jobs AS (
+    SELECT count(*) FILTER (WHERE last_hour AND status = 'completed') AS hour_completed,
+           count(*) FILTER (WHERE last_hour AND status = 'failed') AS hour_failed,
+           count(*) FILTER (WHERE last_hour AND error_code = 'cancelled') AS hour_cancelled,
+           count(*) FILTER (WHERE status = 'completed') AS day_completed,
+           count(*) FILTER (WHERE status = 'failed') AS day_failed,
+           count(*) FILTER (WHERE error_code = 'cancelled') AS day_cancelled
+    FROM finished
+),
+undelivered AS (
+    SELECT count(*) FILTER (WHERE f.last_hour) AS hour_undelivered,
+           coalesce(sum(billed.cost_usd) FILTER (WHERE f.last_hour), 0)::numeric(14, 6) AS hour_undelivered_usd,
+           count(*) AS day_undelivered,
+           coalesce(sum(billed.cost_usd), 0)::numeric(14, 6) AS day_undelivered_usd
+    FROM finished f
+    CROSS JOIN LATERAL (
+        SELECT sum(l.cost_usd) AS cost_usd FROM llm_calls l
+        WHERE l.job_id = f.id AND l.billed
+        HAVING count(*) > 0
+    ) billed
+    WHERE f.status = 'failed'
+),
+calls AS (
+    SELECT count(*) FILTER (WHERE last_hour AND billed) AS hour_billed_calls,
+           coalesce(sum(cost_usd) FILTER (WHERE last_hour AND billed), 0)::numeric(14, 6) AS hour_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_output_tokens,
+           count(*) FILTER (WHERE last_hour AND outcome = 'rate_limited') AS hour_rate_limited,
+           count(*) FILTER (WHERE last_hour AND outcome = 'overloaded') AS hour_overloaded,
+           count(*) FILTER (WHERE billed) AS day_billed_calls,
+           coalesce(sum(cost_usd) FILTER (WHERE billed), 0)::numeric(14, 6) AS day_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE billed), 0)::bigint AS day_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE billed), 0)::bigint AS day_output_tokens,
+           count(*) FILTER (WHERE outcome = 'rate_limited') AS day_rate_limited,
+           count(*) FILTER (WHERE outcome = 'overloaded') AS day_overloaded
+    FROM (
+        SELECT l.started_at >= now() - interval '1 hour' AS last_hour, l.billed, l.outcome,
+               l.input_tokens, l.output_tokens, l.cost_usd
+        FROM llm_calls l
+        WHERE l.started_at >= now() - interval '1 day'
+    ) day
+)
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       coalesce(extract(epoch FROM now() - (
+           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
+       )), 0)::float8 AS oldest_pending_age_s,
+       jobs.*, undelivered.*, calls.*
+FROM jobs, undelivered, calls;
+
+-- name: ops_history
+-- The console's history: the rollup's minutes from %(since)s (at most 10,080
+-- rows for a week, on its primary key) summed into buckets of %(step)s
+-- aligned on %(origin)s, oldest first. The wait and run histograms are
+-- summed element by element, each of the 23 elements of ROLLUP_BOUNDS_S
+-- (shared/rows.py) named: one pass of plain sums, where unnesting the arrays
+-- took four times as long for a week (180 ms against 49 ms). A change of the
+-- bounds changes this list (tests/unit/test_rollup.py checks that they agree).
+SELECT date_bin(%(step)s::interval, minute, %(origin)s::timestamptz) AS minute,
+       sum(completed)::integer AS completed, sum(failed)::integer AS failed,
+       sum(cancelled)::integer AS cancelled, sum(spend_usd) AS spend_usd,
+       sum(rate_limited)::integer AS rate_limited, max(pending_max) AS pending_max,
+       max(running_max) AS running_max,
+       ARRAY[sum(wait_counts[1]), sum(wait_counts[2]), sum(wait_counts[3]), sum(wait_counts[4]),
+             sum(wait_counts[5]), sum(wait_counts[6]), sum(wait_counts[7]), sum(wait_counts[8]),
+             sum(wait_counts[9]), sum(wait_counts[10]), sum(wait_counts[11]), sum(wait_counts[12]),
+             sum(wait_counts[13]), sum(wait_counts[14]), sum(wait_counts[15]),
+             sum(wait_counts[16]), sum(wait_counts[17]), sum(wait_counts[18]),
+             sum(wait_counts[19]), sum(wait_counts[20]), sum(wait_counts[21]),
+             sum(wait_counts[22]), sum(wait_counts[23])]::integer[] AS wait_counts,
+       ARRAY[sum(run_counts[1]), sum(run_counts[2]), sum(run_counts[3]), sum(run_counts[4]),
+             sum(run_counts[5]), sum(run_counts[6]), sum(run_counts[7]), sum(run_counts[8]),
+             sum(run_counts[9]), sum(run_counts[10]), sum(run_counts[11]), sum(run_counts[12]),
+             sum(run_counts[13]), sum(run_counts[14]), sum(run_counts[15]), sum(run_counts[16]),
+             sum(run_counts[17]), sum(run_counts[18]), sum(run_counts[19]), sum(run_counts[20]),
+             sum(run_counts[21]), sum(run_counts[22]), sum(run_counts[23])]::integer[] AS run_counts
+FROM minute_rollup
+WHERE minute >= %(since)s
+GROUP BY 1
+ORDER BY 1;
+
+-- name: ops_writers_recent
+-- Which writers (the ledger's provider: "anthropic", or "offline" for the
+-- built-in offline writer) sent requests in the last day, for the overview.
+SELECT DISTINCT provider FROM llm_calls WHERE started_at >= now() - interval '1 day' ORDER BY provider;
+
+-- name: ops_client_today
+-- Each client's jobs created today (UTC), ids from %(from_id)s up, and its
+-- failures among them (cancellations aside), for the clients screen.
+SELECT client_id, count(*) AS jobs,
+       count(*) FILTER (WHERE status = 'failed' AND error_code IS DISTINCT FROM 'cancelled') AS failed
+FROM story_jobs
+WHERE id >= %(from_id)s AND created_at >= %(day_start)s
+GROUP BY client_id;
+
+-- name: ops_workers
+-- The workers seen in the last hour: those holding running jobs (with their
+-- jobs' last heartbeat, on the live-jobs index) and those that sent a request
+-- (the ledger, by time).
+WITH busy AS (
+    SELECT worker_id, count(*) AS running, max(heartbeat_at) AS last_heartbeat_at,
+           array_agg(public_id ORDER BY id) AS job_ids
+    FROM story_jobs
+    WHERE status = 'running'
+    GROUP BY worker_id
+),
+seen AS (
+    SELECT worker_id, max(started_at) AS last_request_at
+    FROM llm_calls
+    WHERE started_at >= now() - interval '1 hour'
+    GROUP BY worker_id
+)
+SELECT coalesce(b.worker_id, s.worker_id) AS worker_id, coalesce(b.running, 0)::integer AS running,
+       b.last_heartbeat_at, extract(epoch FROM now() - b.last_heartbeat_at)::float8 AS heartbeat_age_s,
+       s.last_request_at, coalesce(b.job_ids, '{}') AS job_ids
+FROM busy b
+FULL JOIN seen s ON s.worker_id = b.worker_id
+ORDER BY 1;
+
+-- name: webhook_endpoint_list
+-- `storyjobs webhooks endpoints` and the console: every endpoint, its
+-- client, and its deliveries by state.
+SELECT e.id, e.client_id, coalesce(c.name, '') AS client_name, e.url, e.events, e.created_at,
+       e.disabled_at, e.failing_since,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'pending') AS pending,
+       (SELECT count(*) FROM webhook_deliveries d WHERE d.endpoint_id = e.id AND d.state = 'dead') AS dead
+FROM webhook_endpoints e LEFT JOIN api_clients c ON c.id = e.client_id
+WHERE (%(client_id)s::bigint IS NULL OR e.client_id = %(client_id)s::bigint)
+ORDER BY c.name, e.created_at, e.id;
+
+-- name: webhook_delivery_list
+-- `storyjobs webhooks deliveries` and the console: the last deliveries,
+-- newest first, of one endpoint or all, in one state or any.
+SELECT d.id, d.endpoint_id, e.url, d.job_public_id, d.job_status::text AS job_status, d.error_code,
+       d.state, d.attempts, d.created_at, d.next_attempt_at, d.last_attempt_at, d.last_status_code,
+       d.last_error, d.delivered_at
+FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id
+WHERE (%(endpoint_id)s::uuid IS NULL OR d.endpoint_id = %(endpoint_id)s::uuid)
+  AND (%(state)s::text IS NULL OR d.state = %(state)s::text)
+ORDER BY d.id DESC
+LIMIT %(limit)s;
+
+-- name: webhook_delivery_retry
+-- An operator sends a dead delivery again: dead -> pending, due now, with a
+-- fresh schedule (its endpoint is enabled again unless it was deleted).
+-- Guarded by the state it expects; no row: not a dead delivery.
+WITH retried AS (
+    UPDATE webhook_deliveries d
+    SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+    WHERE d.id = %(delivery_id)s AND d.state = 'dead'
+    RETURNING d.id, d.endpoint_id
+),
+enabled AS (
+    UPDATE webhook_endpoints e SET disabled_at = NULL
+    FROM retried WHERE e.id = retried.endpoint_id AND e.disabled_at IS NOT NULL
+)
+SELECT id FROM retried;
+
+-- name: operator_action_insert
+-- An operator's action, recorded in the action's own transaction (api/ops.py
+-- runs both in one): who (the key's id), what, on what, and how many jobs
+-- or keys it changed.
+INSERT INTO operator_actions (operator_key_id, action, job_id, filter, touched)
+VALUES (%(operator_key_id)s, %(action)s, %(job_id)s, %(filter)s::jsonb, %(touched)s);
+
+-- name: operator_action_list
+-- The console's "Recent actions" and `storyjobs actions`, newest first,
+-- before %(before_id)s when paging; the operator named by its key.
+SELECT a.id, k.name AS operator, k.key_prefix AS operator_key_prefix, a.action, a.job_id,
+       a.filter::text AS filter, a.touched, a.acted_at
+FROM operator_actions a JOIN operator_keys k ON k.id = a.operator_key_id
+WHERE %(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint
+ORDER BY a.id DESC
+LIMIT %(limit)s;

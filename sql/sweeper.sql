@@ -1,0 +1,227 @@
+-- The sweeper's named queries (sweeper/store.py runs them): stale jobs and
+-- the ledger rows they left open, the probe, the gauges, pruning, and the
+-- minute rollup the console's history reads. The conventions are in
+-- common.sql.
+
+
+-- name: job_fail_stale
+-- The sweeper's rules, in one guarded statement per batch: a running job
+-- whose heartbeat stopped (interrupted), one running too long (timed_out),
+-- one waiting too long (queue_timeout). SKIP LOCKED leaves a job whose
+-- worker is completing it right now alone: the next pass sees it finished.
+-- %(judge_running)s is false until the sweeper has seen the database writable
+-- for a whole heartbeat timeout: while workers cannot write, neither their
+-- heartbeats nor their finished stories can be judged.
+-- Each rule's scan orders by (created_at, id), which only the active index
+-- provides, so the plan cannot drift to a walk of the whole table.
+WITH now_ AS (SELECT coalesce(%(now)s::timestamptz, now()) AS t),
+stale_pending AS MATERIALIZED (
+    SELECT j.id, 'queue_timeout' AS reason
+    FROM story_jobs j, now_
+    WHERE j.status = 'pending'
+      AND j.created_at < now_.t - make_interval(secs => %(pending_timeout_s)s::float8)
+    ORDER BY j.created_at, j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale_running AS MATERIALIZED (
+    SELECT j.id,
+           CASE WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
+                THEN 'timed_out' ELSE 'interrupted' END AS reason
+    FROM story_jobs j, now_
+    WHERE %(judge_running)s AND j.status = 'running'
+      AND (j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
+        OR j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8))
+    ORDER BY j.created_at, j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale AS (
+    SELECT id, reason FROM stale_pending
+    UNION ALL
+    SELECT id, reason FROM stale_running
+)
+UPDATE story_jobs j
+SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+    -- a job that never ran cost nothing; one whose worker is gone or too slow
+    -- may have been billed anything up to its worst case
+    charged_usd = CASE stale.reason WHEN 'queue_timeout' THEN 0 ELSE j.reserved_usd END,
+    error_text = CASE stale.reason
+        WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
+        WHEN 'timed_out' THEN 'the story took longer than the job timeout'
+        ELSE 'the worker stopped sending heartbeats'
+    END
+FROM stale, now_
+WHERE j.id = stale.id AND j.status IN ('pending', 'running')
+RETURNING j.id, j.public_id, stale.reason, j.worker_id;
+
+-- name: llm_call_close_for_swept_jobs
+-- Second statement of a sweep batch, in its transaction: a call whose worker
+-- died never reports how it ended, so close it as interrupted and keep
+-- counting it as billed, since it may have been. A live worker that lost its
+-- job this way overwrites this with what it knows. A statement of its own, so
+-- that its snapshot sees a retry's row opened while the sweep waited.
+UPDATE llm_calls c
+SET finished_at = now(), outcome = 'interrupted',
+    error_text = 'the job was failed by the sweeper (' || j.error_code || ') while this call was open'
+FROM story_jobs j
+WHERE j.id = ANY (%(job_ids)s::bigint[]) AND j.status = 'failed'
+  AND c.job_id = j.id AND c.outcome = 'started';
+
+-- name: transaction_lock_timeout_set
+-- How long the statements of this transaction may wait for a lock before
+-- they fail (SET LOCAL: nothing outlives the transaction, so this is safe on
+-- a pooled connection).
+SELECT set_config('lock_timeout', %(lock_timeout_ms)s::text, true);
+
+-- name: sweeper_probe
+-- Whether workers could write right now: the probe takes the table lock a
+-- heartbeat takes (and fails as one would on a read-only database), touching
+-- no row; it runs under a short lock timeout. A changed server start time
+-- means the server restarted, and every worker lost its connection for a while.
+WITH write_check AS (
+    UPDATE story_jobs SET heartbeat_at = heartbeat_at WHERE id = 0 RETURNING id
+)
+SELECT pg_postmaster_start_time();
+
+-- name: job_queue_gauges
+-- Queue depth by live status and the oldest pending job's age: read from the
+-- active index only.
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
+           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
+       )), 0)::float8 AS oldest_pending_age_seconds;
+
+-- name: job_prune_finished
+-- Deletes finished jobs past retention, with their stories and idempotency
+-- keys (a key can then be used again), looking only at the oldest rows of the
+-- table: jobs finish within their timeouts, so the oldest ids are the first to
+-- expire, and no index on completed_at is needed. The ledger is kept.
+WITH oldest AS (
+    SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
+),
+pruned AS (
+    DELETE FROM story_jobs j
+    USING oldest
+    WHERE j.id = oldest.id
+      AND oldest.status IN ('completed', 'failed')
+      AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+    RETURNING j.id, j.client_id, j.idempotency_key
+),
+stories_pruned AS (
+    DELETE FROM stories s USING pruned WHERE s.job_id = pruned.id
+),
+keys_pruned AS (
+    DELETE FROM job_idempotency_keys k USING pruned
+    WHERE k.client_id = pruned.client_id AND k.idempotency_key = pruned.idempotency_key
+),
+-- a job's webhook deliveries go with it, sent or not
+deliveries_pruned AS (
+    DELETE FROM webhook_deliveries d USING pruned WHERE d.job_id = pruned.id
+)
+SELECT id FROM pruned;
+
+-- name: budget_over_reservation_total
+-- What the charges of every day's jobs have passed their reservations by
+-- (only the provider's reported usage can), all clients: the sweeper's
+-- storyjobs_budget_over_reservation_usd_total. budget_days keeps every day,
+-- so the total only grows; one row per day is read.
+SELECT coalesce(sum(over_reservation_usd), 0) FROM budget_days WHERE client_id = 0;
+
+-- name: rollup_minutes
+-- The sweeper's history (minute_rollup): recounts every minute from
+-- %(from_minute)s to the current one from the jobs (ids from %(from_id)s up,
+-- which job_id_bounds found for the oldest job that could have been claimed
+-- or finished since) and the ledger (by time, on its BRIN index), and
+-- records the queue depth this pass saw in the current minute. A recount
+-- replaces a minute's counts, so a job committed late lands in its minute at
+-- the next pass; the depths only grow within a minute.
+WITH minutes AS (
+    SELECT generate_series(%(from_minute)s::timestamptz, date_trunc('minute', now()), interval '1 minute') AS minute
+),
+jobs AS MATERIALIZED (
+    SELECT j.status, j.error_code, j.created_at, j.started_at, j.completed_at
+    FROM story_jobs j
+    WHERE j.id >= %(from_id)s
+      AND (j.started_at >= %(from_minute)s OR j.completed_at >= %(from_minute)s)
+),
+finished AS (
+    SELECT date_trunc('minute', completed_at) AS minute,
+           count(*) FILTER (WHERE status = 'completed') AS completed,
+           count(*) FILTER (WHERE status = 'failed') AS failed,
+           count(*) FILTER (WHERE error_code = 'cancelled') AS cancelled
+    FROM jobs
+    WHERE completed_at >= %(from_minute)s AND status IN ('completed', 'failed')
+    GROUP BY 1
+),
+buckets AS (
+    SELECT generate_series(1, cardinality(%(bounds_s)s::float8[])) AS bucket
+),
+waited AS (
+    SELECT date_trunc('minute', started_at) AS minute,
+           width_bucket(extract(epoch FROM started_at - created_at)::float8, %(bounds_s)s::float8[]) AS bucket,
+           count(*) AS n
+    FROM jobs
+    WHERE started_at >= %(from_minute)s
+    GROUP BY 1, 2
+),
+ran AS (
+    SELECT date_trunc('minute', completed_at) AS minute,
+           width_bucket(extract(epoch FROM completed_at - started_at)::float8, %(bounds_s)s::float8[]) AS bucket,
+           count(*) AS n
+    FROM jobs
+    WHERE completed_at >= %(from_minute)s AND status = 'completed'
+    GROUP BY 1, 2
+),
+histograms AS (
+    SELECT m.minute,
+           array_agg(coalesce(w.n, 0)::integer ORDER BY b.bucket) AS wait_counts,
+           array_agg(coalesce(r.n, 0)::integer ORDER BY b.bucket) AS run_counts
+    FROM minutes m
+    CROSS JOIN buckets b
+    LEFT JOIN waited w ON w.minute = m.minute AND greatest(w.bucket, 1) = b.bucket
+    LEFT JOIN ran r ON r.minute = m.minute AND greatest(r.bucket, 1) = b.bucket
+    GROUP BY m.minute
+),
+calls AS (
+    SELECT date_trunc('minute', l.started_at) AS minute,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0) AS spend_usd,
+           count(*) FILTER (WHERE l.outcome = 'rate_limited') AS rate_limited
+    FROM llm_calls l
+    WHERE l.started_at >= %(from_minute)s
+    GROUP BY 1
+),
+written AS (
+    INSERT INTO minute_rollup AS r (minute, completed, failed, cancelled, spend_usd, rate_limited,
+                                    pending_max, running_max, wait_counts, run_counts)
+    SELECT m.minute, coalesce(f.completed, 0), coalesce(f.failed, 0), coalesce(f.cancelled, 0),
+           coalesce(c.spend_usd, 0), coalesce(c.rate_limited, 0),
+           CASE WHEN m.minute = date_trunc('minute', now()) THEN %(pending)s ELSE 0 END,
+           CASE WHEN m.minute = date_trunc('minute', now()) THEN %(running)s ELSE 0 END,
+           h.wait_counts, h.run_counts
+    FROM minutes m
+    JOIN histograms h ON h.minute = m.minute
+    LEFT JOIN finished f ON f.minute = m.minute
+    LEFT JOIN calls c ON c.minute = m.minute
+    ON CONFLICT (minute) DO UPDATE SET
+        completed = EXCLUDED.completed, failed = EXCLUDED.failed, cancelled = EXCLUDED.cancelled,
+        spend_usd = EXCLUDED.spend_usd, rate_limited = EXCLUDED.rate_limited,
+        pending_max = greatest(r.pending_max, EXCLUDED.pending_max),
+        running_max = greatest(r.running_max, EXCLUDED.running_max),
+        wait_counts = EXCLUDED.wait_counts, run_counts = EXCLUDED.run_counts
+    RETURNING 1
+)
+SELECT count(*) AS minutes FROM written;
+
+-- name: rollup_prune
+-- The history's rows past what the console shows (a week) and a day more.
+DELETE FROM minute_rollup WHERE minute < now() - interval '8 days';
+
+-- name: webhook_delivery_gauges
+-- The sweeper's gauges, read from the undelivered rows only: how many wait,
+-- and the age of the oldest.
+SELECT count(*) AS undelivered,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at)), 0)::float8
+           AS oldest_undelivered_age_seconds
+FROM webhook_deliveries WHERE state = 'pending';

@@ -1,0 +1,636 @@
+-- The worker's named queries (worker/store.py runs them): the round
+-- statement that settles written stories and claims pending jobs (with and
+-- without the shared rate bucket, assembled from the blocks below),
+-- failures, heartbeats, the LLM call ledger around each attempt, the rate
+-- bucket, and webhook deliveries. The conventions are in common.sql.
+
+
+-- name: job_settle_ctes
+-- The first half of the worker's round statement (job_settle_and_claim and
+-- job_settle_and_claim_limited include it): complete the jobs whose stories
+-- are written (story insert, ledger update and running -> completed, guarded
+-- by status and worker_id).
+--
+-- A story is inserted even when its job lost the race to the sweeper: it was
+-- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
+--
+-- The written stories arrive as one JSON array: one parameter to encode,
+-- however many stories the round carries. Rows are reached by id through
+-- `id = ANY (ARRAY(...))`, an index lookup whatever the planner guesses of
+-- how many there are: the statement is prepared once and runs on a generic
+-- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
+-- `done` is sorted by job id: every statement that waits for several job
+-- rows (this one, job_fail_running, job_heartbeat, the console's bulk cancel)
+-- locks them in ascending id order, so that two of them (a worker's heartbeat
+-- and its round, on two pooled connections) queue instead of deadlocking.
+done AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
+        job_id bigint, client_id bigint, attempt smallint, title text, body text, model text,
+        prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
+    ORDER BY job_id
+),
+stories_inserted AS (
+    INSERT INTO stories (job_id, client_id, title, body, model, prompt_version,
+                         input_tokens, output_tokens, cost_usd)
+    SELECT job_id, client_id, title, body, model, prompt_version,
+           input_tokens, output_tokens, cost_usd
+    FROM done
+    ON CONFLICT (job_id) DO NOTHING
+    RETURNING id, job_id
+),
+calls_finished AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = 'succeeded',
+        input_tokens = done.input_tokens, output_tokens = done.output_tokens,
+        cost_usd = done.cost_usd, request_id = done.request_id
+    FROM done
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM done))
+      AND c.job_id = done.job_id AND c.attempt = done.attempt
+),
+completed AS (
+    UPDATE story_jobs j
+    SET status = 'completed', completed_at = now(), story_id = s.id,
+        progress = done.output_tokens, charged_usd = done.cost_usd
+    FROM done JOIN stories_inserted s ON s.job_id = done.job_id
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done)) AND j.id = done.job_id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id,
+              -- what the claim reserved and the call did not use, given back
+              coalesce(j.input_tokens_estimate, 0) - done.input_tokens AS input_tokens_back,
+              coalesce(j.max_tokens, 0) - done.output_tokens AS output_tokens_back
+)
+
+-- name: job_claim_ctes
+-- The claim of the round statement: the jobs in `chosen` (locked by the
+-- including statement) go pending -> running, and each gets its first ledger
+-- row before its LLM call can start.
+claimed AS (
+    UPDATE story_jobs j
+    SET status = 'running', started_at = now(), heartbeat_at = now(),
+        worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok
+),
+first_calls AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
+    RETURNING job_id
+)
+
+-- name: job_settle_and_claim_answer
+-- What the round statement answers, before its limiter column. The claim
+-- comes first: evaluated first, it locks its jobs as soon after the
+-- statement's snapshot as it can, so that fewer of the rows it reaches have
+-- been claimed by another worker since (each such row costs a recheck).
+coalesce((
+    SELECT json_agg(json_build_object(
+        'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
+        'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
+        'input_tokens_estimate', c.input_tokens_estimate, 'model', c.model,
+        -- as text: exact
+        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text)
+        ORDER BY c.id)
+    FROM claimed c JOIN first_calls f ON f.job_id = c.id
+)::text, '[]') AS claimed,
+-- done jobs: completed now, or (after an ambiguous commit) already completed
+-- by this worker; the caller treats every other done job as a lost race
+coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
+coalesce((
+    SELECT array_agg(j.id) FROM story_jobs j
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
+      AND j.status = 'completed' AND j.worker_id = %(worker_id)s
+), '{}') AS already_completed_ids
+
+-- name: job_settle_and_claim
+-- The worker's one statement per round while no rate limit is configured:
+-- complete the written stories and claim up to %(claim_limit)s pending jobs,
+-- one commit per round however many jobs it carries.
+--
+-- The model's bucket row is only read, for a pause (a 429's retry-after, or
+-- the provider's headers saying nothing is left), during which nothing is
+-- claimed; a pause the headers announce (%(provider_pause_s)s, a duration:
+-- every time the limiter keeps is the database's) is written
+-- there for every worker. Without the limiter's arithmetic the statement
+-- costs the database about a quarter less (tests/bench/statement_cost.py).
+WITH
+-- include: job_settle_ctes
+,
+-- The pause, and the limits other workers pace the bucket by: a worker that
+-- has not heard them yet claims nothing, learns them from the answer and
+-- claims with the limiter from its next round.
+paused AS MATERIALIZED (
+    SELECT greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until,
+           b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
+           coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
+               AS paced
+    FROM (SELECT 1) one LEFT JOIN llm_rate_buckets b ON b.model = %(model)s
+),
+claimable AS MATERIALIZED (
+    SELECT id FROM story_jobs
+    WHERE status = 'pending'
+    ORDER BY turn, id
+    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END FROM paused)
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+chosen AS (SELECT id FROM claimable),
+-- include: job_claim_ctes
+,
+pause_shared AS (
+    INSERT INTO llm_rate_buckets AS b (model, paused_until)
+    SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
+    WHERE %(provider_pause_s)s::float8 > 0
+    ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
+)
+SELECT
+-- include: job_settle_and_claim_answer
+,
+-- (greatest() first: a row a limited round wrote holds '-infinity', which
+-- no interval can be taken from)
+(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0),
+                          'requests_per_minute', requests_per_minute,
+                          'input_tokens_per_minute', input_tokens_per_minute,
+                          'output_tokens_per_minute', output_tokens_per_minute,
+                          -- held back until the limits are learned
+                          'next_output_tokens', CASE WHEN paced AND %(claim_limit)s > 0 THEN 0 END)
+ FROM paused)::text AS limiter;
+
+-- name: job_settle_and_claim_limited
+-- The worker's one statement per round while a rate limit is configured:
+-- job_settle_and_claim with the shared rate limiter, so that it costs no
+-- statement of its own. The model's bucket row is locked, refilled to now,
+-- given back what the completed calls did not use, capped by what the
+-- provider's headers last said was left, and a job is claimed only while the
+-- bucket covers one request, its estimated input tokens and its max_tokens;
+-- a job it does not cover stays pending without holding back the jobs behind
+-- it that it covers (until it is owed the bucket: see `held`). A pause (a 429's retry-after, or the
+-- provider saying nothing is left) claims nothing.
+WITH
+-- include: job_settle_ctes
+,
+-- What the completed calls did not use, given back below.
+given_back AS MATERIALIZED (
+    SELECT coalesce(sum(input_tokens_back), 0)::float8 AS input_tokens,
+           coalesce(sum(output_tokens_back), 0)::float8 AS output_tokens
+    FROM completed
+),
+-- The bucket as it stands now, one row (a missing row covers nothing this
+-- round and is recreated below). Locked after the completed jobs, as every
+-- statement takes it after the job rows it waits for: a statement holding
+-- the bucket never waits for a job row, so the bucket joins no deadlock.
+bucket AS MATERIALIZED (
+    SELECT b.* FROM llm_rate_buckets b, given_back
+    WHERE b.model = %(model)s
+    FOR NO KEY UPDATE OF b
+),
+bucket_now AS MATERIALIZED (
+    SELECT
+        -- greatest() passes over NULLs: no row, no pause
+        greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
+        CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
+                        coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
+        CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(input_tokens_capacity)s::float8,
+                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
+                        coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
+        CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
+             WHEN b.model IS NULL THEN 0
+             ELSE least(%(output_tokens_capacity)s::float8,
+                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
+                        coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
+    FROM given_back g
+    LEFT JOIN bucket b ON true
+    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
+),
+-- The next pending jobs in turn order, twice the slots to fill: a job the
+-- bucket does not cover now lets the ones behind it that it does cover go
+-- first (below). (Each row looked at is locked: a longer look costs every
+-- round.)
+claimable AS MATERIALIZED (
+    SELECT id, turn,
+           coalesce(input_tokens_estimate, 0) AS input_tokens_need,
+           coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
+    FROM story_jobs
+    WHERE status = 'pending'
+    ORDER BY turn, id
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
+           FROM bucket_now)
+    FOR NO KEY UPDATE SKIP LOCKED
+),
+-- Whether the bucket covers each job on its own.
+covered AS MATERIALIZED (
+    SELECT c.*, (b.requests IS NULL OR b.requests >= 1)
+                AND (b.input_tokens IS NULL OR c.input_tokens_need <= b.input_tokens)
+                AND (b.output_tokens IS NULL OR c.output_tokens_need <= b.output_tokens) AS fits
+    FROM claimable c, bucket_now b
+),
+-- The first job the bucket does not cover. Once it has waited for the
+-- bucket LLM_RATE_BURST_S (%(burst_s)s: about what the bucket takes to fill),
+-- the jobs behind it stop passing it, so that it is never starved: the
+-- bucket fills for it, and it goes first.
+held AS MATERIALIZED (
+    SELECT h.id, h.turn,
+           coalesce(h.id = b.held_job_id AND b.held_since < now() - make_interval(secs => %(burst_s)s::float8),
+                    false) AS reserving,
+           CASE WHEN h.id = b.held_job_id THEN b.held_since ELSE now() END AS since
+    FROM (SELECT id, turn FROM covered WHERE NOT fits ORDER BY turn, id LIMIT 1) h
+    LEFT JOIN bucket b ON true
+),
+-- the jobs the bucket covers, in turn order, up to the free slots, passing
+-- those it does not cover (unless one of them is owed the bucket)
+chosen AS MATERIALIZED (
+    SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
+        SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
+               sum(c.output_tokens_need) OVER w AS output_tokens_cum
+        FROM covered c
+        WHERE c.fits AND NOT EXISTS (
+            SELECT 1 FROM held h WHERE h.reserving AND (h.turn, h.id) < (c.turn, c.id))
+        WINDOW w AS (ORDER BY c.turn, c.id)
+    ) c, bucket_now b
+    WHERE c.n <= %(claim_limit)s
+      AND (b.requests IS NULL OR c.n <= b.requests)
+      AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
+      AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
+),
+-- include: job_claim_ctes
+,
+taken AS MATERIALIZED (
+    SELECT count(*)::float8 AS requests, coalesce(sum(c.input_tokens_need), 0)::float8 AS input_tokens,
+           coalesce(sum(c.output_tokens_need), 0)::float8 AS output_tokens
+    FROM chosen c JOIN claimed USING (id)
+),
+bucket_left AS MATERIALIZED (
+    SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
+           b.output_tokens - t.output_tokens AS output_tokens
+    FROM bucket_now b, taken t
+),
+bucket_written AS (
+    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
+                                       held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
+                                       output_tokens_per_minute)
+    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
+           h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
+           %(output_tokens_rate)s::float8 * 60
+    FROM bucket_left l LEFT JOIN held h ON true
+    ON CONFLICT (model) DO UPDATE
+    SET requests = excluded.requests, input_tokens = excluded.input_tokens,
+        output_tokens = excluded.output_tokens,
+        refilled_at = greatest(b.refilled_at, excluded.refilled_at),
+        paused_until = greatest(b.paused_until, excluded.paused_until),
+        requests_per_minute = excluded.requests_per_minute, input_tokens_per_minute = excluded.input_tokens_per_minute,
+        output_tokens_per_minute = excluded.output_tokens_per_minute,
+        -- a round that looked at no job (paused, or no slot) leaves them as they are
+        held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
+        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
+)
+SELECT
+-- include: job_settle_and_claim_answer
+,
+-- the bucket after this round, and the needs of the first job it held back
+(SELECT json_build_object(
+    'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
+    'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
+    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
+ FROM bucket_left l
+ LEFT JOIN LATERAL (
+     SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
+     WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
+     ORDER BY c.turn, c.id LIMIT 1
+ ) n ON true)::text AS limiter;
+
+-- name: job_fail_running
+-- The worker gives up on jobs it owns (LLM error, rejected request): running ->
+-- failed, guarded by status and worker_id, with the ledger row closed in the
+-- same statement, the job charged what its billed call cost, and the rate
+-- bucket given back what the claim reserved and the call did not use.
+-- Returns the jobs that were still ours. Rows are reached by id as in
+-- job_settle_and_claim, to keep a good generic plan, and locked in ascending
+-- id order like theirs.
+WITH failing AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
+        job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
+        billed boolean, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
+    ORDER BY job_id
+),
+-- The attempt named is the last one the worker could have sent (it sends an
+-- attempt only once its row is open): a later row, opened by a retry whose
+-- answer was lost, is closed as not sent.
+calls_finished AS (
+    UPDATE llm_calls c
+    SET finished_at = now(),
+        outcome = CASE WHEN c.attempt = failing.attempt THEN failing.call_outcome ELSE 'not_sent' END,
+        billed = c.attempt = failing.attempt AND failing.billed,
+        input_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.input_tokens ELSE 0 END,
+        output_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.output_tokens ELSE 0 END,
+        cost_usd = CASE WHEN c.attempt = failing.attempt THEN failing.cost_usd ELSE 0 END,
+        request_id = CASE WHEN c.attempt = failing.attempt THEN coalesce(failing.request_id, c.request_id) END,
+        error_text = failing.error_text
+    FROM failing
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
+      AND c.job_id = failing.job_id
+      AND (c.attempt = failing.attempt OR (c.attempt > failing.attempt AND c.outcome IN ('started', 'interrupted')))
+),
+failed AS (
+    UPDATE story_jobs j
+    SET status = 'failed', completed_at = now(), error_code = failing.error_code,
+        error_text = failing.error_text, progress = failing.output_tokens,
+        charged_usd = CASE WHEN failing.billed THEN failing.cost_usd ELSE 0 END
+    FROM failing
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM failing)) AND j.id = failing.job_id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id,
+              coalesce(j.input_tokens_estimate, 0) - failing.input_tokens AS input_tokens_back,
+              coalesce(j.max_tokens, 0) - failing.output_tokens AS output_tokens_back
+),
+bucket_given_back AS (
+    UPDATE llm_rate_buckets b
+    SET input_tokens = b.input_tokens + (SELECT sum(input_tokens_back) FROM failed),
+        output_tokens = b.output_tokens + (SELECT sum(output_tokens_back) FROM failed)
+    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM failed)
+)
+SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids;
+
+-- name: job_heartbeat
+-- Every few seconds, one statement for all jobs a worker process holds:
+-- refresh heartbeat_at and progress where the job is still ours. It touches no
+-- indexed column, so it is a HOT update. A job missing from alive_ids was
+-- failed by the sweeper or cancelled: its worker stops paying for the stream.
+-- Rows are locked in ascending id order, as job_settle_and_claim locks them.
+WITH beat AS MATERIALIZED (
+    SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb) AS b(id bigint, progress int)
+    ORDER BY id
+),
+refreshed AS (
+    UPDATE story_jobs j
+    SET heartbeat_at = now(), progress = beat.progress
+    FROM beat
+    WHERE j.id = ANY (ARRAY(SELECT id FROM beat)) AND j.id = beat.id
+      AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    RETURNING j.id
+)
+SELECT j.id, j.status, j.error_code, EXISTS (SELECT 1 FROM refreshed r WHERE r.id = j.id) AS alive
+FROM story_jobs j
+WHERE j.id = ANY (ARRAY(SELECT id FROM beat));
+
+-- name: job_listen_pending
+-- The api's insert sends NOTIFY storyjobs_pending at commit: an idle worker
+-- claims at once instead of at its next poll.
+LISTEN storyjobs_pending;
+
+-- name: job_adopt_lost_claims
+-- After a claim statement failed without an answer (connection lost around
+-- its commit), the claims it may have made belong to this worker but never
+-- reached it: no LLM call was sent for them, so the worker runs them now.
+-- Their heartbeat is refreshed in the same statement (the claim's may be as
+-- old as the lost statement), so that the sweeper does not fail a job whose
+-- call is about to start. Rows are locked in ascending id order, as the
+-- heartbeat locks them. The same columns as the claim's answer: an adopted
+-- job runs with the max_tokens, model and prices it was accepted with.
+WITH lost AS MATERIALIZED (
+    SELECT j.id
+    FROM story_jobs j
+    JOIN llm_calls c ON c.job_id = j.id AND c.attempt = 1 AND c.outcome = 'started'
+    WHERE j.status = 'running' AND j.worker_id = %(worker_id)s
+      AND NOT (j.id = ANY (%(known_ids)s::bigint[]))
+      AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1)
+    ORDER BY j.id
+)
+UPDATE story_jobs j
+SET heartbeat_at = now()
+WHERE j.id = ANY (ARRAY(SELECT id FROM lost)) AND j.status = 'running' AND j.worker_id = %(worker_id)s
+RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+          j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok;
+
+-- name: llm_call_start
+-- A retry's ledger row, written before its request is sent, and only while
+-- the job is still running under this worker: no row (and so no request) for
+-- a job that was cancelled or swept meanwhile. The previous attempt's row is
+-- closed in the same statement either way (again, harmlessly, when the
+-- statement is repeated). The job's row is locked while the new row is
+-- written, so a cancellation or a sweep either happens first (and no row is
+-- opened) or waits, and then closes the new row with a statement of its own
+-- (llm_call_close_*). While the shared rate bucket is paused (another
+-- worker's 429), or, where a limit is known, until it holds a whole request
+-- (refilled to now, as a claim refills it), no row is opened either: the
+-- answer says how long to wait before asking again. An opened retry takes
+-- its request from the bucket like a new claim, so that the jobs waiting out
+-- a 429 leave at the limit's pace, not all at once when the pause ends.
+-- Idempotent: run again after its answer was lost, it finds the row it
+-- opened (still started) and answers it, taking nothing more from the bucket.
+WITH owned AS MATERIALIZED (
+    SELECT id FROM story_jobs
+    WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
+    FOR SHARE
+),
+-- The bucket refilled to now (a kind without a known rate as stored),
+-- locked after the job's row, as every statement takes them.
+bucket AS MATERIALIZED (
+    SELECT b.model,
+           greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
+           -- a row no limited claim has written yet (a pause's) is full
+           CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                ELSE least(%(requests_capacity)s::float8,
+                           coalesce(b.requests + %(requests_rate)s::float8 * r.elapsed, 'infinity')) END
+               AS requests,
+           CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
+                ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)
+           END AS input_tokens,
+           CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
+                ELSE least(%(output_tokens_capacity)s::float8,
+                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+           -- the job's max_tokens, which the provider takes again from its
+           -- own bucket when the retry arrives
+           (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8
+               AS output_tokens_need
+    FROM llm_rate_buckets b
+    CROSS JOIN (SELECT count(*) FROM owned) job_locked
+    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
+    WHERE b.model = %(model)s
+    FOR NO KEY UPDATE OF b
+),
+-- How long until the retry may go: the pause, then a whole request and the
+-- job's max_tokens in the bucket, where their rates are known.
+paused AS MATERIALIZED (
+    SELECT coalesce((
+        SELECT greatest(paused_s,
+                        CASE WHEN %(requests_rate)s::float8 IS NULL OR requests IS NULL THEN 0
+                             ELSE greatest(1 - requests, 0) / %(requests_rate)s::float8 END,
+                        CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR output_tokens IS NULL THEN 0
+                             ELSE greatest(output_tokens_need - output_tokens, 0) / %(output_tokens_rate)s::float8 END)
+        FROM bucket), 0)::float8 AS paused_s
+),
+-- Joined to the job's lock (one row, ours or not), so that the job's row is
+-- locked before this ledger row: a cancellation or a sweep locks the job's
+-- row and then closes its open call, and the two must not wait in a cycle.
+previous AS (
+    UPDATE llm_calls c
+    SET finished_at = coalesce(c.finished_at, now()), outcome = %(previous_outcome)s,
+        billed = %(previous_billed)s, error_text = %(previous_error)s
+    FROM (SELECT count(*) FROM owned) job_locked
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s
+    RETURNING c.job_id, c.attempt, c.worker_id, c.provider, c.model
+),
+already AS MATERIALIZED (
+    SELECT c.attempt, c.outcome FROM llm_calls c JOIN owned o ON o.id = c.job_id
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s + 1
+),
+opened AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
+    SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
+    FROM previous p JOIN owned o ON o.id = p.job_id
+    WHERE (SELECT paused_s FROM paused) = 0 AND NOT EXISTS (SELECT 1 FROM already)
+    RETURNING attempt
+),
+request_taken AS (
+    UPDATE llm_rate_buckets b
+    -- (the claim's reservation of max_tokens is kept until the job ends:
+    -- the bucket then counts the refused attempt's too, erring on the safe
+    -- side for as long as it takes to refill it)
+    SET requests = n.requests - 1, input_tokens = n.input_tokens,
+        output_tokens = n.output_tokens - CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN 0
+                                               ELSE n.output_tokens_need END,
+        refilled_at = greatest(b.refilled_at, now())
+    FROM bucket n
+    WHERE b.model = n.model AND (n.requests IS NOT NULL OR n.output_tokens IS NOT NULL)
+      AND EXISTS (SELECT 1 FROM opened)
+)
+SELECT coalesce((SELECT attempt FROM opened), (SELECT attempt FROM already WHERE outcome = 'started')) AS attempt,
+       (SELECT paused_s FROM paused) AS paused_s, EXISTS (SELECT 1 FROM owned) AS owned;
+
+-- name: llm_rate_bucket_pause
+-- A 429: no worker claims, and no retry is sent, for the model until its
+-- retry-after has passed, so that one 429 is not followed by one more from
+-- each replica. Written as soon as the 429 arrives. Where the request rate
+-- is known (%(requests_rate)s), the provider has just said nothing is left:
+-- the bucket is lowered so that it holds one request when the pause ends,
+-- and the requests waiting for it then leave one at a time at the limit's
+-- pace (refilled_at is kept, so the other kinds lose no refill).
+INSERT INTO llm_rate_buckets AS b (model, paused_until, requests)
+VALUES (%(model)s, now() + make_interval(secs => %(pause_s)s::float8),
+        1 - %(requests_rate)s::float8 * %(pause_s)s::float8)
+ON CONFLICT (model) DO UPDATE
+SET paused_until = greatest(b.paused_until, excluded.paused_until),
+    requests = CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
+                    ELSE least(coalesce(b.requests, 'infinity'),
+                               1 - %(requests_rate)s::float8 * extract(epoch FROM excluded.paused_until - b.refilled_at))
+               END;
+
+-- name: llm_rate_bucket_ensure
+-- At a worker's start, when a limit is configured: the model's bucket row,
+-- full, unless it exists. A kind without a limit is NULL.
+INSERT INTO llm_rate_buckets (model, requests, input_tokens, output_tokens)
+VALUES (%(model)s, %(requests_capacity)s::float8, %(input_tokens_capacity)s::float8,
+        %(output_tokens_capacity)s::float8)
+ON CONFLICT (model) DO NOTHING;
+
+-- name: llm_call_finish
+-- Closes a ledger row outside a job transition: a stream stopped because the
+-- job was no longer ours. Whoever ended the job charged it its worst case,
+-- not knowing what the call cost; now that it is known, the charge comes down
+-- to it (the budget follows), and the rate bucket gets back what the claim
+-- reserved and the call did not use. A later attempt's row (a retry opened
+-- by a statement whose answer was lost, never sent) is closed as not sent.
+-- The job's row is locked first, as every statement that writes a job and
+-- its ledger locks them. Run again after its answer was lost, it finds its
+-- row as it left it and gives the bucket nothing twice.
+WITH job_locked AS MATERIALIZED (
+    SELECT id FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
+),
+closed AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
+        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
+        cost_usd = %(cost_usd)s, error_text = %(error_text)s,
+        request_id = coalesce(%(request_id)s, c.request_id)
+    FROM (SELECT count(*) FROM job_locked) l
+    WHERE c.job_id = %(job_id)s AND c.attempt = %(attempt)s
+      AND (c.outcome, c.billed, c.cost_usd, c.error_text)
+          IS DISTINCT FROM (%(outcome)s::text, %(billed)s::boolean, %(cost_usd)s::numeric, %(error_text)s::text)
+    RETURNING c.job_id, c.model
+),
+never_sent AS (
+    UPDATE llm_calls c
+    SET finished_at = now(), outcome = 'not_sent', billed = false, error_text = %(error_text)s
+    FROM (SELECT count(*) FROM job_locked) l
+    WHERE c.job_id = %(job_id)s AND c.attempt > %(attempt)s AND c.outcome IN ('started', 'interrupted')
+),
+charged AS (
+    UPDATE story_jobs j
+    SET charged_usd = %(cost_usd)s::numeric
+    FROM job_locked l
+    WHERE j.id = l.id AND j.status = 'failed' AND j.charged_usd > %(cost_usd)s::numeric
+    RETURNING j.id
+),
+reservation AS (
+    SELECT coalesce(j.input_tokens_estimate, 0) - %(input_tokens)s AS input_tokens_back,
+           coalesce(j.max_tokens, 0) - %(output_tokens)s AS output_tokens_back, c.model
+    FROM closed c JOIN story_jobs j ON j.id = c.job_id
+)
+UPDATE llm_rate_buckets b
+SET input_tokens = b.input_tokens + r.input_tokens_back, output_tokens = b.output_tokens + r.output_tokens_back
+FROM reservation r
+WHERE b.model = r.model AND (b.input_tokens IS NOT NULL OR b.output_tokens IS NOT NULL);
+
+-- name: webhook_delivery_claim
+-- A worker takes up to %(limit)s due deliveries: each is counted as an
+-- attempt and leased until now + %(lease_s)s (next_attempt_at), in a short
+-- statement of its own, so no row lock is held during the HTTP call; a
+-- worker killed mid-delivery leaves it due again when the lease ends.
+-- SKIP LOCKED, as the job claim: workers never wait for each other here.
+-- The endpoint's secrets come with it; the previous one while it still signs.
+WITH due AS MATERIALIZED (
+    SELECT d.id FROM webhook_deliveries d
+    WHERE d.state = 'pending' AND d.next_attempt_at <= now()
+    ORDER BY d.next_attempt_at, d.id
+    LIMIT %(limit)s
+    FOR NO KEY UPDATE SKIP LOCKED
+)
+UPDATE webhook_deliveries d
+SET attempts = d.attempts + 1, last_attempt_at = now(),
+    next_attempt_at = now() + make_interval(secs => %(lease_s)s::float8)
+FROM due, webhook_endpoints e
+WHERE d.id = due.id AND d.state = 'pending' AND e.id = d.endpoint_id
+RETURNING d.id, d.attempts, d.endpoint_id, e.url, e.secret,
+          CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+          e.disabled_at IS NOT NULL AS endpoint_disabled,
+          d.job_public_id, d.job_status::text AS job_status, d.error_code, d.story_id, d.occurred_at,
+          d.created_at;
+
+-- name: webhook_delivery_finish
+-- The end of one attempt, guarded by the attempt it was (a delivery whose
+-- lease ran out and was claimed again belongs to the new attempt): delivered,
+-- retry (due again in %(retry_in_s)s), dead (out of retries: its endpoint is
+-- marked failing) or gone (410: the endpoint is disabled and its other
+-- undelivered deliveries die with it). A success clears failing.
+WITH finished AS (
+    UPDATE webhook_deliveries d
+    SET state = CASE %(outcome)s WHEN 'delivered' THEN 'delivered' WHEN 'retry' THEN 'pending' ELSE 'dead' END,
+        next_attempt_at = CASE WHEN %(outcome)s = 'retry'
+                               THEN now() + make_interval(secs => %(retry_in_s)s::float8)
+                               ELSE d.next_attempt_at END,
+        delivered_at = CASE WHEN %(outcome)s = 'delivered' THEN now() END,
+        last_status_code = %(status_code)s, last_error = %(error)s
+    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.attempts = %(attempt)s
+    RETURNING d.endpoint_id, d.created_at
+),
+endpoint_marked AS (
+    UPDATE webhook_endpoints e
+    SET failing_since = CASE %(outcome)s WHEN 'delivered' THEN NULL ELSE coalesce(e.failing_since, now()) END,
+        disabled_at = CASE WHEN %(outcome)s = 'gone' THEN coalesce(e.disabled_at, now()) ELSE e.disabled_at END
+    FROM finished
+    WHERE e.id = finished.endpoint_id
+      AND (%(outcome)s IN ('dead', 'gone') OR (%(outcome)s = 'delivered' AND e.failing_since IS NOT NULL))
+),
+others_dropped AS (
+    UPDATE webhook_deliveries d
+    SET state = 'dead', last_error = 'the endpoint answered 410 Gone and was disabled'
+    FROM finished
+    WHERE %(outcome)s = 'gone' AND d.endpoint_id = finished.endpoint_id AND d.state = 'pending'
+      AND d.id <> %(delivery_id)s
+)
+-- from the event to this attempt's end, by the database's clock; no row:
+-- the attempt was no longer the delivery's
+SELECT extract(epoch FROM now() - created_at)::float8 AS latency_s FROM finished;
