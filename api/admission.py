@@ -15,7 +15,8 @@ from decimal import Decimal
 
 from psycopg_pool import AsyncConnectionPool
 
-from shared import prompt, store
+from api import store as api_store
+from shared import prompt
 from shared.config import BaseSettings
 from shared.rows import Admission, EnqueueResult
 from shared.story_request import StoryRequest, canonical_json, fingerprint
@@ -96,7 +97,7 @@ class AdmissionBatcher:
                 first[key] = len(unique)
                 unique.append(admission)
         async with self._pool.connection(timeout=self._connection_wait_s) as conn:
-            answered = await store.job_insert_if_admitted(
+            answered = await api_store.job_insert_if_admitted(
                 conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
                 budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
             )

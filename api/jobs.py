@@ -34,6 +34,7 @@ from psycopg import AsyncConnection
 from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
+from api import store as api_store
 from api.admission import AdmissionBatcher, admission
 from api.auth import ApiKey, check_bearer_key, provide_api_key, verify
 from api.problems import FieldError, ProblemError, problem_responses
@@ -199,7 +200,7 @@ async def generate_story(
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
     async with asyncio.timeout(api_state.settings.api_request_timeout_s):
         async with api_state.pool.connection() as conn:
-            found = await store.job_get_by_idempotency_key_for_key(
+            found = await api_store.job_get_by_idempotency_key_for_key(
                 conn, key_prefix=api_key.prefix, idempotency_key=key
             )
         verify(found, api_key)
@@ -275,7 +276,7 @@ async def get_job(
     api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
 ) -> Response[JobState]:
     async with database(api_state) as conn:
-        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
+        view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
     verify(view, api_key)
     assert view is not None
     if view.public_id is None:
@@ -311,12 +312,12 @@ async def cancel_job(
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None
-        result = await store.job_cancel(conn, client_id=record.client_id, job_id=public_id)
+        result = await api_store.job_cancel(conn, client_id=record.client_id, job_id=public_id)
         if result is None:
             raise ProblemError(404, "Not Found", "no such job")
         if not result.cancelled:
             raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
-        view = await store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=public_id)
+        view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=public_id)
     assert view is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
              key_prefix=api_key.prefix)
@@ -335,7 +336,7 @@ async def get_story(
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[Story]:
     async with database(api_state) as conn:
-        view = await store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
+        view = await api_store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story is None:

@@ -78,7 +78,8 @@ from api.ops_schemas import (
     Workers,
 )
 from api.problems import FieldError, ProblemError, problem_responses
-from shared import keys, store
+from shared import console_store as store
+from shared import keys
 from shared.config import ApiSettings
 from shared.ratelimit import RateLimits
 from shared.rows import (

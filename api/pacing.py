@@ -16,7 +16,8 @@ import msgspec
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, store
+from api import store as api_store
+from shared import db
 from shared.rows import DrainStats
 from shared.status import JobStatus
 
@@ -57,7 +58,7 @@ class DrainStatsCache:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
                     async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
-                        self._stats = await store.job_drain_stats(conn, model=self._model)
+                        self._stats = await api_store.job_drain_stats(conn, model=self._model)
                 except _ESTIMATE_ERRORS as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later

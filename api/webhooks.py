@@ -31,6 +31,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.openapi.spec import OpenAPIFormat
 from litestar.params import JSONBody, PathParameter
 
+from api import store as api_store
 from api.auth import ApiKey, provide_api_key, require_bearer_key, verify
 from api.jobs import ApiState, database, parse_public_id
 from api.ops import (
@@ -42,7 +43,7 @@ from api.ops import (
 )
 from api.ops_schemas import BIGINT_MAX
 from api.problems import FieldError, ProblemError, problem_responses
-from shared import store, webhooks
+from shared import console_store, store, webhooks
 from shared.rows import WebhookEndpointRow
 
 log = structlog.get_logger()
@@ -131,7 +132,7 @@ async def create_endpoint(
     secret = webhooks.new_secret()
     async with database(api_state) as conn:
         client_id = await _client_id(conn, api_key)
-        row = await store.webhook_endpoint_insert(conn, client_id=client_id, url=data.url, events=events,
+        row = await api_store.webhook_endpoint_insert(conn, client_id=client_id, url=data.url, events=events,
                                                   secret=secret, max_per_client=MAX_ENDPOINTS_PER_CLIENT)
     if row is None:
         raise ProblemError(409, "Conflict", f"at most {MAX_ENDPOINTS_PER_CLIENT} webhook endpoints per client")
@@ -144,7 +145,7 @@ async def create_endpoint(
 async def list_endpoints(api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey]) -> Response[Endpoints]:
     async with database(api_state) as conn:
         client_id = await _client_id(conn, api_key)
-        rows = await store.webhook_endpoint_list_for_client(conn, client_id=client_id)
+        rows = await api_store.webhook_endpoint_list_for_client(conn, client_id=client_id)
     return Response(Endpoints(endpoints=[Endpoint.of(row) for row in rows]), headers=_NO_STORE)
 
 
@@ -156,7 +157,7 @@ async def delete_endpoint(
 ) -> None:
     async with database(api_state) as conn:
         client_id = await _client_id(conn, api_key)
-        deleted = await store.webhook_endpoint_delete(conn, client_id=client_id,
+        deleted = await api_store.webhook_endpoint_delete(conn, client_id=client_id,
                                                       endpoint_id=parse_public_id(endpoint_id))
     if not deleted:
         raise ProblemError(404, "Not Found", "no such webhook endpoint")
@@ -176,7 +177,7 @@ async def rotate_secret(
     secret = webhooks.new_secret()
     async with database(api_state) as conn:
         client_id = await _client_id(conn, api_key)
-        row = await store.webhook_endpoint_rotate_secret(conn, client_id=client_id,
+        row = await api_store.webhook_endpoint_rotate_secret(conn, client_id=client_id,
                                                          endpoint_id=parse_public_id(endpoint_id), secret=secret,
                                                          overlap_s=ROTATION_OVERLAP_S)
     if row is None:
@@ -243,10 +244,10 @@ async def ops_list_endpoints(
     client_id: ClientParam = None,
 ) -> OpsEndpoints:
     async with database(api_state) as conn:
-        rows = await store.webhook_endpoint_list(conn, client_id=client_id)
+        rows = await console_store.webhook_endpoint_list(conn, client_id=client_id)
         found = []
         for row in rows:
-            deliveries = await store.webhook_delivery_list(conn, endpoint_id=row.id, limit=LAST_DELIVERIES)
+            deliveries = await console_store.webhook_delivery_list(conn, endpoint_id=row.id, limit=LAST_DELIVERIES)
             found.append(OpsEndpoint(
                 id=row.id, client_id=row.client_id, client_name=row.client_name, url=row.url, events=row.events,
                 created_at=row.created_at, disabled_at=row.disabled_at, failing_since=row.failing_since,
@@ -271,7 +272,7 @@ async def ops_retry_delivery(
     delivery_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="A delivery's `id`.")],
 ) -> DeliveryRetried:
     async with database(api_state) as conn:
-        retried = await store.webhook_delivery_retry(conn, delivery_id=delivery_id)
+        retried = await console_store.webhook_delivery_retry(conn, delivery_id=delivery_id)
     if not retried:
         raise ProblemError(404, "Not Found", "no dead delivery with this id")
     log.info("ops.webhook_delivery_retried", delivery_id=delivery_id, **operator.log_fields())

@@ -10,6 +10,7 @@ import structlog
 
 from shared import db, process
 from shared.config import SweeperSettings
+from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 
 log = structlog.get_logger()
@@ -51,7 +52,7 @@ async def serve(settings: SweeperSettings) -> int:
         log.info("sweeper.started", interval_s=settings.sweeper_interval_s,
                  heartbeat_timeout_s=settings.heartbeat_timeout_s, job_timeout_s=settings.job_timeout_s,
                  pending_timeout_s=settings.pending_timeout_s)
-        await run(Sweeper(settings, pool), stop)
+        await run(Sweeper(settings, PgSweeperStore(pool)), stop)
     log.info("sweeper.stopped")
     return 0
 

@@ -24,12 +24,11 @@ from datetime import datetime
 
 import msgspec
 import structlog
-from psycopg_pool import AsyncConnectionPool
 
-from shared import store
 from shared.config import SweeperSettings
 from shared.status import ErrorCode, JobStatus
-from sweeper import metrics, rollup
+from sweeper import metrics
+from sweeper.store import SweeperStore
 
 log = structlog.get_logger()
 
@@ -57,12 +56,12 @@ class Sweeper:
     def __init__(
         self,
         settings: SweeperSettings,
-        pool: AsyncConnectionPool,
+        store: SweeperStore,
         *,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         self.settings = settings
-        self._pool = pool
+        self._store = store
         self._clock = clock
         self._writable_since: float | None = None
         self._server_started_at: datetime | None = None
@@ -77,9 +76,7 @@ class Sweeper:
         """A cheap check between passes that a heartbeat could be written now,
         so that an outage, a read-only spell or a long lock shorter than
         SWEEPER_INTERVAL_S is noticed too. Raises when it could not."""
-        async with self._pool.connection() as conn:
-            started_at = await store.sweeper_probe(conn, lock_timeout_s=self._lock_timeout_s)
-        self._writable(started_at)
+        self._writable(await self._store.probe(lock_timeout_s=self._lock_timeout_s))
 
     @property
     def _lock_timeout_s(self) -> float:
@@ -103,41 +100,38 @@ class Sweeper:
         """One pass. ``now`` replaces the database's clock (tests)."""
         counts = dict.fromkeys(metrics.REASONS, 0)
         pruned = 0
-        async with self._pool.connection() as conn:
-            self._writable(await store.sweeper_probe(conn, lock_timeout_s=self._lock_timeout_s))
-            judge_running = self.running_jobs_judgeable()
-            metrics.HEARTBEAT_CHECKS.set(1 if judge_running else 0)
-            while True:
-                stale = await store.job_fail_stale(
-                    conn,
-                    heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
-                    job_timeout_s=self.settings.job_timeout_s,
-                    pending_timeout_s=self.settings.pending_timeout_s,
-                    judge_running=judge_running,
-                    batch_size=self.settings.sweeper_batch_size,
-                    lock_timeout_s=self._lock_timeout_s,
-                    now=now,
-                )
-                for job in stale:
-                    counts[job.reason] += 1
-                    metrics.RECLAIMED.labels(reason=job.reason).inc()
-                    log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
-                                worker_id=job.worker_id)
-                if len(stale) < self.settings.sweeper_batch_size:
-                    break
-            gauges = await store.job_queue_gauges(conn, now=now)
-            await rollup.record_minutes(conn, self.settings, pending=gauges.pending, running=gauges.running)
-            budgets = await store.budget_days_today(conn, now=now)
-            outbox = await store.webhook_delivery_gauges(conn, now=now)
-            over_reservation = await store.budget_over_reservation_total(conn)
-            for _ in range(_PRUNE_BATCHES_PER_PASS):
-                deleted = await store.job_prune_finished(
-                    conn, retention_s=self.settings.job_retention_s,
-                    batch_size=self.settings.sweeper_batch_size, now=now,
-                )
-                pruned += deleted
-                if deleted == 0:
-                    break
+        self._writable(await self._store.probe(lock_timeout_s=self._lock_timeout_s))
+        judge_running = self.running_jobs_judgeable()
+        metrics.HEARTBEAT_CHECKS.set(1 if judge_running else 0)
+        while True:
+            stale = await self._store.fail_stale(
+                heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+                job_timeout_s=self.settings.job_timeout_s,
+                pending_timeout_s=self.settings.pending_timeout_s,
+                judge_running=judge_running,
+                batch_size=self.settings.sweeper_batch_size,
+                lock_timeout_s=self._lock_timeout_s,
+                now=now,
+            )
+            for job in stale:
+                counts[job.reason] += 1
+                metrics.RECLAIMED.labels(reason=job.reason).inc()
+                log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
+                            worker_id=job.worker_id)
+            if len(stale) < self.settings.sweeper_batch_size:
+                break
+        gauges = await self._store.queue_gauges(now=now)
+        await self._store.record_minutes(self.settings, pending=gauges.pending, running=gauges.running)
+        budgets = await self._store.budget_days_today(now=now)
+        outbox = await self._store.webhook_delivery_gauges(now=now)
+        over_reservation = await self._store.budget_over_reservation_total()
+        for _ in range(_PRUNE_BATCHES_PER_PASS):
+            deleted = await self._store.prune_finished(
+                retention_s=self.settings.job_retention_s, batch_size=self.settings.sweeper_batch_size, now=now,
+            )
+            pruned += deleted
+            if deleted == 0:
+                break
         metrics.PRUNED.inc(pruned)
         metrics.JOBS.labels(status=JobStatus.PENDING).set(gauges.pending)
         metrics.JOBS.labels(status=JobStatus.RUNNING).set(gauges.running)

@@ -20,6 +20,7 @@ import msgspec
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from api import store as api_store
 from api.admission import admission
 from shared import keys, store
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
@@ -40,7 +41,7 @@ FAST = {
 }
 
 
-# A sweeper pass (store.job_fail_stale) as if run two hours from now: every
+# A sweeper pass (sweeper_store.job_fail_stale) as if run two hours from now: every
 # running job's heartbeat and every job's age is then past these timeouts.
 LATER = datetime.now(UTC) + timedelta(hours=2)
 SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
@@ -77,7 +78,7 @@ async def enqueue(
     queue_max: int = 1_000_000,
 ) -> uuid.UUID:
     """Stores a pending job the way the api does; returns its job_id."""
-    (result,) = await store.job_insert_if_admitted(
+    (result,) = await api_store.job_insert_if_admitted(
         conn,
         admissions=[admission(client_id, key or uuid.uuid4().hex, StoryRequest(prompt=prompt), ApiSettings())],
         queue_max=queue_max,

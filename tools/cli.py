@@ -25,7 +25,7 @@ from typing import Any
 import msgspec
 import psycopg
 
-from shared import db, keys, migrate, store, webhooks
+from shared import console_store, db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
 from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
@@ -98,8 +98,8 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 
 async def cmd_keys_list(_: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await store.api_key_list(conn)
-        operator_rows = await store.operator_key_list(conn)
+        rows = await console_store.api_key_list(conn)
+        operator_rows = await console_store.operator_key_list(conn)
     listed = [(row.key_prefix, row.client_name, row.created_at, row.revoked_at) for row in rows]
     # operators' keys are named by who holds them, marked as such
     listed += [(row.key_prefix, f"{row.name} (operator)", row.created_at, row.revoked_at) for row in operator_rows]
@@ -113,8 +113,8 @@ async def cmd_keys_list(_: argparse.Namespace) -> int:
 async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     prefix = keys.prefix_of(args.prefix) or args.prefix
     async with await _connect() as conn:
-        revoked = await store.api_key_revoke(conn, key_prefix=prefix)
-        revoked = await store.operator_key_revoke(conn, key_prefix=prefix) or revoked
+        revoked = await console_store.api_key_revoke(conn, key_prefix=prefix)
+        revoked = await console_store.operator_key_revoke(conn, key_prefix=prefix) or revoked
     if not revoked:
         sys.stderr.write(f"storyjobs: no active key with prefix {prefix!r}\n")
         return 1
@@ -128,7 +128,7 @@ def _when(value: Any) -> str:
 
 async def cmd_jobs_list(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await store.job_list(conn, status=args.status, limit=args.limit)
+        rows = await console_store.job_list(conn, status=args.status, limit=args.limit)
     _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
         _out(f"{row.public_id!s:<36}  {row.status:<9} {row.error_code or '-':<14} {row.client_name[:16]:<16} "
@@ -143,11 +143,11 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
         sys.stderr.write(f"storyjobs: {args.job_id!r} is not a job id\n")
         return 2
     async with await _connect() as conn:
-        job = await store.job_get_admin(conn, job_id=job_id)
+        job = await console_store.job_get_admin(conn, job_id=job_id)
         if job is None:
             sys.stderr.write(f"storyjobs: no job {job_id}\n")
             return 1
-        calls = await store.llm_call_list_for_job(conn, job_id=job.id)
+        calls = await console_store.llm_call_list_for_job(conn, job_id=job.id)
     _out(f"job        {job.public_id}")
     _out(f"client     {job.client_name}")
     _out(f"status     {job.status}" + (f" ({job.error_code}: {job.error_text})" if job.error_code else ""))
@@ -177,9 +177,9 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
 async def cmd_stats(_: argparse.Namespace) -> int:
     settings = load(ApiSettings)
     async with await _connect() as conn:
-        stats = await store.stats_last_hour(conn)
+        stats = await console_store.stats_last_hour(conn)
         budgets = await store.budget_days_today(conn)
-        buckets = await store.llm_rate_bucket_list(conn)
+        buckets = await console_store.llm_rate_bucket_list(conn)
     _out(f"queue      {stats.pending} pending, {stats.running} running")
     _out("last hour")
     _out(f"  stories  {stats.succeeded_calls} written ({stats.succeeded_calls / 60:.1f}/min), "
@@ -219,7 +219,7 @@ def _refilled(stored: float, limits: RateLimits, kind: str, since_s: float) -> s
 
 async def cmd_webhooks_endpoints(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await store.webhook_endpoint_list(conn, client_id=args.client_id)
+        rows = await console_store.webhook_endpoint_list(conn, client_id=args.client_id)
     _out(f"{'ENDPOINT':<36}  {'CLIENT':<16} {'STATE':<8} {'PENDING':>7} {'DEAD':>5}  URL")
     for row in rows:
         state = "disabled" if row.disabled_at else "failing" if row.failing_since else "active"
@@ -236,7 +236,7 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
             sys.stderr.write(f"storyjobs: not an endpoint id: {args.endpoint!r}\n")
             return 2
     async with await _connect() as conn:
-        rows = await store.webhook_delivery_list(conn, endpoint_id=endpoint_id, state=args.state, limit=args.limit)
+        rows = await console_store.webhook_delivery_list(conn, endpoint_id=endpoint_id, state=args.state, limit=args.limit)
     _out(f"{'ID':>8}  {'JOB_ID':<36}  {'EVENT':<13} {'STATE':<9} {'TRIES':>5} {'LAST':>4} {'LAST_ATTEMPT':<25} "
          "ERROR")
     for row in rows:
@@ -248,7 +248,7 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
 
 async def cmd_actions(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await store.operator_action_list(conn, limit=args.limit)
+        rows = await console_store.operator_action_list(conn, limit=args.limit)
     _out(f"{'WHEN':<25} {'OPERATOR':<16} {'KEY':<14} {'ACTION':<18} {'TOUCHED':>7}  ON")
     for row in rows:
         _out(f"{_when(row.acted_at):<25} {row.operator[:16]:<16} {row.operator_key_prefix:<14} {row.action:<18} "

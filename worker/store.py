@@ -2,23 +2,45 @@
 
 ``WorkerStore`` is everything the coordinator, the job tasks, the heartbeat
 and the listener need; ``PgWorkerStore`` does it with a connection pool and
-the named queries of shared/store.py. A recording fake of the same interface
-(tests/unit/recording_store.py) lets the coordinator's rules be tested
-without a database. Every method may raise any of ``shared.db.DB_ERRORS``.
+the worker's named queries (sql/worker.sql), each run by one small typed
+function below, with the webhook deliveries' (worker/delivery/). A recording
+fake of the same interface (tests/unit/recording_store.py) lets the
+coordinator's rules be tested without a database. Every method may raise any
+of ``shared.db.DB_ERRORS``.
 """
 
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping, Sequence
 from decimal import Decimal
-from typing import Protocol
+from typing import Any, Protocol
 
+import msgspec
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, store
-from shared.ratelimit import KINDS, NO_LIMITS, ProviderView, RateLimits, claim_params
-from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
+from shared import db
+from shared.queries import QUERIES as Q
+from shared.ratelimit import (
+    KINDS,
+    NO_LIMITS,
+    UNLIMITED,
+    LimiterState,
+    ProviderView,
+    RateLimits,
+    claim_params,
+)
+from shared.rows import (
+    ClaimedJob,
+    Completion,
+    DeliveryOutcome,
+    Failure,
+    HeartbeatRow,
+    RetryStart,
+    SettleResult,
+    WebhookDeliveryClaim,
+)
 from shared.status import LlmOutcome
+from shared.store import Conn, fetch_all, fetch_one, fetch_scalars, jsonb
 
 
 class WorkerStore(Protocol):
@@ -118,14 +140,14 @@ class PgWorkerStore:
         not exist yet (a later claim recreates a deleted one, empty)."""
         if self._limits.limited:
             async with self._pool.connection() as conn:
-                await store.llm_rate_bucket_ensure(conn, model=self._model, limits=self._limits)
+                await llm_rate_bucket_ensure(conn, model=self._model, limits=self._limits)
 
     async def settle_and_claim(
         self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
     ) -> SettleResult:
         limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
         async with self._pool.connection() as conn:
-            settled = await store.job_settle_and_claim(
+            settled = await job_settle_and_claim(
                 conn, worker_id=self._worker_id, completions=completions, claim_limit=claim_limit,
                 provider=self._provider, model=self._model, limiter=limiter,
             )
@@ -137,22 +159,22 @@ class PgWorkerStore:
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         async with self._pool.connection() as conn:
-            return await store.job_fail_running(conn, worker_id=self._worker_id, failures=failures,
+            return await job_fail_running(conn, worker_id=self._worker_id, failures=failures,
                                                 model=self._model, limited=self._limits.limited)
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
         async with self._pool.connection() as conn:
-            return await store.job_adopt_lost_claims(conn, worker_id=self._worker_id, known_ids=known_ids)
+            return await job_adopt_lost_claims(conn, worker_id=self._worker_id, known_ids=known_ids)
 
     async def heartbeat(self, progress: Mapping[int, int]) -> list[HeartbeatRow]:
         async with self._pool.connection() as conn:
-            return await store.job_heartbeat(conn, worker_id=self._worker_id, progress=progress)
+            return await job_heartbeat(conn, worker_id=self._worker_id, progress=progress)
 
     async def call_retry(
         self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
     ) -> RetryStart:
         async with self._pool.connection() as conn:
-            return await store.llm_call_start(
+            return await llm_call_start(
                 conn, worker_id=self._worker_id, job_id=job_id, previous_attempt=previous_attempt,
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
                 previous_error=previous_error, model=self._model, limits=self._limits,
@@ -164,14 +186,14 @@ class PgWorkerStore:
 
     async def pause(self, pause_s: float) -> None:
         async with self._pool.connection() as conn:
-            await store.llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=self._limits)
+            await llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=self._limits)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
         output_tokens: int, cost_usd: Decimal, error_text: str | None, request_id: str | None = None,
     ) -> None:
         async with self._pool.connection() as conn:
-            await store.llm_call_finish(
+            await llm_call_finish(
                 conn, job_id=job_id, attempt=attempt, outcome=outcome, billed=billed, input_tokens=input_tokens,
                 output_tokens=output_tokens, cost_usd=cost_usd, error_text=error_text, request_id=request_id,
             )
@@ -182,7 +204,180 @@ class PgWorkerStore:
         conn = await db.connect(self._listen_url, application_name="storyjobs-worker-listen",
                                 connect_timeout_s=self._connect_timeout_s)
         async with conn:
-            await store.job_listen_pending(conn)
+            await job_listen_pending(conn)
             yield
             async for _ in conn.notifies():
                 yield
+
+
+_claimed_decoder = msgspec.json.Decoder(list[ClaimedJob])
+_limiter_decoder = msgspec.json.Decoder(LimiterState)
+
+
+# -- claims and ledger ---------------------------------------------------------------
+
+
+def settle_and_claim_query(limiter: Mapping[str, Any]) -> str:
+    """The round statement's name: without a configured rate limit, the one
+    without the limiter's arithmetic."""
+    return "job_settle_and_claim_limited" if limiter["limited"] else "job_settle_and_claim"
+
+
+async def job_settle_and_claim(
+    conn: Conn,
+    *,
+    worker_id: str,
+    completions: Sequence[Completion],
+    claim_limit: int,
+    provider: str,
+    model: str,
+    limiter: Mapping[str, Any] = UNLIMITED,
+) -> SettleResult:
+    """Completes written stories and claims up to claim_limit pending jobs
+    that the shared rate bucket covers (``limiter``: shared.ratelimit's
+    claim_params), in one statement: one commit per round, however many jobs
+    it carries."""
+    params = {
+        **limiter,
+        "worker_id": worker_id,
+        "claim_limit": claim_limit,
+        "provider": provider,
+        "model": model,
+        "completions": jsonb(completions),
+    }
+    cur = await conn.execute(Q[settle_and_claim_query(limiter)], params)
+    row = await cur.fetchone()
+    assert row is not None
+    claimed_json, completed_ids, already_completed_ids, limiter_json = row
+    return SettleResult(
+        completed_ids=list(completed_ids),
+        already_completed_ids=list(already_completed_ids),
+        claimed=_claimed_decoder.decode(claimed_json),
+        limiter=_limiter_decoder.decode(limiter_json),
+    )
+
+
+async def job_fail_running(
+    conn: Conn, *, worker_id: str, failures: Sequence[Failure], model: str = "", limited: bool = False,
+) -> list[int]:
+    """running -> failed for jobs this worker owns; returns those that were.
+    With a rate limit configured (``limited``), the model's bucket gets back
+    what the failed calls did not use."""
+    params = {"worker_id": worker_id, "failures": jsonb(failures), "model": model, "limited": limited}
+    cur = await conn.execute(Q["job_fail_running"], params)
+    row = await cur.fetchone()
+    assert row is not None
+    return list(row[0])
+
+
+async def job_heartbeat(conn: Conn, *, worker_id: str, progress: Mapping[int, int]) -> list[HeartbeatRow]:
+    return await fetch_all(
+        conn,
+        HeartbeatRow,
+        "job_heartbeat",
+        {
+            "worker_id": worker_id,
+            "beats": jsonb([{"id": job_id, "progress": tokens} for job_id, tokens in progress.items()]),
+        },
+    )
+
+
+async def job_listen_pending(conn: Conn) -> None:
+    await conn.execute(Q["job_listen_pending"])
+
+
+async def job_adopt_lost_claims(conn: Conn, *, worker_id: str, known_ids: Sequence[int]) -> list[ClaimedJob]:
+    return await fetch_all(
+        conn,
+        ClaimedJob,
+        "job_adopt_lost_claims",
+        {"worker_id": worker_id, "known_ids": list(known_ids)},
+    )
+
+
+async def llm_call_start(
+    conn: Conn, *, worker_id: str, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome,
+    previous_billed: bool, previous_error: str | None, model: str = "", limits: RateLimits = NO_LIMITS,
+) -> RetryStart:
+    """Closes the previous attempt's ledger row and, if the job is still
+    running under this worker and ``model``'s rate bucket is not paused and
+    holds a request (refilled at ``limits``' rates), opens the next (see
+    RetryStart)."""
+    started = await fetch_one(
+        conn,
+        RetryStart,
+        "llm_call_start",
+        {
+            **msgspec.structs.asdict(limits),
+            "model": model,
+            "worker_id": worker_id,
+            "job_id": job_id,
+            "previous_attempt": previous_attempt,
+            "previous_outcome": previous_outcome,
+            "previous_billed": previous_billed,
+            "previous_error": previous_error,
+        },
+    )
+    assert started is not None
+    return started
+
+
+async def llm_rate_bucket_pause(conn: Conn, *, model: str, pause_s: float, limits: RateLimits = NO_LIMITS) -> None:
+    """No claim and no retry for ``model`` for pause_s (a 429's retry-after);
+    at ``limits``' request rate, one request in the bucket when it ends."""
+    await conn.execute(Q["llm_rate_bucket_pause"], {"model": model, "pause_s": pause_s,
+                                                    "requests_rate": limits.requests_rate})
+
+
+async def llm_rate_bucket_ensure(conn: Conn, *, model: str, limits: RateLimits) -> None:
+    """The model's bucket, full, unless it exists."""
+    await conn.execute(Q["llm_rate_bucket_ensure"], {"model": model, **msgspec.structs.asdict(limits)})
+
+
+async def llm_call_finish(
+    conn: Conn,
+    *,
+    job_id: int,
+    attempt: int,
+    outcome: LlmOutcome,
+    billed: bool,
+    input_tokens: int,
+    output_tokens: int,
+    cost_usd: Any,
+    error_text: str | None,
+    request_id: str | None = None,
+) -> None:
+    await conn.execute(
+        Q["llm_call_finish"],
+        {
+            "job_id": job_id,
+            "attempt": attempt,
+            "outcome": outcome,
+            "billed": billed,
+            "input_tokens": input_tokens,
+            "output_tokens": output_tokens,
+            "cost_usd": cost_usd,
+            "error_text": error_text,
+            "request_id": request_id,
+        },
+    )
+
+
+# -- webhook deliveries --------------------------------------------------------------
+
+
+async def webhook_delivery_claim(conn: Conn, *, limit: int, lease_s: float) -> list[WebhookDeliveryClaim]:
+    return await fetch_all(conn, WebhookDeliveryClaim, "webhook_delivery_claim", {"limit": limit, "lease_s": lease_s})
+
+
+async def webhook_delivery_finish(
+    conn: Conn, *, delivery_id: int, attempt: int, outcome: DeliveryOutcome, retry_in_s: float = 0.0,
+    status_code: int | None = None, error: str | None = None,
+) -> float | None:
+    """Seconds from the event to now; None: the attempt was no longer the
+    delivery's (its lease ran out and it was claimed again, or its endpoint
+    was deleted)."""
+    found = await fetch_scalars(conn, "webhook_delivery_finish", {
+        "delivery_id": delivery_id, "attempt": attempt, "outcome": outcome, "retry_in_s": retry_in_s,
+        "status_code": status_code, "error": error})
+    return float(found[0]) if found else None

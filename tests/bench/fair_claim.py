@@ -29,8 +29,9 @@ import msgspec
 import psycopg
 from psycopg.types.json import Jsonb
 
+from api import store as api_store
 from api.admission import admission
-from shared import db, store
+from shared import db
 from shared.config import ApiSettings
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED
@@ -125,7 +126,7 @@ async def _admit(url: str, queues: list[tuple[int, int]]) -> None:
         for client_id, jobs in queues:
             admissions = [admission(client_id, uuid.uuid4().hex, BENCH_REQUEST, settings) for _ in range(jobs)]
             for start in range(0, jobs, 200):
-                results = await store.job_insert_if_admitted(conn, admissions=admissions[start:start + 200],
+                results = await api_store.job_insert_if_admitted(conn, admissions=admissions[start:start + 200],
                                                              queue_max=1_000_000, client_queue_max=1_000_000)
                 assert all(r.outcome == "inserted" for r in results), results
 

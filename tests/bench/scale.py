@@ -22,8 +22,10 @@ from typing import Any
 
 from shared import db, store
 from shared.config import SweeperSettings
+from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.bench.harness import BenchContext, BenchDatabase, BenchResult, FigureSpec, percentile
+from worker import store as worker_store
 
 NAME = "scale"
 VARIANTS = ("empty", "history")
@@ -138,7 +140,7 @@ async def _claim_latencies(databases: dict[str, BenchDatabase], explained: Bench
 
 async def _timed_claim(conn: store.Conn, bench_db: BenchDatabase) -> float:
     started = time.perf_counter()
-    settled = await store.job_settle_and_claim(conn, worker_id=WORKER_ID, completions=[], claim_limit=1,
+    settled = await worker_store.job_settle_and_claim(conn, worker_id=WORKER_ID, completions=[], claim_limit=1,
                                                provider="offline", model="offline-writer")
     elapsed_ms = (time.perf_counter() - started) * 1000
     if len(settled.claimed) != 1:
@@ -161,11 +163,11 @@ async def _claim_access_path(conn: store.Conn) -> str:
     EXPLAIN ANALYZE (it claims one job, as the measured calls do)."""
     explaining = _ExplainingConnection(conn)
     with contextlib.suppress(_Explained):
-        await store.job_settle_and_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
+        await worker_store.job_settle_and_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
                                          completions=[], claim_limit=1, provider="offline",
                                          model="offline-writer")
     if explaining.plan is None:
-        return "(plan not captured: store.job_settle_and_claim no longer calls conn.execute)"
+        return "(plan not captured: worker_store.job_settle_and_claim no longer calls conn.execute)"
     claimable = next((node for node in _nodes(explaining.plan) if node.get("Subplan Name") == "CTE claimable"),
                      explaining.plan)
     scans = [node for node in _nodes(claimable) if node.get("Relation Name") == "story_jobs"]
@@ -218,7 +220,7 @@ async def _sweep_ms(databases: dict[str, BenchDatabase], result: BenchResult, sw
                                           statement_timeout_s=60, min_size=1, max_size=1, wait_timeout_s=10)
             await pools[variant].open(wait=True)
         sweepers = {
-            variant: Sweeper(SweeperSettings(database_url=databases[variant].url, metrics_port=0), pool)
+            variant: Sweeper(SweeperSettings(database_url=databases[variant].url, metrics_port=0), PgSweeperStore(pool))
             for variant, pool in pools.items()
         }
         for sweeper in sweepers.values():

@@ -35,7 +35,8 @@ from typing import Any
 
 import psycopg
 
-from shared import db, store
+from api import store as api_store
+from shared import db
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion
 from shared.webhooks import EVENTS, new_secret
@@ -48,6 +49,7 @@ from tests.bench.harness import (
     FigureSpec,
 )
 from tests.helpers import free_port, wait_until_sync
+from worker import store as worker_store
 
 NAME = "statement_cost"
 SPECS = {
@@ -130,9 +132,9 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
             "SELECT 1, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb, n FROM generate_series(1, %(jobs)s) AS n",
             {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
         if limited:
-            await store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
+            await worker_store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
         if webhook:
-            await store.webhook_endpoint_insert(
+            await api_store.webhook_endpoint_insert(
                 conn, client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
                 secret=new_secret(), max_per_client=10)
         await conn.execute("VACUUM ANALYZE")
@@ -149,7 +151,7 @@ async def _rounds(url: str, *, rounds: int, batch: int, limited: bool) -> int:
         assert row is not None
         held: list[ClaimedJob] = []
         for _ in range(20 + rounds):
-            settled = await store.job_settle_and_claim(
+            settled = await worker_store.job_settle_and_claim(
                 conn, worker_id="w1", completions=[_completion(job) for job in held], claim_limit=batch,
                 provider="p", model="m", limiter=limiter)
             held = settled.claimed

@@ -13,8 +13,8 @@ from typing import Any
 
 import psycopg
 
+from api import store as api_store
 from api.admission import admission
-from shared import store
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests.helpers import client_id_of, wait_until, waiting_on_a_lock
@@ -24,7 +24,7 @@ BUDGET = Decimal(1000)
 
 
 async def _admit(conn: Conn, client: int) -> list[Any]:
-    return await store.job_insert_if_admitted(
+    return await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings())],
         queue_max=1000, client_queue_max=1000, budget_usd=BUDGET)
 
@@ -61,7 +61,7 @@ async def test_a_jobs_end_and_an_admission_do_not_deadlock_on_a_seq_scanned_budg
             await psycopg.AsyncConnection.connect(database_url, autocommit=True) as cancelling:
         # an admission's transaction, between its two budget rows: the all-clients row is held
         await admitting.execute("UPDATE budget_days SET reserved_usd = reserved_usd WHERE client_id = 0")
-        cancel = asyncio.ensure_future(store.job_cancel(cancelling, client_id=client, job_id=first.public_id))
+        cancel = asyncio.ensure_future(api_store.job_cancel(cancelling, client_id=client, job_id=first.public_id))
         await wait_until(lambda: waiting_on_a_lock(conn), what="the cancellation to wait for the all-clients row")
         # the admission's own statement locks the all-clients row, then the client's
         (second,) = await asyncio.wait_for(_admit(admitting, client), timeout=10)

@@ -12,13 +12,16 @@ from typing import Any
 import psycopg
 import pytest
 
+from api import store as api_store
 from api.admission import admission
 from shared import store
 from shared.config import ApiSettings
 from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from sweeper import store as sweeper_store
 from tests.helpers import client_id_of
+from worker import store as worker_store
 from worker.store import PgWorkerStore
 
 SETTINGS = ApiSettings()
@@ -27,7 +30,7 @@ WORST = admission(1, "k", StoryRequest(prompt="a fox"), SETTINGS).worst_case_usd
 
 async def _admit(conn: psycopg.AsyncConnection[Any], client: int, n: int, *, budget: Decimal | None = None,
                  client_budget: Decimal | None = None) -> list[str]:
-    results = await store.job_insert_if_admitted(
+    results = await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), SETTINGS)
                           for _ in range(n)],
         queue_max=1000, client_queue_max=1000, budget_usd=budget, client_budget_usd=client_budget)
@@ -41,7 +44,7 @@ async def _day(conn: psycopg.AsyncConnection[Any], client_id: int = 0) -> tuple[
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=n,
+    result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=n,
                                               provider="anthropic", model="m")
     return [job.id for job in result.claimed]
 
@@ -81,21 +84,21 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
     budget = WORST * 10
     assert await _admit(conn, client, 4, budget=budget) == ["inserted"] * 4
     completed, failed, running = await _claim(conn, 3)
-    await store.job_settle_and_claim(conn, worker_id="w", claim_limit=0, provider="anthropic", model="m",
+    await worker_store.job_settle_and_claim(conn, worker_id="w", claim_limit=0, provider="anthropic", model="m",
                                      completions=[Completion(job_id=completed, client_id=client, attempt=1, title="T",
                                                              body="B", model="m", prompt_version="v",
                                                              input_tokens=5, output_tokens=50,
                                                              cost_usd=Decimal("0.000510"))])
-    await store.job_fail_running(conn, worker_id="w", failures=[Failure(
+    await worker_store.job_fail_running(conn, worker_id="w", failures=[Failure(
         job_id=failed, attempt=1, error_code=ErrorCode.LLM_UNAVAILABLE, error_text="429s",
         call_outcome=LlmOutcome.RATE_LIMITED, billed=False)])
     cur = await conn.execute("SELECT public_id FROM story_jobs WHERE id IN (%s, 4) ORDER BY id", (running,))
     running_public, pending_public = [row[0] for row in await cur.fetchall()]
     for public_id in (running_public, pending_public, running_public):
-        await store.job_cancel(conn, client_id=client, job_id=public_id)
+        await api_store.job_cancel(conn, client_id=client, job_id=public_id)
     assert await _day(conn) == (Decimal("0.000510") + WORST, 0)
     # the cancelled job's worker closes its stream and says what it cost
-    await store.llm_call_finish(conn, job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
+    await worker_store.llm_call_finish(conn, job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
                                 input_tokens=5, output_tokens=20, cost_usd=Decimal("0.000210"),
                                 error_text="stream stopped: job cancelled")
     assert await _day(conn) == (Decimal("0.000720"), 0) and await _day(conn, client) == (Decimal("0.000720"), 0)
@@ -112,7 +115,7 @@ async def test_the_sweeper_charges_a_dead_workers_job_its_worst_case_and_a_stale
     assert await _admit(conn, client, 2, budget=WORST * 10) == ["inserted"] * 2
     await _claim(conn, 1)
     later = datetime.now(UTC) + timedelta(hours=2)
-    swept = await store.job_fail_stale(conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
+    swept = await sweeper_store.job_fail_stale(conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
                                        judge_running=True, batch_size=10, lock_timeout_s=5, now=later)
     assert sorted(job.reason for job in swept) == ["queue_timeout", "timed_out"]
     assert await _day(conn) == (WORST, 0)

@@ -14,13 +14,14 @@ import pytest
 from shared import store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from tests.helpers import client_id_of, enqueue
+from worker import store as worker_store
 
 MODEL = "m"
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int,
                  limiter: dict[str, Any] = UNLIMITED) -> list[int]:
-    result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
                                               provider="anthropic", model=MODEL, limiter=limiter)
     return [job.id for job in result.claimed]
 
@@ -125,7 +126,7 @@ async def _jobs_needing(conn: psycopg.AsyncConnection[Any], *output_tokens: int)
     ids = [row[0] for row in await cur.fetchall()]
     for job_id, need in zip(ids, output_tokens, strict=True):
         await conn.execute("UPDATE story_jobs SET max_tokens = %s WHERE id = %s", (need, job_id))
-    await store.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
+    await worker_store.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
     return ids
 
 

@@ -15,11 +15,12 @@ from typing import Any
 import psycopg
 import pytest
 
-from shared import store
+from api import store as api_store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Failure
 from shared.status import ErrorCode, LlmOutcome
 from tests.helpers import client_id_of, enqueue, story_written, wait_until, waiting_on_a_lock
+from worker import store as worker_store
 
 Conn = psycopg.AsyncConnection[Any]
 Statement = Callable[[Conn, list[int]], Awaitable[Any]]
@@ -30,7 +31,7 @@ async def _running_jobs(conn: Conn, count: int, limiter: Mapping[str, Any] = UNL
     client = await client_id_of(conn)
     for n in range(count):
         await enqueue(conn, client, f"story {n}")
-    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=count,
+    claimed = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=count,
                                                provider="offline", model="offline-writer", limiter=limiter)
     assert len(claimed.claimed) == count
     return sorted(claimed.claimed, key=lambda job: job.id)
@@ -59,16 +60,16 @@ def _failure(job_id: int) -> Failure:
 
 
 async def _heartbeat(conn: Conn, ids: list[int]) -> Any:
-    return await store.job_heartbeat(conn, worker_id="w1", progress={job_id: 5 for job_id in ids})
+    return await worker_store.job_heartbeat(conn, worker_id="w1", progress={job_id: 5 for job_id in ids})
 
 
 async def _settle(conn: Conn, ids: list[int]) -> Any:
-    return await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(i) for i in ids],
+    return await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(i) for i in ids],
                                             claim_limit=0, provider="offline", model="offline-writer")
 
 
 async def _fail(conn: Conn, ids: list[int]) -> Any:
-    return await store.job_fail_running(conn, worker_id="w1", failures=[_failure(i) for i in ids])
+    return await worker_store.job_fail_running(conn, worker_id="w1", failures=[_failure(i) for i in ids])
 
 
 @pytest.mark.parametrize("statement", [_heartbeat, _settle, _fail], ids=["heartbeat", "settle", "fail_running"])
@@ -100,7 +101,7 @@ async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(da
     limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
                         output_tokens_rate=None, output_tokens_capacity=None)
     limiter = claim_params(limits, None, default_max_tokens=100)
-    await store.llm_rate_bucket_ensure(conn, model="offline-writer", limits=limits)
+    await worker_store.llm_rate_bucket_ensure(conn, model="offline-writer", limits=limits)
     (job,) = await _running_jobs(conn, 1, limiter)
 
     async def bucket_free() -> None:
@@ -109,7 +110,7 @@ async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(da
 
     settled = await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: store.job_settle_and_claim(actor, worker_id="w1", completions=[story_written(job.id)],
+        lambda actor: worker_store.job_settle_and_claim(actor, worker_id="w1", completions=[story_written(job.id)],
                                                  claim_limit=1, provider="offline", model="offline-writer",
                                                  limiter=limiter),
         bucket_free)
@@ -123,7 +124,7 @@ async def test_a_retry_waiting_for_its_job_row_holds_no_ledger_row(database_url:
     (job,) = await _running_jobs(conn, 1)
     started = await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: store.llm_call_start(actor, worker_id="w1", job_id=job.id, previous_attempt=1,
+        lambda actor: worker_store.llm_call_start(actor, worker_id="w1", job_id=job.id, previous_attempt=1,
                                            previous_outcome=LlmOutcome.FAILED, previous_billed=False,
                                            previous_error="529", model="offline-writer"),
         lambda: _ledger_row_free(conn, job.id))
@@ -136,13 +137,13 @@ async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_
     """Closing the call of a stream stopped because its job was cancelled locks the job's row before
     the ledger row, like every other statement that writes both."""
     (job,) = await _running_jobs(conn, 1)
-    cancelled = await store.job_cancel(conn, client_id=job.client_id, job_id=job.public_id)
+    cancelled = await api_store.job_cancel(conn, client_id=job.client_id, job_id=job.public_id)
     assert cancelled is not None and cancelled.cancelled
     # the worst case a budget's reservation would have charged it, which the close brings down
     await conn.execute("UPDATE story_jobs SET charged_usd = 0.04 WHERE id = %s", (job.id,))
     await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: store.llm_call_finish(actor, job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
+        lambda actor: worker_store.llm_call_finish(actor, job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
                                             billed=True, input_tokens=1, output_tokens=2,
                                             cost_usd=Decimal("0.001"), error_text=None),
         lambda: _ledger_row_free(conn, job.id))

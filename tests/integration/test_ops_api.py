@@ -18,8 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api import ops
-from shared import keys, store
-from sweeper import rollup
+from shared import console_store, keys, store
+from sweeper import store as sweeper_store
 from tests import ops_seed as seed
 from tests.api_helpers import api_client, assert_problem, new_key
 from tests.helpers import count, sweeper_settings
@@ -52,7 +52,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     client_id, client_key = await seed.client(conn, "acme")
     job = await seed.insert_job(conn, seed.pending(client_id, 60))
     revoked = await seed.operator_key(conn, "gone")
-    assert await store.operator_key_revoke(conn, key_prefix=str(keys.prefix_of(revoked)))
+    assert await console_store.operator_key_revoke(conn, key_prefix=str(keys.prefix_of(revoked)))
     unknown = keys.generate().key
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:
@@ -345,9 +345,9 @@ async def test_the_history_adds_up_to_the_last_hour_from_the_rollup_the_sweeper_
                                                  seed.Call("failed", cost_usd=Decimal("0.003"))]),
         seed.pending(acme, 5), seed.pending(acme, 3),
     ])
-    gauges = await store.job_queue_gauges(conn)
-    await rollup.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
-                                running=gauges.running)
+    gauges = await sweeper_store.job_queue_gauges(conn)
+    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                       running=gauges.running)
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
         history = (await client.get(f"{OPS}/history", params={"range": "hour"})).json()

@@ -18,11 +18,12 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, store
+from shared import db
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
+from sweeper import store as sweeper_store
 from tests.api_helpers import api_client, new_key
 from tests.helpers import (
     LATER,
@@ -38,6 +39,7 @@ from tests.helpers import (
     worker_settings,
 )
 from tests.pgbouncer import PgBouncer
+from worker import store as worker_store
 from worker.offline import OfflineWriter
 
 
@@ -86,20 +88,20 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
         worker_id = f"w{number}"
         while True:
             async with pool.connection() as c:
-                settled = await store.job_settle_and_claim(c, worker_id=worker_id, completions=[], claim_limit=1,
+                settled = await worker_store.job_settle_and_claim(c, worker_id=worker_id, completions=[], claim_limit=1,
                                                            provider="offline", model="offline-writer")
             if not settled.claimed:
                 return done
             (job,) = settled.claimed
             async with pool.connection() as c:
-                beats = await store.job_heartbeat(c, worker_id=worker_id, progress={job.id: 1})
+                beats = await worker_store.job_heartbeat(c, worker_id=worker_id, progress={job.id: 1})
                 assert [b.alive for b in beats] == [True]
                 if job.id % 2:
-                    await store.job_fail_running(c, worker_id=worker_id, failures=[Failure(
+                    await worker_store.job_fail_running(c, worker_id=worker_id, failures=[Failure(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    await store.job_settle_and_claim(c, worker_id=worker_id, completions=[story_written(job.id)],
+                    await worker_store.job_settle_and_claim(c, worker_id=worker_id, completions=[story_written(job.id)],
                                                      claim_limit=0, provider="offline", model="offline-writer")
             done += 1
 
@@ -120,14 +122,14 @@ async def test_the_statement_timeout_is_kept_by_the_client_and_cancels_the_state
             started = time.monotonic()
             with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
                 async with pool.connection() as pooled_conn:
-                    await store.job_queue_gauges(pooled_conn)
+                    await sweeper_store.job_queue_gauges(pooled_conn)
             waited = time.monotonic() - started
             # cancelled on the server too: nothing is left waiting for the lock we still hold
             assert await count(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                      "AND wait_event_type = 'Lock'") == 0
         assert 0.5 <= waited < 3
         async with pool.connection() as pooled_conn:
-            assert (await store.job_queue_gauges(pooled_conn)).pending == 0
+            assert (await sweeper_store.job_queue_gauges(pooled_conn)).pending == 0
 
 
 async def test_admissions_from_three_replicas_through_the_pooler_stay_idempotent_and_strict(
@@ -172,7 +174,7 @@ async def test_sixteen_claimers_through_the_pooler_claim_every_job_once(
         mine: list[int] = []
         while True:
             async with pool.connection() as c:
-                result = await store.job_settle_and_claim(
+                result = await worker_store.job_settle_and_claim(
                     c, worker_id=f"claimer-{number}", completions=[], claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
             if not result.claimed:
@@ -195,13 +197,13 @@ async def test_a_job_swept_through_the_pooler_is_a_lost_race_for_its_worker(
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as c:
-        (job,) = (await store.job_settle_and_claim(c, worker_id="w1", completions=[], claim_limit=1,
+        (job,) = (await worker_store.job_settle_and_claim(c, worker_id="w1", completions=[], claim_limit=1,
                                                    provider="offline", model="offline-writer")).claimed
-        swept = await store.job_fail_stale(c, now=LATER, **SWEEP)
+        swept = await sweeper_store.job_fail_stale(c, now=LATER, **SWEEP)
         assert [s.id for s in swept] == [job.id]
-        (beat,) = await store.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
+        (beat,) = await worker_store.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
         assert not beat.alive and beat.error_code == "timed_out"
-        settled = await store.job_settle_and_claim(c, worker_id="w1", completions=[story_written(job.id)],
+        settled = await worker_store.job_settle_and_claim(c, worker_id="w1", completions=[story_written(job.id)],
                                                    claim_limit=0, provider="offline", model="offline-writer")
         assert settled.completed_ids == [] and settled.already_completed_ids == []
     (row,) = await job_rows(conn)

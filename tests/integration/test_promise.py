@@ -19,8 +19,9 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
+from api import store as api_store
 from api.admission import admission
-from shared import prompt, store
+from shared import prompt
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests import dbserver
@@ -279,7 +280,7 @@ async def test_a_cancel_during_a_429s_wait_leaves_the_429_unbilled(
         async with _worker(pool, database_url, provider, heartbeat_interval_s=0.2) as worker:
             public_id = await enqueue(conn, client, PROMPT)
             await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
-            cancelled = await store.job_cancel(conn, client_id=client, job_id=public_id)
+            cancelled = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
             assert cancelled is not None and cancelled.cancelled
             await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     # the worker has stopped: every request it could send was sent
@@ -316,7 +317,7 @@ async def _fails_on_a_500(conn: psycopg.AsyncConnection[Any], pool: AsyncConnect
     """A job admitted under a day's budget (its worst case reserved) whose one request is answered 500."""
     provider.fake.queue(Plan(status=500))
     client = await client_id_of(conn)
-    (admitted,) = await store.job_insert_if_admitted(
+    (admitted,) = await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.outcome == "inserted" and admitted.public_id is not None
@@ -365,14 +366,14 @@ async def test_a_job_ended_while_its_retry_waits_is_charged_nothing_for_its_refu
     the day's budget with it."""
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "2"),)))
     client = await client_id_of(conn)
-    (admitted,) = await store.job_insert_if_admitted(
+    (admitted,) = await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.public_id is not None
     async with _worker(pool, database_url, provider, heartbeat_interval_s=30, heartbeat_timeout_s=120,
                        **PRICED) as worker:
         await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
-        cancelled = await store.job_cancel(conn, client_id=client, job_id=admitted.public_id)
+        cancelled = await api_store.job_cancel(conn, client_id=client, job_id=admitted.public_id)
         assert cancelled is not None and cancelled.cancelled
         await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     job = await _job(conn, admitted.public_id)

@@ -13,10 +13,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared import store
 from shared.ratelimit import ProviderView
 from shared.rows import Completion, SettleResult
 from shared.status import ErrorCode, LlmOutcome
+from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
     LATER,
@@ -31,12 +31,13 @@ from tests.helpers import (
     waiting_on_a_lock,
     worker_settings,
 )
+from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 from worker.store import PgWorkerStore
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
-    result = await store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
+    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == 1
     return result.claimed[0].id
@@ -46,20 +47,20 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     """Ordering A: a completion holds the row while the sweeper passes; the job ends completed."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
-    claimed = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+    claimed = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
                                                provider="offline", model="offline-writer")
     job = claimed.claimed[0]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
-            settled = await store.job_settle_and_claim(
+            settled = await worker_store.job_settle_and_claim(
                 worker_conn, worker_id="w1", completions=[story_written(job.id)], claim_limit=0,
                 provider="offline", model="offline-writer")
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
             # (with a clock two hours ahead, so the job looks dead) skips it
-            assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+            assert await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP) == []
         # committed: a later pass finds a finished job and changes nothing either
-        assert await store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+        assert await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == "completed" and row.story_id is not None
 
@@ -80,7 +81,7 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
             await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
             sweeper_conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
             async with sweeper_conn, sweeper_conn.transaction():
-                swept = await store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
+                swept = await sweeper_store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
                 assert [s.public_id for s in swept] == [job_id]
                 hold.set()  # the story finishes; its completion now waits for our row lock
                 await wait_until(lambda: waiting_on_a_lock(conn), what="the completion to block")
@@ -110,7 +111,7 @@ async def test_many_claimers_claim_every_row_exactly_once(database_url: str, con
         mine: list[int] = []
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
             while True:
-                result = await store.job_settle_and_claim(
+                result = await worker_store.job_settle_and_claim(
                     c, worker_id=f"claimer-{number}", completions=[], claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
                 if not result.claimed:
@@ -134,7 +135,7 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "owner")
-    result = await store.job_settle_and_claim(conn, worker_id="intruder", completions=[story_written(job_id)],
+    result = await worker_store.job_settle_and_claim(conn, worker_id="intruder", completions=[story_written(job_id)],
                                               claim_limit=0, provider="offline", model="offline-writer")
     assert result.completed_ids == [] and result.already_completed_ids == []
     (row,) = await job_rows(conn)
@@ -147,9 +148,9 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     done = [story_written(job_id)]
-    first = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
+    first = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
                                              provider="offline", model="offline-writer")
-    again = await store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
+    again = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
                                              provider="offline", model="offline-writer")
     assert first.completed_ids == [job_id]
     assert again.completed_ids == [] and again.already_completed_ids == [job_id]
@@ -163,15 +164,15 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     if status == "completed":
-        await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(job_id)],
+        await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(job_id)],
                                          claim_limit=0, provider="offline", model="offline-writer")
     else:
         from shared.rows import Failure
 
-        await store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+        await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
             job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
             call_outcome=LlmOutcome.FAILED, billed=True)])
-    assert await store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
+    assert await sweeper_store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == status
 

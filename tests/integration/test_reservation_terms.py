@@ -14,10 +14,12 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
+from api import store as api_store
 from api.admission import admission
-from shared import prompt, store
+from shared import prompt
 from shared.pricing import Price
 from shared.story_request import StoryRequest
+from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.helpers import (
@@ -42,7 +44,7 @@ async def _run(conn: Conn, pool: AsyncConnectionPool, database_url: str, plan: P
     """One job admitted under API with a budget, run by a worker deployed with another model, other prices
     and another LLM_MAX_TOKENS; returns its client and the request the provider received."""
     client = await client_id_of(conn)
-    (admitted,) = await store.job_insert_if_admitted(
+    (admitted,) = await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client, uuid.uuid4().hex, REQUEST, API)], queue_max=10, client_queue_max=10,
         budget_usd=Decimal(100))
     assert admitted.outcome == "inserted"
@@ -113,5 +115,5 @@ async def test_usage_past_admissions_bound_is_charged_and_counted_over_the_reser
     input_tokens, output_tokens = await _billed_tokens(conn)
     assert input_tokens == 100_000 and charged == OLD_PRICE.cost(input_tokens, output_tokens) and over > 0
     assert await _days(conn) == [(0, charged, 0, over), (client, charged, 0, over)]
-    await Sweeper(sweeper_settings(), pool).sweep_once()
+    await Sweeper(sweeper_settings(), PgSweeperStore(pool)).sweep_once()
     assert REGISTRY.get_sample_value("storyjobs_budget_over_reservation_usd_total") == float(over)

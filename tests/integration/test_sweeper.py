@@ -10,9 +10,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared import store
+from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.helpers import client_id_of, enqueue, job_rows, sweeper_settings
+from worker import store as worker_store
 
 
 class FakeClock:
@@ -24,7 +25,7 @@ class FakeClock:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int = 1) -> None:
-    result = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
+    result = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == n
 
@@ -48,7 +49,7 @@ async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConne
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '1 day' WHERE id = 3")
     clock = FakeClock()
     sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800),
-                      pool, clock=clock)
+                      PgSweeperStore(pool), clock=clock)
     await sweeper.probe()
     clock.now += 61
     with capture_logs() as logs:
@@ -69,7 +70,7 @@ async def test_live_jobs_are_left_alone(conn: psycopg.AsyncConnection[Any], pool
         await enqueue(conn, client, f"story {n}")
     await _claim(conn, 1)
     clock = FakeClock()
-    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), pool, clock=clock)
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
     await sweeper.probe()
     clock.now += 61
     result = await sweeper.sweep_once()
@@ -87,7 +88,7 @@ async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout
     await _claim(conn)
     await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '5 minutes'")
     clock = FakeClock()
-    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), pool, clock=clock)
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
     first = await sweeper.sweep_once()
     assert not first.judged_running and first.reclaimed == 0
     clock.now += 59
@@ -115,7 +116,7 @@ async def test_finished_jobs_are_pruned_after_retention(
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
                        "WHERE id IN (1, 2)")
     await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE id = 1")
-    sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), pool, clock=FakeClock())
+    sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), PgSweeperStore(pool), clock=FakeClock())
     result = await sweeper.sweep_once()
     assert result.pruned == 1
     assert [r.id for r in await job_rows(conn)] == [2, 3, 4]
@@ -130,7 +131,7 @@ async def test_the_database_clock_can_be_overridden(conn: psycopg.AsyncConnectio
     """sweep_once(now=...) judges ages against the given time instead of the database's."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
-    sweeper = Sweeper(sweeper_settings(pending_timeout_s=1800), pool, clock=FakeClock())
+    sweeper = Sweeper(sweeper_settings(pending_timeout_s=1800), PgSweeperStore(pool), clock=FakeClock())
     assert (await sweeper.sweep_once()).reclaimed == 0
     later = await _db_now(conn) + timedelta(seconds=1801)
     assert (await sweeper.sweep_once(now=later)).queue_timeout == 1
@@ -148,7 +149,7 @@ async def test_a_long_lock_on_story_jobs_does_not_make_live_jobs_look_dead(
     await _claim(conn)
     clock = FakeClock()
     sweeper = Sweeper(sweeper_settings(heartbeat_interval_s=0.2, heartbeat_timeout_s=60, job_timeout_s=480),
-                      pool, clock=clock)
+                      PgSweeperStore(pool), clock=clock)
     await sweeper.probe()
     clock.now += 61
     migration = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
@@ -194,7 +195,7 @@ async def test_a_read_only_database_pauses_the_judging_of_running_jobs(
                                 "WHERE application_name = 'storyjobs-sweeper' AND datname = %s", (database_name,))
             await sweeper_pool.check()
 
-        sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480), sweeper_pool, clock=clock)
+        sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480), PgSweeperStore(sweeper_pool), clock=clock)
         await sweeper.probe()
         clock.now += 61
         await admin.execute(sql.SQL("ALTER DATABASE {} SET default_transaction_read_only = on").format(name))
@@ -221,7 +222,7 @@ async def test_a_pass_records_the_current_minute_for_the_consoles_history(
     for n in range(3):
         await enqueue(conn, client, f"story {n}")
     await _claim(conn, 1)
-    sweeper = Sweeper(sweeper_settings(), pool)
+    sweeper = Sweeper(sweeper_settings(), PgSweeperStore(pool))
     await sweeper.sweep_once()
     for n in range(3, 6):
         await enqueue(conn, client, f"story {n}")

@@ -12,9 +12,12 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from shared import store, webhooks
+from api import store as api_store
+from shared import console_store, webhooks
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
+from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.helpers import (
     LATER,
@@ -25,11 +28,12 @@ from tests.helpers import (
     story_written,
     sweeper_settings,
 )
+from worker import store as worker_store
 
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,
                     url: str = "https://hooks.example.com/in") -> uuid.UUID:
-    row = await store.webhook_endpoint_insert(conn, client_id=client_id, url=url, events=events,
+    row = await api_store.webhook_endpoint_insert(conn, client_id=client_id, url=url, events=events,
                                               secret=webhooks.new_secret(), max_per_client=10)
     assert row is not None
     return row.id
@@ -41,7 +45,7 @@ async def _events(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, str, st
 
 
 async def _claim_all(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
+    result = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
                                               provider="offline", model="offline-writer")
     return [job.id for job in result.claimed]
 
@@ -53,14 +57,14 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
     ids = [await enqueue(conn, client, f"story {n}") for n in range(6)]
     held = await _claim_all(conn, 3)
     assert await _events(conn) == [], "a claim is no end"
-    await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held[0])], claim_limit=0,
+    await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held[0])], claim_limit=0,
                                      provider="offline", model="offline-writer")
-    await store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+    await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
         job_id=held[1], attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="boom",
         call_outcome=LlmOutcome.FAILED, billed=True)])
-    assert (await store.job_cancel(conn, client_id=client, job_id=ids[2])) is not None
-    assert (await store.ops_job_cancel(conn, job_id=ids[3])) is not None
-    await store.job_fail_stale(conn, now=LATER, **SWEEP)
+    assert (await api_store.job_cancel(conn, client_id=client, job_id=ids[2])) is not None
+    assert (await console_store.ops_job_cancel(conn, job_id=ids[3])) is not None
+    await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP)
     assert await _events(conn) == [
         (1, "completed", None), (2, "failed", "llm_error"), (3, "failed", "cancelled"), (4, "failed", "cancelled"),
         (5, "failed", "queue_timeout"), (6, "failed", "queue_timeout")]
@@ -74,10 +78,10 @@ async def test_a_client_without_endpoints_gets_no_event(conn: psycopg.AsyncConne
                        (await _endpoint(conn, disabled),))
     jobs = {client: await enqueue(conn, client, "story") for client in (with_endpoint, without, disabled)}
     for client, job in jobs.items():
-        await store.job_cancel(conn, client_id=client, job_id=job)
+        await api_store.job_cancel(conn, client_id=client, job_id=job)
     await enqueue(conn, with_endpoint, "completed, not wanted")
     (held,) = await _claim_all(conn, 1)
-    await store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held)], claim_limit=0,
+    await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held)], claim_limit=0,
                                      provider="offline", model="offline-writer")
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'completed'") == 1
     assert await _events(conn) == [(1, "failed", "cancelled")]
@@ -88,15 +92,15 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     """A claimed delivery is not claimed again until its lease ends; then the first attempt's record is refused."""
     client = await client_id_of(conn)
     await _endpoint(conn, client)
-    await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
-    (first,) = await store.webhook_delivery_claim(conn, limit=10, lease_s=0.2)
+    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
+    (first,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=0.2)
     assert first.attempts == 1 and first.job_status == "failed" and first.error_code == "cancelled"
-    assert await store.webhook_delivery_claim(conn, limit=10, lease_s=0.2) == []
+    assert await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=0.2) == []
     await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")
-    (second,) = await store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (second,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert second.id == first.id and second.attempts == 2
-    assert await store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="delivered") is None
-    assert await store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=2, outcome="delivered") is not None
+    assert await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="delivered") is None
+    assert await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=2, outcome="delivered") is not None
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'") == 1
 
 
@@ -106,22 +110,22 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
     client = await client_id_of(conn)
     endpoint = await _endpoint(conn, client)
     for n in range(2):
-        await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    first, second = await store.webhook_delivery_claim(conn, limit=10, lease_s=60)
-    await store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="retry", retry_in_s=300,
+        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+    first, second = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="retry", retry_in_s=300,
                                         status_code=500, error="HTTP 500")
     due_in = await count(conn, "SELECT extract(epoch FROM next_attempt_at - now())::int FROM webhook_deliveries "
                                "WHERE id = %s", first.id)
     assert 290 <= due_in <= 300
-    await store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=1, outcome="dead", error="HTTP 500")
-    (row,) = await store.webhook_endpoint_list(conn)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=1, outcome="dead", error="HTTP 500")
+    (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.id == endpoint and row.failing_since is not None and (row.pending, row.dead) == (1, 1)
-    assert await store.webhook_delivery_retry(conn, delivery_id=second.id)
-    assert not await store.webhook_delivery_retry(conn, delivery_id=second.id), "only a dead delivery is retried"
-    (again,) = await store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id)
+    assert not await console_store.webhook_delivery_retry(conn, delivery_id=second.id), "only a dead delivery is retried"
+    (again,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert again.id == second.id and again.attempts == 1
-    await store.webhook_delivery_finish(conn, delivery_id=again.id, attempt=1, outcome="delivered", status_code=200)
-    (row,) = await store.webhook_endpoint_list(conn)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=again.id, attempt=1, outcome="delivered", status_code=200)
+    (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.failing_since is None
 
 
@@ -130,12 +134,12 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     for n in range(3):
-        await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    (first,) = await store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="gone", status_code=410)
+        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+    (first,) = await worker_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="gone", status_code=410)
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'") == 3
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints WHERE disabled_at IS NOT NULL") == 1
-    await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "after"))
+    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "after"))
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries") == 3
 
 
@@ -145,9 +149,9 @@ async def test_deliveries_are_pruned_with_their_jobs(conn: psycopg.AsyncConnecti
     await _endpoint(conn, client)
     old, recent = [await enqueue(conn, client, f"story {n}") for n in range(2)]
     for job in (old, recent):
-        await store.job_cancel(conn, client_id=client, job_id=job)
+        await api_store.job_cancel(conn, client_id=client, job_id=job)
     await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE public_id = %s", (old,))
-    pruned = await store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100)
+    pruned = await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100)
     assert pruned == 1
     cur = await conn.execute("SELECT job_public_id FROM webhook_deliveries")
     assert [r[0] for r in await cur.fetchall()] == [recent]
@@ -157,10 +161,10 @@ async def test_the_sweeper_gauge_reads_the_oldest_undelivered_event(conn: psycop
     """The gauges count undelivered rows and the age of the oldest, by the caller's clock."""
     client = await client_id_of(conn)
     await _endpoint(conn, client)
-    empty = await store.webhook_delivery_gauges(conn)
+    empty = await sweeper_store.webhook_delivery_gauges(conn)
     assert (empty.undelivered, empty.oldest_undelivered_age_seconds) == (0, 0)
-    await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
-    gauges = await store.webhook_delivery_gauges(conn, now=datetime.now(UTC) + timedelta(minutes=10))
+    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
+    gauges = await sweeper_store.webhook_delivery_gauges(conn, now=datetime.now(UTC) + timedelta(minutes=10))
     assert gauges.undelivered == 1 and 590 < gauges.oldest_undelivered_age_seconds < 610
 
 
@@ -169,8 +173,8 @@ async def test_a_sweep_exports_the_outbox_gauges(conn: psycopg.AsyncConnection[A
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     for n in range(2):
-        await store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    await Sweeper(sweeper_settings(), pool).sweep_once(now=datetime.now(UTC) + timedelta(minutes=5))
+        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+    await Sweeper(sweeper_settings(), PgSweeperStore(pool)).sweep_once(now=datetime.now(UTC) + timedelta(minutes=5))
     assert REGISTRY.get_sample_value("storyjobs_webhook_undelivered") == 2
     age = REGISTRY.get_sample_value("storyjobs_webhook_oldest_undelivered_age_seconds")
     assert age is not None and 290 < age < 310

@@ -19,11 +19,13 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import run_state_machine_as_test
 
+from api import store as api_store
 from api.admission import admission
-from shared import db, store
+from shared import db
 from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from sweeper import store as sweeper_store
 from tests import dbserver
 from tests.helpers import create_key
 from tests.model.worker_model import MAX_TOKENS, WorkerMachine, World
@@ -99,7 +101,7 @@ class PgWorld:
             job_id = len(self._public) + 1
             request = StoryRequest(prompt=f"story {job_id}")
             one = admission(self.client_id, uuid.uuid4().hex, request, self._settings)
-            (result,) = await store.job_insert_if_admitted(self.conn, admissions=[one], queue_max=10_000,
+            (result,) = await api_store.job_insert_if_admitted(self.conn, admissions=[one], queue_max=10_000,
                                                            client_queue_max=10_000, budget_usd=Decimal(1000))
             assert result.outcome == "inserted" and result.public_id is not None
             cur = await self.conn.execute("SELECT id FROM story_jobs WHERE public_id = %s", (result.public_id,))
@@ -111,12 +113,12 @@ class PgWorld:
 
     async def end_elsewhere(self, job_id: int, code: ErrorCode) -> None:
         if code is ErrorCode.CANCELLED:
-            await store.job_cancel(self.conn, client_id=self.client_id, job_id=self._public[job_id])
+            await api_store.job_cancel(self.conn, client_id=self.client_id, job_id=self._public[job_id])
             return
         # a sweep of this job alone: its heartbeat made old, then the sweeper's pass
         await self.conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '1 hour' "
                                 "WHERE id = %s AND status = 'running'", (job_id,))
-        await store.job_fail_stale(self.conn, heartbeat_timeout_s=600, job_timeout_s=86_400,
+        await sweeper_store.job_fail_stale(self.conn, heartbeat_timeout_s=600, job_timeout_s=86_400,
                                    pending_timeout_s=86_400, judge_running=True, batch_size=10, lock_timeout_s=5,
                                    now=datetime.now(UTC) + timedelta(seconds=1))
 

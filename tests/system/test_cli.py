@@ -11,10 +11,12 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from shared import keys, store, webhooks
+from api import store as api_store
+from shared import console_store, keys, webhooks
 from shared.rows import Completion, Failure
 from tests.helpers import client_id_of, count, enqueue
 from tests.system.procs import REPO
+from worker import store as worker_store
 
 pytestmark = pytest.mark.system
 
@@ -33,14 +35,14 @@ def history(database_url: str) -> dict[str, str]:
             client = await client_id_of(conn, "ops")
             done = await enqueue(conn, client, "a story that gets written")
             failed = await enqueue(conn, client, "a story the provider refuses")
-            claimed = await store.job_settle_and_claim(conn, worker_id="w-1", completions=[], claim_limit=2,
+            claimed = await worker_store.job_settle_and_claim(conn, worker_id="w-1", completions=[], claim_limit=2,
                                                        provider="anthropic", model="claude-sonnet-5-5")
             ids = {job.public_id: job.id for job in claimed.claimed}
-            await store.job_settle_and_claim(conn, worker_id="w-1", completions=[Completion(
+            await worker_store.job_settle_and_claim(conn, worker_id="w-1", completions=[Completion(
                 job_id=ids[done], client_id=client, attempt=1, title="T", body="B", model="claude-sonnet-5-5",
                 prompt_version="bedtime-v1", input_tokens=1000, output_tokens=2000, cost_usd=Decimal("0.022"),
                 request_id="req_1")], claim_limit=0, provider="anthropic", model="claude-sonnet-5-5")
-            await store.job_fail_running(conn, worker_id="w-1", failures=[Failure(
+            await worker_store.job_fail_running(conn, worker_id="w-1", failures=[Failure(
                 job_id=ids[failed], attempt=1, error_code="llm_rejected", error_text="the provider said no",
                 call_outcome="rejected", billed=False)])
             waiting = await enqueue(conn, client, "a story still waiting")
@@ -137,11 +139,11 @@ def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, histor
     async def hook() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             client = await client_id_of(conn, "ops")
-            endpoint = await store.webhook_endpoint_insert(
+            endpoint = await api_store.webhook_endpoint_insert(
                 conn, client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
                 secret=webhooks.new_secret(), max_per_client=10)
             assert endpoint is not None
-            await store.job_cancel(conn, client_id=client, job_id=uuid.UUID(history["waiting"]))
+            await api_store.job_cancel(conn, client_id=client, job_id=uuid.UUID(history["waiting"]))
 
     asyncio.run(hook())
     endpoints = storyjobs(database_url, "webhooks", "endpoints")
@@ -164,9 +166,9 @@ def test_actions_lists_what_operators_did_newest_first(database_url: str) -> Non
             ada = await keys.create_operator(conn, "ada")
             job = await enqueue(conn, await client_id_of(conn, "ops"), "a story")
             key_id = await count(conn, "SELECT id FROM operator_keys WHERE key_prefix = %s", ada.prefix)
-            await store.operator_action_record(conn, operator_key_id=key_id, action="job_cancel", job_id=job,
+            await console_store.operator_action_record(conn, operator_key_id=key_id, action="job_cancel", job_id=job,
                                                touched=1)
-            await store.operator_action_record(conn, operator_key_id=key_id, action="client_keys_revoke",
+            await console_store.operator_action_record(conn, operator_key_id=key_id, action="client_keys_revoke",
                                                filter={"client_id": 7}, touched=2)
             return ada.prefix, str(job)
 

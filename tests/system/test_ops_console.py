@@ -17,10 +17,11 @@ import psycopg
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
+from api import store as api_store
 from api.page import CONTENT_SECURITY_POLICY
 from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
-from sweeper import rollup
+from sweeper import store as sweeper_store
 from tests import ops_seed as seed
 from tests.helpers import sweeper_settings
 from tests.system.procs import ApiProc, System
@@ -59,9 +60,9 @@ def usd(value: Any) -> str:
 
 async def roll_up_the_last_hour(conn: psycopg.AsyncConnection[Any]) -> None:
     """The sweeper's rollup over the last hour, as a pass with a long interval makes it."""
-    gauges = await seed.store.job_queue_gauges(conn)
-    await rollup.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
-                                running=gauges.running)
+    gauges = await sweeper_store.job_queue_gauges(conn)
+    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                       running=gauges.running)
 
 
 class Console:
@@ -648,7 +649,7 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
 
     async def endpoint(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, int, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
-        row = await seed.store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
+        row = await api_store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
                                                        events=webhooks.EVENTS, secret=webhooks.new_secret(),
                                                        max_per_client=10)
         assert row is not None

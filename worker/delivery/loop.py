@@ -27,9 +27,10 @@ import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from shared import store, webhooks
+from shared import webhooks
 from shared.config import WorkerSettings
 from shared.rows import DeliveryOutcome, WebhookDeliveryClaim
+from worker import store as worker_store
 from worker.delivery import metrics, send
 
 log = structlog.get_logger()
@@ -85,7 +86,7 @@ class Deliverer:
             return []
         try:
             async with self._pool.connection() as conn:
-                claimed = await store.webhook_delivery_claim(conn, limit=free, lease_s=self.settings.webhook_lease_s)
+                claimed = await worker_store.webhook_delivery_claim(conn, limit=free, lease_s=self.settings.webhook_lease_s)
         except (psycopg.Error, PoolTimeout) as exc:
             self._database_failed(exc)
             return []
@@ -159,7 +160,7 @@ class Deliverer:
                       status_code: int | None = None, error: str | None = None) -> None:
         try:
             async with self._pool.connection() as conn:
-                latency_s = await store.webhook_delivery_finish(
+                latency_s = await worker_store.webhook_delivery_finish(
                     conn, delivery_id=delivery.id, attempt=delivery.attempts, outcome=outcome,
                     retry_in_s=retry_in_s, status_code=status_code,
                     error=None if error is None else error[:_ERROR_CHARS])

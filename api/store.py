@@ -1,0 +1,132 @@
+"""The api's queries, one small typed function each (sql/api.sql):
+admission, a client's jobs and stories, cancellation, the pacing hint, and
+a client's webhook endpoints."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Sequence
+from decimal import Decimal
+
+import msgspec
+
+from shared.queries import QUERIES as Q
+from shared.rows import (
+    Admission,
+    CancelResult,
+    DrainStats,
+    EnqueueResult,
+    IdempotentLookup,
+    JobView,
+    StoryView,
+    WebhookEndpointRow,
+)
+from shared.store import (
+    Conn,
+    cancel_with_ledger,
+    fetch_all,
+    fetch_one,
+    fetch_scalars,
+    jsonb,
+    struct_row,
+)
+
+# pg_advisory_xact_lock key for admissions: any constant unique to storyjobs
+ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
+
+
+# -- jobs and stories ----------------------------------------------------------------
+
+
+async def job_get_by_idempotency_key_for_key(
+    conn: Conn, *, key_prefix: str, idempotency_key: str
+) -> IdempotentLookup | None:
+    return await fetch_one(
+        conn,
+        IdempotentLookup,
+        "job_get_by_idempotency_key_for_key",
+        {"key_prefix": key_prefix, "idempotency_key": idempotency_key},
+    )
+
+
+async def job_insert_if_admitted(
+    conn: Conn, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int,
+    budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
+) -> list[EnqueueResult]:
+    """Takes the admission lock, then admits the batch in order while the
+    queues and the spend budgets have room, in one transaction sent as a
+    single pipelined round trip. One result per admission, in the same
+    order. The batch must not hold one (client, key) twice."""
+    requests = [
+        {
+            "ord": ord_,
+            "client_id": a.client_id,
+            "idempotency_key": a.idempotency_key,
+            "request_fingerprint": a.request_fingerprint.hex(),
+            "request": msgspec.Raw(a.request_json.encode()),
+            "max_tokens": a.max_tokens,
+            "input_tokens_estimate": a.input_tokens_estimate,
+            "worst_case_usd": a.worst_case_usd,
+            "model": a.model,
+            "input_usd_per_mtok": a.input_usd_per_mtok,
+            "output_usd_per_mtok": a.output_usd_per_mtok,
+        }
+        for ord_, a in enumerate(admissions)
+    ]
+    params = {"requests": jsonb(requests), "queue_max": queue_max, "client_queue_max": client_queue_max,
+              "budget_usd": budget_usd, "client_budget_usd": client_budget_usd}
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
+        cur = conn.cursor(row_factory=struct_row(EnqueueResult))
+        await cur.execute(Q["job_insert_if_admitted"], params)
+    return await cur.fetchall()
+
+
+async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
+    return await fetch_one(conn, JobView, "job_get_for_key", {"key_prefix": key_prefix, "job_id": job_id})
+
+
+async def job_cancel(conn: Conn, *, client_id: int, job_id: uuid.UUID) -> CancelResult | None:
+    """pending or running -> failed (cancelled), and the ledger row of a call
+    left open closed, in one transaction sent as one round trip. None: no
+    such job for this client."""
+    return await cancel_with_ledger(conn, "job_cancel", {"client_id": client_id, "job_id": job_id})
+
+
+async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:
+    return await fetch_one(conn, StoryView, "story_get_for_key", {"key_prefix": key_prefix, "story_id": story_id})
+
+
+async def job_drain_stats(conn: Conn, *, model: str = "") -> DrainStats:
+    row = await fetch_one(conn, DrainStats, "job_drain_stats", {"model": model})
+    assert row is not None
+    return row
+
+
+# -- webhook endpoints ---------------------------------------------------------------
+
+
+async def webhook_endpoint_insert(
+    conn: Conn, *, client_id: int, url: str, events: Sequence[str], secret: str, max_per_client: int
+) -> WebhookEndpointRow | None:
+    """None: the client has max_per_client endpoints already."""
+    return await fetch_one(conn, WebhookEndpointRow, "webhook_endpoint_insert",
+                      {"client_id": client_id, "url": url, "events": list(events), "secret": secret,
+                       "max_per_client": max_per_client})
+
+
+async def webhook_endpoint_list_for_client(conn: Conn, *, client_id: int) -> list[WebhookEndpointRow]:
+    return await fetch_all(conn, WebhookEndpointRow, "webhook_endpoint_list_for_client", {"client_id": client_id})
+
+
+async def webhook_endpoint_delete(conn: Conn, *, client_id: int, endpoint_id: uuid.UUID) -> bool:
+    return bool(await fetch_scalars(conn, "webhook_endpoint_delete",
+                               {"client_id": client_id, "endpoint_id": endpoint_id}))
+
+
+async def webhook_endpoint_rotate_secret(
+    conn: Conn, *, client_id: int, endpoint_id: uuid.UUID, secret: str, overlap_s: float
+) -> WebhookEndpointRow | None:
+    return await fetch_one(conn, WebhookEndpointRow, "webhook_endpoint_rotate_secret",
+                      {"client_id": client_id, "endpoint_id": endpoint_id, "secret": secret,
+                       "overlap_s": overlap_s})

@@ -1,0 +1,219 @@
+"""What operators read and do, from the console (api/ops.py, the operator
+routes of api/webhooks.py) and from the ``storyjobs`` command (tools/cli.py):
+one small typed function per query of sql/console.sql, so that the two
+answer each question with one query and one row type."""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Mapping
+from datetime import datetime, timedelta
+from typing import Any
+
+import msgspec
+from psycopg.rows import dict_row
+
+from shared.queries import QUERIES as Q
+from shared.rows import (
+    CancelResult,
+    ClientToday,
+    HourStats,
+    JobAdminRow,
+    JobFilter,
+    JobListRow,
+    KeyListRow,
+    LlmCallRow,
+    OperatorAction,
+    OperatorActionRow,
+    OperatorKeyAuth,
+    OperatorKeyListRow,
+    OpsClient,
+    OpsJobDetail,
+    OpsJobRow,
+    OpsOverviewRow,
+    PendingCount,
+    RateBucketRow,
+    RollupMinuteRow,
+    WebhookDeliveryRow,
+    WebhookEndpointAdminRow,
+    WorkerRow,
+)
+from shared.status import JobStatus
+
+# The console reads a few common queries too: named here (re-exported), its
+# one store holds all it runs.
+from shared.store import Conn as Conn
+from shared.store import budget_days_today as budget_days_today
+from shared.store import cancel_with_ledger, fetch_all, fetch_one, fetch_scalars, jsonb
+from shared.store import job_id_bounds as job_id_bounds
+
+# -- keys ----------------------------------------------------------------------------
+
+
+async def api_key_list(conn: Conn) -> list[KeyListRow]:
+    return await fetch_all(conn, KeyListRow, "api_key_list", {})
+
+
+async def api_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
+    return bool(await fetch_scalars(conn, "api_key_revoke", {"key_prefix": key_prefix}))
+
+
+async def api_key_revoke_for_client(conn: Conn, *, client_id: int) -> list[str] | None:
+    """Revokes the client's active keys; returns their prefixes (None: no
+    such client)."""
+    found = await fetch_scalars(conn, "api_key_revoke_for_client", {"client_id": client_id})
+    return list(found[0]) if found else None
+
+
+async def operator_key_get(conn: Conn, *, key_prefix: str) -> OperatorKeyAuth | None:
+    return await fetch_one(conn, OperatorKeyAuth, "operator_key_get", {"key_prefix": key_prefix})
+
+
+async def operator_key_list(conn: Conn) -> list[OperatorKeyListRow]:
+    return await fetch_all(conn, OperatorKeyListRow, "operator_key_list", {})
+
+
+async def operator_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
+    return bool(await fetch_scalars(conn, "operator_key_revoke", {"key_prefix": key_prefix}))
+
+
+# -- jobs ----------------------------------------------------------------------------
+
+
+async def job_list(conn: Conn, *, status: JobStatus | None, limit: int) -> list[JobListRow]:
+    return await fetch_all(conn, JobListRow, "job_list", {"status": status, "limit": limit})
+
+
+async def job_get_admin(conn: Conn, *, job_id: uuid.UUID) -> JobAdminRow | None:
+    return await fetch_one(conn, JobAdminRow, "job_get_admin", {"job_id": job_id})
+
+
+async def llm_call_list_for_job(conn: Conn, *, job_id: int) -> list[LlmCallRow]:
+    return await fetch_all(conn, LlmCallRow, "llm_call_list_for_job", {"job_id": job_id})
+
+
+def _filter_params(filters: JobFilter) -> dict[str, Any]:
+    return msgspec.structs.asdict(filters)
+
+
+async def ops_job_list(
+    conn: Conn, *, before_id: int, floor_id: int, filters: JobFilter, limit: int
+) -> list[OpsJobRow]:
+    """Jobs matching filters with floor_id <= id < before_id, newest first."""
+    params = {**_filter_params(filters), "before_id": before_id, "floor_id": floor_id, "limit": limit}
+    return await fetch_all(conn, OpsJobRow, "ops_job_list", params)
+
+
+async def ops_job_list_live(
+    conn: Conn, *, filters: JobFilter, before_created_at: datetime | None, before_id: int | None, limit: int
+) -> list[OpsJobRow]:
+    """Jobs of one live status (filters.status) below (before_created_at,
+    before_id), newest first; None: from the newest."""
+    params = {**_filter_params(filters), "before_created_at": before_created_at, "before_id": before_id,
+              "limit": limit}
+    return await fetch_all(conn, OpsJobRow, "ops_job_list_live", params)
+
+
+async def ops_job_get(conn: Conn, *, job_id: uuid.UUID) -> OpsJobDetail | None:
+    return await fetch_one(conn, OpsJobDetail, "ops_job_get", {"job_id": job_id})
+
+
+async def ops_job_cancel(conn: Conn, *, job_id: uuid.UUID) -> CancelResult | None:
+    """An operator's cancellation, whoever's the job: as job_cancel, the
+    ledger row of a call left open closed in the same transaction. None: no
+    such job."""
+    return await cancel_with_ledger(conn, "ops_job_cancel", {"job_id": job_id, "client_id": None})
+
+
+async def ops_job_count_pending(conn: Conn, *, filters: JobFilter) -> PendingCount:
+    # status and error_code are not read: the count is of pending jobs
+    row = await fetch_one(conn, PendingCount, "ops_job_count_pending", _filter_params(filters))
+    assert row is not None
+    return row
+
+
+async def ops_job_cancel_pending(conn: Conn, *, filters: JobFilter, through_id: int) -> list[uuid.UUID]:
+    """Cancels the pending jobs matching filters (client and time range) up
+    to through_id; returns the job ids it cancelled."""
+    return await fetch_scalars(conn, "ops_job_cancel_pending", {**_filter_params(filters), "through_id": through_id})
+
+
+async def ops_client_list(conn: Conn) -> list[OpsClient]:
+    async with conn.cursor(row_factory=dict_row) as cur:
+        await cur.execute(Q["ops_client_list"], {})
+        rows = await cur.fetchall()
+    # the keys arrive as one JSON array per client
+    return msgspec.convert(rows, list[OpsClient])
+
+
+# -- overview, history, workers ------------------------------------------------------
+
+
+async def stats_last_hour(conn: Conn) -> HourStats:
+    row = await fetch_one(conn, HourStats, "stats_last_hour", {})
+    assert row is not None
+    return row
+
+
+async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
+    row = await fetch_one(conn, OpsOverviewRow, "ops_overview", {"day_from_id": day_from_id})
+    assert row is not None
+    return row
+
+
+async def llm_rate_bucket_list(conn: Conn) -> list[RateBucketRow]:
+    return await fetch_all(conn, RateBucketRow, "llm_rate_bucket_list", {})
+
+
+async def ops_history(conn: Conn, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:
+    """The rollup from since, summed into buckets of step aligned on origin
+    (each row's minute is its bucket's start)."""
+    return await fetch_all(conn, RollupMinuteRow, "ops_history", {"since": since, "step": step, "origin": origin})
+
+
+async def ops_writers_recent(conn: Conn) -> list[str]:
+    return [str(provider) for provider in await fetch_scalars(conn, "ops_writers_recent")]
+
+
+async def ops_client_today(conn: Conn, *, from_id: int, day_start: datetime) -> list[ClientToday]:
+    return await fetch_all(conn, ClientToday, "ops_client_today", {"from_id": from_id, "day_start": day_start})
+
+
+async def ops_workers(conn: Conn) -> list[WorkerRow]:
+    return await fetch_all(conn, WorkerRow, "ops_workers", {})
+
+
+# -- webhooks ------------------------------------------------------------------------
+
+
+async def webhook_endpoint_list(conn: Conn, *, client_id: int | None = None) -> list[WebhookEndpointAdminRow]:
+    return await fetch_all(conn, WebhookEndpointAdminRow, "webhook_endpoint_list", {"client_id": client_id})
+
+
+async def webhook_delivery_list(
+    conn: Conn, *, endpoint_id: uuid.UUID | None = None, state: str | None = None, limit: int = 50
+) -> list[WebhookDeliveryRow]:
+    return await fetch_all(conn, WebhookDeliveryRow, "webhook_delivery_list",
+                      {"endpoint_id": endpoint_id, "state": state, "limit": limit})
+
+
+async def webhook_delivery_retry(conn: Conn, *, delivery_id: int) -> bool:
+    """dead -> pending, due now; False: no dead delivery of that id."""
+    return bool(await fetch_scalars(conn, "webhook_delivery_retry", {"delivery_id": delivery_id}))
+
+
+# -- operators' actions --------------------------------------------------------------
+
+
+async def operator_action_record(
+    conn: Conn, *, operator_key_id: int, action: OperatorAction, touched: int, job_id: uuid.UUID | None = None,
+    filter: Mapping[str, Any] | None = None,
+) -> None:
+    """Records an operator's action; run it in the action's transaction."""
+    await conn.execute(Q["operator_action_insert"], {
+        "operator_key_id": operator_key_id, "action": action, "job_id": job_id,
+        "filter": None if filter is None else jsonb(filter), "touched": touched})
+
+
+async def operator_action_list(conn: Conn, *, limit: int, before_id: int | None = None) -> list[OperatorActionRow]:
+    return await fetch_all(conn, OperatorActionRow, "operator_action_list", {"limit": limit, "before_id": before_id})
