@@ -19,6 +19,7 @@ from typing import Any
 from shared.ratelimit import LimiterState, ProviderView
 from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import ErrorCode, JobStatus, LlmOutcome
+from worker.store import WorkerStore
 
 
 @dataclass
@@ -137,7 +138,7 @@ class RecordingStore:
                 job.status, job.story = JobStatus.COMPLETED, completion
                 self.charged[job.id] = completion.cost_usd
                 completed.append(completion.job_id)
-        claimed = []
+        claimed: list[ClaimedJob] = []
         for job in self.jobs.values():
             if len(claimed) == claim_limit:
                 break
@@ -236,3 +237,7 @@ class RecordingStore:
         return ClaimedJob(id=job.id, public_id=job.public_id, client_id=1, request={"prompt": f"story {job.id}"},
                           created_at=job.created_at, started_at=datetime.now(UTC), max_tokens=self.max_tokens,
                           input_tokens_estimate=self.input_tokens_estimate)
+
+
+# mypy rejects this line when the fake drifts from the interface it stands for
+_: WorkerStore = RecordingStore()

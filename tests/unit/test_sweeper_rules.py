@@ -1,0 +1,170 @@
+"""The sweeper's pass, on a recording store: what it does with the stale jobs
+found, when it judges running jobs, how it batches and prunes, and what a
+lock timeout or a lost connection does to the next pass. No database and no
+waiting: the clock is the test's."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import psycopg
+import pytest
+from prometheus_client import REGISTRY
+from structlog.testing import capture_logs
+
+from shared.config import SweeperSettings
+from shared.rows import QueueGauges
+from shared.status import ErrorCode
+from sweeper.__main__ import run
+from sweeper.sweep import Sweeper
+from tests.unit.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def settings(**overrides: Any) -> SweeperSettings:
+    return SweeperSettings(**{"heartbeat_interval_s": 5.0, "heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0,
+                              "pending_timeout_s": 1800.0, "sweeper_batch_size": 100, "metrics_port": 0,
+                              **overrides})
+
+
+def reclaimed_total(reason: ErrorCode) -> float:
+    return REGISTRY.get_sample_value("storyjobs_sweeper_reclaimed_total", {"reason": reason}) or 0.0
+
+
+async def judging_sweeper(store: RecordingSweeperStore, **overrides: Any) -> Sweeper:
+    """A sweeper that has seen the database writable for a whole heartbeat timeout."""
+    clock = FakeClock()
+    sweeper = Sweeper(settings(**overrides), store, clock=clock)
+    await sweeper.probe()
+    clock.now += sweeper.settings.heartbeat_timeout_s
+    return sweeper
+
+
+async def test_stale_jobs_found_are_counted_by_reason_metered_and_logged() -> None:
+    """Each stale job the store fails counts under its reason, in the result, the metric and a log event."""
+    store = RecordingSweeperStore()
+    jobs = [stale(ErrorCode.INTERRUPTED), stale(ErrorCode.TIMED_OUT), stale(ErrorCode.QUEUE_TIMEOUT, None),
+            stale(ErrorCode.INTERRUPTED, "w-2")]
+    store.stale_batches = [jobs]
+    sweeper = await judging_sweeper(store)
+    before = {reason: reclaimed_total(reason) for reason in ErrorCode}
+    with capture_logs() as logs:
+        result = await sweeper.sweep_once()
+    assert (result.interrupted, result.timed_out, result.queue_timeout) == (2, 1, 1)
+    assert result.reclaimed == 4 and result.judged_running
+    assert reclaimed_total(ErrorCode.INTERRUPTED) - before[ErrorCode.INTERRUPTED] == 2
+    assert reclaimed_total(ErrorCode.QUEUE_TIMEOUT) - before[ErrorCode.QUEUE_TIMEOUT] == 1
+    events = [(e["job_id"], e["reason"], e["worker_id"]) for e in logs if e["event"] == "sweeper.reclaimed"]
+    assert events == [(str(job.public_id), job.reason, job.worker_id) for job in jobs]
+    assert [e for e in logs if e["event"] == "sweeper.pass"][0]["reclaimed"] == 4
+
+
+async def test_running_jobs_are_judged_only_after_a_whole_heartbeat_timeout_writable() -> None:
+    """Until the database has been seen writable for HEARTBEAT_TIMEOUT_S, a pass applies the pending rule only."""
+    store = RecordingSweeperStore()
+    clock = FakeClock()
+    sweeper = Sweeper(settings(), store, clock=clock)
+    assert not (await sweeper.sweep_once()).judged_running
+    clock.now += 59.0
+    assert not (await sweeper.sweep_once()).judged_running
+    clock.now += 1.0
+    assert (await sweeper.sweep_once()).judged_running
+    assert [call["judge_running"] for call in store.named("fail_stale")] == [False, False, True]
+
+
+async def test_a_pass_that_may_not_judge_running_jobs_reclaims_only_the_pending_ones() -> None:
+    """Before the wait is over, a heartbeat older than the timeout is no proof of death: only queue timeouts."""
+    store = RecordingSweeperStore()
+    store.stale_batches = [[stale(ErrorCode.INTERRUPTED), stale(ErrorCode.QUEUE_TIMEOUT, None)]]
+    result = await Sweeper(settings(), store, clock=FakeClock()).sweep_once()
+    assert (result.interrupted, result.queue_timeout, result.judged_running) == (0, 1, False)
+
+
+async def test_every_statement_waits_for_a_lock_at_most_one_heartbeat_interval() -> None:
+    """The probe and each batch take the lock a heartbeat takes, under a lock timeout of HEARTBEAT_INTERVAL_S."""
+    store = RecordingSweeperStore()
+    sweeper = Sweeper(settings(heartbeat_interval_s=2.5), store, clock=FakeClock())
+    await sweeper.probe()
+    await sweeper.sweep_once()
+    assert [call["lock_timeout_s"] for call in store.named("probe") + store.named("fail_stale")] == [2.5, 2.5, 2.5]
+
+
+async def test_a_lock_timeout_fails_the_pass_and_starts_the_wait_again() -> None:
+    """A probe that times out on a lock raises out of the pass; once the loop reports it, running jobs wait again."""
+    store = RecordingSweeperStore()
+    sweeper = await judging_sweeper(store)
+    store.fail_next("probe", psycopg.errors.LockNotAvailable("canceling statement due to lock timeout"))
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        await sweeper.sweep_once()
+    assert store.named("fail_stale") == []
+    sweeper.connection_lost()
+    assert not (await sweeper.sweep_once()).judged_running
+
+
+async def test_the_loop_treats_a_database_error_in_a_pass_as_an_outage() -> None:
+    """A pass that loses its connection is logged once, and the next pass does not judge running jobs."""
+    store = RecordingSweeperStore()
+    sweeper = await judging_sweeper(store)
+    assert sweeper.running_jobs_judgeable()
+    store.fail_next("fail_stale", psycopg.OperationalError("server closed the connection unexpectedly"))
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(run(sweeper, stop))
+        while not store.named("fail_stale"):
+            await asyncio.sleep(0)
+        stop.set()
+        await loop
+    assert [e["event"] for e in logs if e["event"].startswith("sweeper.database")] == ["sweeper.database_error"]
+    assert not sweeper.running_jobs_judgeable()
+    assert REGISTRY.get_sample_value("storyjobs_sweeper_heartbeat_checks_enabled") == 0
+
+
+async def test_a_restarted_server_starts_the_wait_again() -> None:
+    """A new server start time means heartbeats may have been lost: running jobs wait a heartbeat timeout again."""
+    store = RecordingSweeperStore()
+    sweeper = await judging_sweeper(store)
+    assert (await sweeper.sweep_once()).judged_running
+    store.server_started_at = SERVER_STARTED_AT.replace(hour=1)
+    with capture_logs() as logs:
+        assert not (await sweeper.sweep_once()).judged_running
+    assert "sweeper.server_restarted" in [e["event"] for e in logs]
+
+
+async def test_full_batches_are_swept_again_until_one_comes_back_short() -> None:
+    """A batch of SWEEPER_BATCH_SIZE may have left more behind: the pass asks again until a batch is short."""
+    store = RecordingSweeperStore()
+    store.stale_batches = [[stale(ErrorCode.QUEUE_TIMEOUT)] * 2, [stale(ErrorCode.QUEUE_TIMEOUT)] * 2,
+                           [stale(ErrorCode.QUEUE_TIMEOUT)]]
+    result = await Sweeper(settings(sweeper_batch_size=2), store, clock=FakeClock()).sweep_once()
+    assert len(store.named("fail_stale")) == 3 and result.queue_timeout == 5
+
+
+async def test_pruning_stops_when_nothing_is_left_or_after_ten_batches() -> None:
+    """Prune batches run until one deletes nothing, and never more than ten in one pass, so a pass stays short."""
+    store = RecordingSweeperStore()
+    store.prune_counts = [3, 3, 0, 3]
+    sweeper = Sweeper(settings(), store, clock=FakeClock())
+    assert (await sweeper.sweep_once()).pruned == 6
+    assert len(store.named("prune_finished")) == 3
+    store.prune_counts = [7] * 12
+    store.calls.clear()
+    assert (await sweeper.sweep_once()).pruned == 70
+    assert len(store.named("prune_finished")) == 10
+
+
+async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
+    """The pass reports the queue it read, and records that depth in the console's history."""
+    store = RecordingSweeperStore()
+    store.gauges = QueueGauges(pending=7, running=3, oldest_pending_age_seconds=12.5)
+    result = await Sweeper(settings(), store, clock=FakeClock()).sweep_once()
+    assert (result.pending, result.running, result.oldest_pending_age_seconds) == (7, 3, 12.5)
+    assert store.named("record_minutes") == [{"pending": 7, "running": 3}]
+    assert REGISTRY.get_sample_value("storyjobs_jobs", {"status": "pending"}) == 7
