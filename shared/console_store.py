@@ -7,21 +7,18 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import msgspec
 from psycopg.rows import dict_row
 
+from shared.config import BaseSettings
 from shared.queries import QUERIES as Q
 from shared.rows import (
     CancelResult,
     ClientToday,
-    HourStats,
-    JobAdminRow,
     JobFilter,
-    JobListRow,
-    KeyListRow,
     LlmCallRow,
     OperatorAction,
     OperatorActionRow,
@@ -38,7 +35,6 @@ from shared.rows import (
     WebhookEndpointAdminRow,
     WorkerRow,
 )
-from shared.status import JobStatus
 
 # The console reads a few common queries too: named here (re-exported), its
 # one store holds all it runs.
@@ -47,11 +43,20 @@ from shared.store import budget_days_today as budget_days_today
 from shared.store import cancel_with_ledger, fetch_all, fetch_one, fetch_scalars, jsonb
 from shared.store import job_id_bounds as job_id_bounds
 
+# a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
+# the sweeper fails it at its next pass: this much later at worst, unless the
+# sweeper is stopped
+SWEEPER_LAG = timedelta(minutes=10)
+
+
+def finished_since(settings: BaseSettings, window: timedelta) -> datetime:
+    """The oldest creation time of a job that can have finished in the last
+    ``window``: ops_overview's day_from_id is job_id_bounds' lo_id from it."""
+    longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
+    return datetime.now(UTC) - window - longest_life
+
+
 # -- keys ----------------------------------------------------------------------------
-
-
-async def api_key_list(conn: Conn) -> list[KeyListRow]:
-    return await fetch_all(conn, KeyListRow, "api_key_list", {})
 
 
 async def api_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
@@ -78,14 +83,6 @@ async def operator_key_revoke(conn: Conn, *, key_prefix: str) -> bool:
 
 
 # -- jobs ----------------------------------------------------------------------------
-
-
-async def job_list(conn: Conn, *, status: JobStatus | None, limit: int) -> list[JobListRow]:
-    return await fetch_all(conn, JobListRow, "job_list", {"status": status, "limit": limit})
-
-
-async def job_get_admin(conn: Conn, *, job_id: uuid.UUID) -> JobAdminRow | None:
-    return await fetch_one(conn, JobAdminRow, "job_get_admin", {"job_id": job_id})
 
 
 async def llm_call_list_for_job(conn: Conn, *, job_id: int) -> list[LlmCallRow]:
@@ -147,12 +144,6 @@ async def ops_client_list(conn: Conn) -> list[OpsClient]:
 
 
 # -- overview, history, workers ------------------------------------------------------
-
-
-async def stats_last_hour(conn: Conn) -> HourStats:
-    row = await fetch_one(conn, HourStats, "stats_last_hour", {})
-    assert row is not None
-    return row
 
 
 async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:

@@ -224,42 +224,6 @@ class QueueGauges(msgspec.Struct, frozen=True):
     oldest_pending_age_seconds: float
 
 
-class KeyListRow(msgspec.Struct, frozen=True):
-    key_prefix: str
-    client_name: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-
-class JobListRow(msgspec.Struct, frozen=True):
-    public_id: uuid.UUID
-    client_name: str
-    status: JobStatus
-    error_code: ErrorCode | None
-    progress: int
-    created_at: datetime
-    started_at: datetime | None
-    completed_at: datetime | None
-    worker_id: str | None
-
-
-class JobAdminRow(msgspec.Struct, frozen=True):
-    id: int
-    public_id: uuid.UUID
-    client_name: str
-    status: JobStatus
-    error_code: ErrorCode | None
-    error_text: str | None
-    progress: int
-    worker_id: str | None
-    story_id: uuid.UUID | None
-    request: dict[str, Any]
-    created_at: datetime
-    started_at: datetime | None
-    heartbeat_at: datetime | None
-    completed_at: datetime | None
-
-
 class LlmCallRow(msgspec.Struct, frozen=True):
     attempt: int
     worker_id: str
@@ -274,17 +238,6 @@ class LlmCallRow(msgspec.Struct, frozen=True):
     cost_usd: Decimal
     request_id: str | None
     error_text: str | None
-
-
-class HourStats(msgspec.Struct, frozen=True):
-    pending: int
-    running: int
-    succeeded_calls: int
-    failed_calls: int
-    billed_calls: int
-    input_tokens: int
-    output_tokens: int
-    cost_usd: Decimal
 
 
 # -- operators ---------------------------------------------------------------------

@@ -10,11 +10,6 @@
 -- (common.sql).
 
 
--- name: api_key_list
-SELECT k.key_prefix, c.name AS client_name, k.created_at, k.revoked_at
-FROM api_keys k JOIN api_clients c ON c.id = k.client_id
-ORDER BY k.id;
-
 -- name: api_key_revoke
 UPDATE api_keys SET revoked_at = now()
 WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
@@ -22,47 +17,16 @@ RETURNING key_prefix;
 
 -- name: llm_rate_bucket_list
 -- The shared rate buckets, refilled to now at the rates the caller knows
--- (NULL rate: shown as stored): `storyjobs stats`.
+-- (NULL rate: shown as stored): the console's overview, `storyjobs stats`.
 SELECT model, requests, input_tokens, output_tokens,
        greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s,
        greatest(extract(epoch FROM now() - refilled_at), 0)::float8 AS since_refill_s
 FROM llm_rate_buckets ORDER BY model;
 
--- name: job_list
--- `storyjobs jobs list`, newest first.
-SELECT j.public_id, c.name AS client_name, j.status, j.error_code, j.progress,
-       j.created_at, j.started_at, j.completed_at, j.worker_id
-FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
-WHERE (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
-ORDER BY j.id DESC
-LIMIT %(limit)s;
-
--- name: job_get_admin
--- `storyjobs jobs show ID`.
-SELECT j.id, j.public_id, c.name AS client_name, j.status, j.error_code, j.error_text,
-       j.progress, j.worker_id, j.story_id, j.request, j.created_at, j.started_at,
-       j.heartbeat_at, j.completed_at
-FROM story_jobs j JOIN api_clients c ON c.id = j.client_id
-WHERE j.public_id = %(job_id)s;
-
 -- name: llm_call_list_for_job
 SELECT attempt, worker_id, provider, model, started_at, finished_at, outcome, billed,
        input_tokens, output_tokens, cost_usd, request_id, error_text
 FROM llm_calls WHERE job_id = %(job_id)s ORDER BY attempt;
-
--- name: stats_last_hour
--- `storyjobs stats`: queue depth, throughput and spend over the last hour.
--- The ledger is read by time; llm_calls_started_at_brin keeps that cheap.
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
-       count(*) FILTER (WHERE c.outcome = 'succeeded') AS succeeded_calls,
-       count(*) FILTER (WHERE c.outcome NOT IN ('succeeded', 'started')) AS failed_calls,
-       count(*) FILTER (WHERE c.billed) AS billed_calls,
-       coalesce(sum(c.input_tokens), 0)::bigint AS input_tokens,
-       coalesce(sum(c.output_tokens), 0)::bigint AS output_tokens,
-       coalesce(sum(c.cost_usd), 0)::numeric(14, 6) AS cost_usd
-FROM llm_calls c
-WHERE c.started_at > now() - interval '1 hour';
 
 -- name: operator_key_get
 -- Every /ops request: the api compares key_hash in constant time. Only
@@ -82,11 +46,12 @@ RETURNING key_prefix;
 -- name: ops_job_list
 -- The console's jobs list, newest first: a walk down the primary key from
 -- %(before_id)s, stopping at %(floor_id)s or when %(limit)s rows matched,
--- whichever comes first. The caller keeps the range to a bounded number of
+-- whichever comes first. The console keeps the range to a bounded number of
 -- ids, so a request costs the same whether the filters match every row or
--- none, and however deep the page: no OFFSET, no count. Filters that are
--- NULL are off. Each row's cost is read from its own ledger rows (their
--- primary key), only for the rows of the page.
+-- none, and however deep the page: no OFFSET, no count (`storyjobs jobs
+-- list` walks every id). Filters that are NULL are off. Each row's cost is
+-- read from its own ledger rows (their primary key), only for the rows of
+-- the page.
 WITH page AS MATERIALIZED (
     SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
            j.created_at, j.started_at, j.completed_at
@@ -139,8 +104,9 @@ WITH page AS MATERIALIZED (
 ORDER BY p.created_at DESC, p.id DESC;
 
 -- name: ops_job_get
--- A job's page: the job, its client and its story (kept also when the job
--- failed after the story was paid for), by the public id's unique index.
+-- A job's page (and `storyjobs jobs show ID`): the job, its client and its
+-- story (kept also when the job failed after the story was paid for), by
+-- the public id's unique index.
 SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.status::text AS status,
        j.error_code, j.error_text, j.worker_id, j.progress, j.request,
        j.created_at, j.started_at, j.heartbeat_at, j.completed_at,
@@ -210,7 +176,8 @@ cancelled AS (
 SELECT public_id FROM cancelled;
 
 -- name: ops_client_list
--- The clients, for the console's filter and its keys screen.
+-- The clients, for the console's filter and its keys screen, and `storyjobs
+-- keys list`.
 SELECT c.id AS client_id, c.name, c.created_at, c.budget_usd_per_day,
        coalesce(json_agg(json_build_object(
            'key_prefix', k.key_prefix, 'created_at', k.created_at, 'revoked_at', k.revoked_at)
@@ -237,7 +204,7 @@ SELECT coalesce((SELECT array_agg(key_prefix ORDER BY key_prefix) FROM revoked),
 FROM client;
 
 -- name: ops_overview
--- The console's overview in one statement. Live jobs come from the
+-- The console's overview (and `storyjobs stats`) in one statement. Live jobs come from the
 -- live-jobs index. Finished jobs are counted by when they finished, among
 -- the rows from %(day_from_id)s up: the caller takes that id from
 -- job_id_bounds at a day plus the longest a job can wait and run before the

@@ -19,6 +19,7 @@ import asyncio
 import sys
 import uuid
 from collections.abc import Sequence
+from datetime import timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -28,6 +29,7 @@ import psycopg
 from shared import console_store, db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
 from shared.ratelimit import KINDS, RateLimits
+from shared.rows import JobFilter
 from shared.status import JobStatus
 
 
@@ -98,9 +100,11 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 
 async def cmd_keys_list(_: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await console_store.api_key_list(conn)
+        clients = await console_store.ops_client_list(conn)
         operator_rows = await console_store.operator_key_list(conn)
-    listed = [(row.key_prefix, row.client_name, row.created_at, row.revoked_at) for row in rows]
+    # the console's list of clients with their keys, oldest key first
+    listed = sorted(((key.key_prefix, client.name, key.created_at, key.revoked_at)
+                     for client in clients for key in client.keys), key=lambda row: row[2])
     # operators' keys are named by who holds them, marked as such
     listed += [(row.key_prefix, f"{row.name} (operator)", row.created_at, row.revoked_at) for row in operator_rows]
     _out(f"{'PREFIX':<14} {'CLIENT':<24} {'CREATED':<26} REVOKED")
@@ -122,13 +126,19 @@ async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
+# above every job's id: the jobs list walks down from here
+_NO_ID_ABOVE = 2**63 - 1
+
+
 def _when(value: Any) -> str:
     return value.isoformat(timespec="seconds") if value is not None else "-"
 
 
 async def cmd_jobs_list(args: argparse.Namespace) -> int:
     async with await _connect() as conn:
-        rows = await console_store.job_list(conn, status=args.status, limit=args.limit)
+        # the console's jobs list, over every id
+        rows = await console_store.ops_job_list(conn, before_id=_NO_ID_ABOVE, floor_id=0,
+                                                filters=JobFilter(status=args.status), limit=args.limit)
     _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
         _out(f"{row.public_id!s:<36}  {row.status:<9} {row.error_code or '-':<14} {row.client_name[:16]:<16} "
@@ -143,7 +153,7 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
         sys.stderr.write(f"storyjobs: {args.job_id!r} is not a job id\n")
         return 2
     async with await _connect() as conn:
-        job = await console_store.job_get_admin(conn, job_id=job_id)
+        job = await console_store.ops_job_get(conn, job_id=job_id)
         if job is None:
             sys.stderr.write(f"storyjobs: no job {job_id}\n")
             return 1
@@ -177,15 +187,18 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
 async def cmd_stats(_: argparse.Namespace) -> int:
     settings = load(ApiSettings)
     async with await _connect() as conn:
-        stats = await console_store.stats_last_hour(conn)
+        bounds = await store.job_id_bounds(
+            conn, created_after=console_store.finished_since(settings, timedelta(days=1)), created_before=None)
+        stats = await console_store.ops_overview(conn, day_from_id=bounds.lo_id)
         budgets = await store.budget_days_today(conn)
         buckets = await console_store.llm_rate_bucket_list(conn)
     _out(f"queue      {stats.pending} pending, {stats.running} running")
     _out("last hour")
-    _out(f"  stories  {stats.succeeded_calls} written ({stats.succeeded_calls / 60:.1f}/min), "
-         f"{stats.failed_calls} LLM calls failed")
-    _out(f"  billed   {stats.billed_calls} requests, {stats.input_tokens} input + {stats.output_tokens} output tokens")
-    _out(f"  spend    ${stats.cost_usd}")
+    _out(f"  stories  {stats.hour_completed} written ({stats.hour_completed / 60:.1f}/min), "
+         f"{stats.hour_failed} jobs failed")
+    _out(f"  billed   {stats.hour_billed_calls} requests, {stats.hour_input_tokens} input + "
+         f"{stats.hour_output_tokens} output tokens")
+    _out(f"  spend    ${stats.hour_spend_usd}")
     _out("today (UTC), spent + reserved against each budget")
     if not budgets:
         _out("  nothing reserved today")

@@ -81,11 +81,11 @@ def test_jobs_show_of_an_unknown_job_says_so(database_url: str, history: dict[st
 
 
 def test_stats_sum_the_last_hour(database_url: str, history: dict[str, str]) -> None:
-    """`stats` shows the queue, the stories written, the billed requests, tokens and spend."""
+    """`stats` shows the queue, the stories written, the jobs failed, the billed requests, tokens and spend."""
     result = storyjobs(database_url, "stats")
     assert result.returncode == 0, result.stderr
     assert "1 pending, 0 running" in result.stdout
-    assert "1 written" in result.stdout and "1 LLM calls failed" in result.stdout
+    assert "1 written" in result.stdout and "1 jobs failed" in result.stdout
     assert "1 requests, 1000 input + 2000 output tokens" in result.stdout
     assert "$0.022000" in result.stdout
 
