@@ -4,7 +4,7 @@ A strict QUEUE_MAX needs one lock around every admission, and with one
 commit per admission the api could admit no faster than the disk flushes.
 So each api process sends the POSTs that arrived while its previous batch was
 being written as one batch: one admission lock, one statement, one commit
-(shared.store.job_insert_if_admitted). Under light load a batch is a single
+(api.store.job_insert_if_admitted). Under light load a batch is a single
 POST and waits for nothing; under heavy load the batches grow.
 """
 

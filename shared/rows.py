@@ -1,4 +1,5 @@
-"""Typed records that the query functions in shared/store.py take and return."""
+"""Typed records that the query functions of the store modules (shared/store.py,
+shared/console_store.py, api/, worker/ and sweeper/store.py) take and return."""
 
 from __future__ import annotations
 

@@ -182,7 +182,7 @@ def _scale_fill(bench_db: BenchDatabase, *, clients: int, per_client: int) -> No
 
 
 def _params(completions: list[dict[str, Any]], claim_limit: int, worker_id: str) -> dict[str, Any]:
-    """What shared.store.job_settle_and_claim sends without a rate limit."""
+    """What worker.store.job_settle_and_claim sends without a rate limit."""
     return {**UNLIMITED, "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
             "model": "offline-writer", "completions": Jsonb(completions)}
 

@@ -3,7 +3,7 @@
 Two databases with the same 10,000 pending jobs, one of them also holding
 1,000,000 finished jobs (bulk-inserted, then VACUUM ANALYZE as autovacuum
 would have). On each, from one connection: job_settle_and_claim with
-claim_limit=1 repeated 2,000 times through shared.store (latency per call,
+claim_limit=1 repeated 2,000 times through worker.store (latency per call,
 p50 and p99), then the claimed jobs are put back to pending and vacuumed;
 then sweeper passes (Sweeper.sweep_once with the default settings), timed.
 The two databases take turns (blocks of claims, single passes) so that both
