@@ -36,8 +36,9 @@ from shared.rows import (
     WorkerRow,
 )
 
-# The console reads a few common queries too: named here (re-exported), its
-# one store holds all it runs.
+# Conn, budget_days_today and job_id_bounds are re-exported (`as` themselves):
+# the console reads these common queries too, and its one store holds all it
+# runs.
 from shared.store import Conn as Conn
 from shared.store import budget_days_today as budget_days_today
 from shared.store import cancel_with_ledger, fetch_all, fetch_one, fetch_scalars, jsonb
