@@ -2,8 +2,11 @@
 
 The app holds no state of its own beyond a short cache of drain statistics:
 any number of replicas can serve behind a load balancer. Handlers receive
-what they need by dependency injection: ``api_state`` (settings, pool,
-admissions) everywhere, and ``api_key`` on the client's routes. The pool is
+what they need by dependency injection (api/deps.py): ``api_state``
+(settings, pool, admissions), ``conn`` (a pooled connection under the
+request's deadline) and ``api_key`` (the request's bearer key) everywhere;
+``client`` on the routes that act for a client (api/auth.py), ``operator`` on
+the console's (api/ops/guard.py). The pool is
 the caller's: ``python -m api`` opens and closes it in a lifespan context
 manager (api/__main__.py), a test passes one it already opened.
 """
@@ -35,7 +38,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import docs_pages, metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
-from api.jobs import ROUTES, ApiState, provide_api_state
+from api.auth import provide_api_key
+from api.deps import ApiState, provide_api_state, provide_connection
+from api.jobs import ROUTES
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
 from shared import db
@@ -135,9 +140,13 @@ def create_app(
     """The api around ``pool``; ``lifespan`` wraps the server's life (the
     process's own pool is opened and closed there)."""
     app = Litestar(
-        route_handlers=[ROUTES, webhooks.ROUTES, ops.ROUTES, webhooks.OPS_ROUTES, healthz, readyz, prometheus_metrics,
+        route_handlers=[ROUTES, webhooks.ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics,
                         *page.ROUTES, *(docs_pages.ROUTES if settings.api_docs_pages else [])],
-        dependencies={"api_state": Provide(provide_api_state, sync_to_thread=False)},
+        dependencies={
+            "api_state": Provide(provide_api_state, sync_to_thread=False),
+            "api_key": Provide(provide_api_key, sync_to_thread=False),
+            "conn": Provide(provide_connection),
+        },
         exception_handlers=EXCEPTION_HANDLERS,
         middleware=[_record_http_metrics],
         lifespan=list(lifespan),

@@ -1,7 +1,10 @@
 """Bearer API keys. The shape of the header is checked by a guard, before the
-body is read; the key itself is checked against the database inside each
-handler's first query, so that authentication costs no extra round trip and a
-revoked key is refused from the very next request.
+body is read; the key itself is checked against the database in the first
+query on the request's connection, so that authentication costs no extra
+round trip and a revoked key is refused from the very next request: by the
+handler, when that query is its own (a job or a story read for the key), or
+by ``provide_client_connection`` when the handler acts for the client (the
+``client`` dependency).
 
 The check keeps the key on the connection's state only, and handlers receive
 it as the ``api_key`` dependency (``provide_api_key``); its repr shows the
@@ -14,15 +17,17 @@ runs at the same point, before the body is read."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.di import NamedDependency
+from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 
+from api.deps import ApiState, database
 from api.problems import unauthorized
-from shared import keys
+from shared import keys, store
 
 
 class KeyRecord(Protocol):
@@ -42,6 +47,20 @@ class ApiKey:
 
     def __repr__(self) -> str:
         return f"ApiKey(prefix={self.prefix!r})"
+
+
+class VerifiedClient:
+    """The client whose key was checked: its id, and the key's prefix (for
+    logs), never the key."""
+
+    __slots__ = ("client_id", "key_prefix")
+
+    def __init__(self, client_id: int, key_prefix: str) -> None:
+        self.client_id = client_id
+        self.key_prefix = key_prefix
+
+    def __repr__(self) -> str:
+        return f"VerifiedClient(client_id={self.client_id!r}, key_prefix={self.key_prefix!r})"
 
 
 async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -66,7 +85,8 @@ async def check_bearer_key(request: Request[Any, Any, Any]) -> None:
 
 
 def provide_api_key(request: Request[Any, Any, Any], api_state: NamedDependency[Any]) -> ApiKey:
-    """The ``api_key`` dependency: the key check_bearer_key found. It takes
+    """The ``api_key`` dependency: the key require_bearer_key found (on a
+    client's route, or under the operators' guard). It takes
     ``api_state`` (unused) so that Litestar resolves the two one after the
     other: dependencies that do not depend on each other it resolves
     concurrently, in an anyio task group per request, a fifth of a poll's
@@ -81,3 +101,32 @@ def verify(record: KeyRecord | None, api_key: ApiKey) -> None:
     stored_hash = None if record is None else record.key_hash
     if not keys.matches(api_key.key, stored_hash) or record is None or record.revoked:
         raise unauthorized("the API key is not valid")
+
+
+async def provide_client_connection(
+    request: Request[Any, Any, Any], api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey]
+) -> AsyncIterator[store.Conn]:
+    """The ``conn`` of a route that acts for the client: the connection
+    (api.deps.database), once the key is checked on it, else 401. The key is
+    checked here, inside the connection's deadline, rather than in a
+    dependency of its own resolved after ``conn`` (see api/deps.py)."""
+    async with database(api_state) as conn:
+        record = await store.api_key_get(conn, key_prefix=api_key.prefix)
+        verify(record, api_key)
+        assert record is not None
+        request.state.client = VerifiedClient(record.client_id, api_key.prefix)
+        yield conn
+
+
+def provide_client(request: Request[Any, Any, Any], conn: NamedDependency[Any]) -> VerifiedClient:
+    """The ``client`` dependency: whose key provide_client_connection
+    checked, which it knows once it gave ``conn``."""
+    client: VerifiedClient = request.state.client
+    return client
+
+
+# the dependencies of a route that acts for the client
+CLIENT_DEPENDENCIES = {
+    "conn": Provide(provide_client_connection),
+    "client": Provide(provide_client, sync_to_thread=False),
+}

@@ -1,8 +1,9 @@
 """The job endpoints: enqueue, poll, cancel, and read a story.
 
 All database work of an answer runs under one deadline, API_REQUEST_TIMEOUT_S
-(``database``; for POST, its lookup and its admission batch): past it, or with
-the database unreachable, the answer is 503 with Retry-After, never a hang.
+(the ``conn`` dependency, api/deps.py; for POST, its lookup and its admission
+batch): past it, or with the database unreachable, the answer is 503 with
+Retry-After, never a hang.
 
 POST bodies are read as JSON whatever their Content-Type says (a client that
 forgets the header is not refused for it), strictly and with every field
@@ -13,34 +14,28 @@ is looked up like any other, so it is the same 404 as an unknown id.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import math
 import re
 import uuid
-from collections.abc import AsyncIterator
-from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated
 
 import structlog
 from litestar import Response, Router, delete, get, post
-from litestar.datastructures import State
-from litestar.di import NamedDependency, Provide
+from litestar.di import NamedDependency
 from litestar.dto import MsgspecDTO
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIType, Reference, Schema
 from litestar.params import HeaderParameter, JSONBody, PathParameter
 from litestar.typing import FieldDefinition
-from psycopg import AsyncConnection
-from psycopg_pool import AsyncConnectionPool
 
 from api import metrics, pacing
 from api import store as api_store
-from api.admission import AdmissionBatcher, admission
-from api.auth import ApiKey, check_bearer_key, provide_api_key, verify
+from api.admission import admission
+from api.auth import CLIENT_DEPENDENCIES, ApiKey, VerifiedClient, check_bearer_key, verify
+from api.deps import ApiState, parse_public_id
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
-from shared.config import ApiSettings
 from shared.ratelimit import over_limit
 from shared.rows import JobView
 from shared.status import JobStatus
@@ -67,33 +62,10 @@ _SF_ESCAPE = re.compile(r"\\(.)")
 
 # RFC 9457 type of a 429 for spend, a relative reference into this api
 BUDGET_EXHAUSTED = "/problems/budget-exhausted"
-_NO_SUCH_ID = uuid.UUID(int=0)
 _NO_STORE = {"Cache-Control": "no-store"}
 _RETRY_AFTER = "Retry-After"
 _JOB_ID = Annotated[str, PathParameter(description="The job_id from POST /stories/generate.",
                                          schema_extra={"format": OpenAPIFormat.UUID})]
-
-
-@dataclass(frozen=True)
-class ApiState:
-    settings: ApiSettings
-    pool: AsyncConnectionPool
-    drain_stats: pacing.DrainStatsCache
-    admissions: AdmissionBatcher
-
-
-def provide_api_state(state: State) -> ApiState:
-    """The ``api_state`` dependency: what create_app put on the app's state."""
-    api_state: ApiState = state.storyjobs
-    return api_state
-
-
-@contextlib.asynccontextmanager
-async def database(api_state: ApiState) -> AsyncIterator[AsyncConnection[Any]]:
-    """A pooled connection, and a deadline on everything done with it: an
-    outage or a hung network answers TimeoutError (503), never a hang."""
-    async with asyncio.timeout(api_state.settings.api_request_timeout_s), api_state.pool.connection() as conn:
-        yield conn
 
 
 class StoryRequestBody(MsgspecDTO[StoryRequest]):
@@ -135,14 +107,6 @@ def _idempotency_key(header: str | None) -> str:
 def _invalid_key(title: str, message: str, detail: str) -> ProblemError:
     return ProblemError(400, title, detail, errors=[FieldError(field="Idempotency-Key", message=message)],
                         reason="invalid_request")
-
-
-def parse_public_id(raw: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(raw)
-    except ValueError:
-        # looked up anyway, so a malformed id is the same 404 as an unknown one
-        return _NO_SUCH_ID
 
 
 def _accepted(job_id: uuid.UUID, status: JobStatus, *, replayed: bool) -> Response[JobAccepted]:
@@ -198,6 +162,8 @@ async def generate_story(
     key = _idempotency_key(idempotency_key)
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
+    # not the ``conn`` dependency: the admission batch takes a connection of
+    # its own from the same pool, so this one is given back before it
     async with asyncio.timeout(api_state.settings.api_request_timeout_s):
         async with api_state.pool.connection() as conn:
             found = await api_store.job_get_by_idempotency_key_for_key(
@@ -273,10 +239,10 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_job(
-    api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
+    api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], conn: NamedDependency[store.Conn],
+    job_id: _JOB_ID,
 ) -> Response[JobState]:
-    async with database(api_state) as conn:
-        view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
+    view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
     verify(view, api_key)
     assert view is not None
     if view.public_id is None:
@@ -303,24 +269,21 @@ async def get_job(
         "LLM stream at its next heartbeat. A finished job answers 409."
     ),
     responses=problem_responses(400, 401, 404, 409, 503),
+    dependencies=CLIENT_DEPENDENCIES,
 )
 async def cancel_job(
-    api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey], job_id: _JOB_ID
+    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient], job_id: _JOB_ID
 ) -> Response[JobState]:
     public_id = parse_public_id(job_id)
-    async with database(api_state) as conn:
-        record = await store.api_key_get(conn, key_prefix=api_key.prefix)
-        verify(record, api_key)
-        assert record is not None
-        result = await api_store.job_cancel(conn, client_id=record.client_id, job_id=public_id)
-        if result is None:
-            raise ProblemError(404, "Not Found", "no such job")
-        if not result.cancelled:
-            raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
-        view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=public_id)
+    result = await api_store.job_cancel(conn, client_id=client.client_id, job_id=public_id)
+    if result is None:
+        raise ProblemError(404, "Not Found", "no such job")
+    if not result.cancelled:
+        raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
+    view = await api_store.job_get_for_key(conn, key_prefix=client.key_prefix, job_id=public_id)
     assert view is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
-             key_prefix=api_key.prefix)
+             key_prefix=client.key_prefix)
     return Response(_job_state(view, None), headers=_NO_STORE)
 
 
@@ -330,13 +293,12 @@ async def cancel_job(
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_story(
-    api_state: NamedDependency[ApiState],
     api_key: NamedDependency[ApiKey],
+    conn: NamedDependency[store.Conn],
     story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[Story]:
-    async with database(api_state) as conn:
-        view = await api_store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
+    view = await api_store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story is None:
@@ -350,6 +312,5 @@ ROUTES = Router(
     "/",
     route_handlers=[generate_story, get_job, cancel_job, get_story],
     before_request=check_bearer_key,
-    dependencies={"api_key": Provide(provide_api_key, sync_to_thread=False)},
     security=[{"BearerAuth": []}],
 )

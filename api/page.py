@@ -11,7 +11,7 @@ both pages insert them, like every value from the api, as text only.
 
 The console's page itself holds no data and needs no key (a browser cannot
 send a header when it navigates); everything it shows comes from
-/ops/api, which does (api/ops.py).
+/ops/api, which does (api/ops/).
 """
 
 from __future__ import annotations

@@ -176,6 +176,17 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
     return problem_response(Problem(title="Internal Server Error", status=500))
 
 
+def _on_exception_group(request: Request[Any, Any, Any], exc: ExceptionGroup[Exception]) -> Response[bytes]:
+    """What a generator dependency raised while the handler's exception was
+    thrown into it, which Litestar raises in a group: the ``conn``
+    dependency's deadline (api.deps) turns the cancellation it caused into
+    TimeoutError there. Answered as the group's first exception would be."""
+    first = exc.exceptions[0]
+    handler = next(EXCEPTION_HANDLERS[kind] for kind in type(first).__mro__ if kind in EXCEPTION_HANDLERS)
+    response: Response[bytes] = handler(request, first)
+    return response
+
+
 _TITLES = {
     400: "Bad Request",
     401: "Unauthorized",
@@ -197,7 +208,8 @@ EXCEPTION_HANDLERS: dict[Any, Any] = {
     psycopg.OperationalError: _on_database_unavailable,
     psycopg.Error: _on_database_error,
     PoolTimeout: _on_database_unavailable,
-    # the api's own deadline on database work (see api.jobs.database)
+    # the api's own deadline on database work (see api.deps)
     TimeoutError: _on_database_unavailable,
+    ExceptionGroup: _on_exception_group,
     Exception: _on_unexpected,
 }

@@ -28,7 +28,8 @@ from typing import Any
 import httpx
 import psycopg
 
-from api.ops import SCAN_IDS, Position
+from api.ops.cursor import Position
+from api.ops.paging import SCAN_IDS
 from shared import keys
 from tests.bench.harness import BenchContext, BenchDatabase, BenchResult, FigureSpec, percentile
 

@@ -17,7 +17,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from api import ops
+from api.ops import paging
 from shared import console_store, keys, store
 from sweeper import store as sweeper_store
 from tests import ops_seed as seed
@@ -186,7 +186,7 @@ async def test_the_jobs_list_pages_through_exactly_the_matching_jobs_newest_firs
 ) -> None:
     """With each request looking at only 7 ids and 3 jobs a page, following next_cursor lists every job the
     filter matches, once, newest first (live statuses by creation time), and then stops."""
-    monkeypatch.setattr(ops, "SCAN_IDS", 7)
+    monkeypatch.setattr(paging, "SCAN_IDS", 7)
     clients = await _history(conn)
     params: dict[str, Any] = {k: v for k, v in asked.items() if k in ("status", "error_code")}
     if "client" in asked:

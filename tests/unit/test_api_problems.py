@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import asyncio
+from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
 import pytest
-from litestar import Litestar, post
+from litestar import Litestar, get, post
+from litestar.di import NamedDependency, Provide
 from litestar.params import JSONBody
 from structlog.testing import capture_logs
 
@@ -39,6 +42,28 @@ async def test_an_unexpected_error_is_a_bare_500_logged_without_its_message_or_l
     assert event["event"] == "api.unhandled_error" and event["error"] == "RuntimeError"
     assert event["route"] == "/boom" and any("in boom" in frame for frame in event["raised_at"])
     assert "exc_info" not in event and "Amelia" not in repr(logs) and SECRET not in repr(logs)
+
+
+async def _deadline() -> AsyncIterator[None]:
+    async with asyncio.timeout(0.05):
+        yield None
+
+
+@get("/slow")
+async def slow(deadline: NamedDependency[None]) -> None:
+    await asyncio.sleep(5)
+
+
+async def test_a_deadline_a_generator_dependency_holds_answers_503_when_it_expires_in_the_handler() -> None:
+    """The TimeoutError a dependency's deadline raises when thrown the handler's cancellation, which Litestar
+    raises in an ExceptionGroup, is the same 503 problem with Retry-After as any database outage."""
+    app = Litestar([slow], dependencies={"deadline": Provide(_deadline)}, exception_handlers=EXCEPTION_HANDLERS)
+    with capture_logs() as logs:
+        async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://test") as client:
+            answer = await client.get("/slow")
+    assert answer.status_code == 503 and answer.headers["retry-after"] == "5", answer.text
+    assert answer.headers["content-type"] == "application/problem+json"
+    assert [(event["event"], event["error"]) for event in logs] == [("api.database_unavailable", "TimeoutError")]
 
 
 def test_a_request_timeout_not_beyond_the_connection_wait_is_refused() -> None:

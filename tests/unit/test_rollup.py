@@ -6,7 +6,7 @@ import re
 
 import pytest
 
-from api.ops import _percentile
+from api.ops.history import _percentile
 from shared.queries import QUERIES
 from shared.rows import ROLLUP_BOUNDS_S
 

@@ -1,4 +1,4 @@
-"""Bodies of the operators' console endpoints (api/ops.py).
+"""Bodies of the operators' console endpoints (api/ops/).
 
 Money is a decimal string in US dollars, as in the client's api. The overview
 is grouped by subject, each with its last hour and last day, so that what is
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
+from decimal import Decimal
 from typing import Annotated, Any
 
 import msgspec
@@ -18,12 +19,18 @@ import msgspec
 from shared.rows import LlmCallRow
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
+_MICRO_USD = Decimal("0.000001")
 # ids are Postgres bigints
 BIGINT_MAX = 2**63 - 1
 Id = Annotated[int, msgspec.Meta(ge=1, le=BIGINT_MAX)]
-# what api/ops.py's cursors and tokens look like: unpadded base64url
+# what api/ops/cursor.py's tokens look like: unpadded base64url
 TOKEN_PATTERN = "^[A-Za-z0-9_-]{1,400}$"
 Count = Annotated[int, msgspec.Meta(ge=0)]
+
+
+def usd(value: Decimal | None) -> str:
+    """An amount as the ledger keeps it: six decimals."""
+    return str((value if value is not None else Decimal(0)).quantize(_MICRO_USD))
 
 
 # -- overview ------------------------------------------------------------------------
@@ -347,3 +354,45 @@ class OperatorActionView(msgspec.Struct, frozen=True):
 
 class OperatorActions(msgspec.Struct, frozen=True):
     actions: list[OperatorActionView]
+
+
+# -- webhooks ------------------------------------------------------------------------
+
+
+class OpsDelivery(msgspec.Struct, frozen=True):
+    id: int
+    job_id: uuid.UUID
+    job_status: str
+    error_code: str | None
+    # pending (waiting or in flight), delivered, dead
+    state: str
+    attempts: int
+    created_at: datetime
+    next_attempt_at: datetime
+    last_attempt_at: datetime | None
+    last_status_code: int | None
+    last_error: str | None
+    delivered_at: datetime | None
+
+
+class OpsEndpoint(msgspec.Struct, frozen=True):
+    id: uuid.UUID
+    client_id: int
+    client_name: str
+    url: str
+    events: list[str]
+    created_at: datetime
+    disabled_at: datetime | None
+    failing_since: datetime | None
+    pending: int
+    dead: int
+    last_deliveries: list[OpsDelivery]
+
+
+class OpsEndpoints(msgspec.Struct, frozen=True):
+    endpoints: list[OpsEndpoint]
+
+
+class DeliveryRetried(msgspec.Struct, frozen=True):
+    id: int
+    state: str

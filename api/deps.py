@@ -1,0 +1,82 @@
+"""What every route may take by dependency injection: ``api_state`` (what
+create_app put on the app's state) and ``conn``, a pooled connection under the
+request's deadline; and the id of a job, story or endpoint read from a path.
+
+The deadline: all database work of an answer runs within
+API_REQUEST_TIMEOUT_S of taking its connection (waiting for the connection
+included). Past it, or with the database unreachable, the answer is 503 with
+Retry-After (api.problems), never a hang.
+
+``conn`` is an async generator dependency: Litestar takes the connection before
+the handler runs, throws whatever the handler raised into it, and gives it
+back to the pool once the handler's answer is built. The deadline is an
+``asyncio.timeout``, which cancels the task that entered it; so ``conn`` must
+be resolved in the request's own task, never beside another dependency
+(Litestar resolves dependencies that do not depend on each other concurrently,
+in a task group). It takes the request's key for that reason (see
+provide_connection), and tests/unit/test_api_dependencies.py checks every
+route. For the same reason no dependency resolved after ``conn`` queries the
+database: a query that outlives the deadline there would be cancelled outside
+``conn``'s reach.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+from litestar.datastructures import State
+from litestar.di import NamedDependency
+from psycopg_pool import AsyncConnectionPool
+
+from api import pacing
+from api.admission import AdmissionBatcher
+from shared import store
+from shared.config import ApiSettings
+
+_NO_SUCH_ID = uuid.UUID(int=0)
+
+
+@dataclass(frozen=True)
+class ApiState:
+    settings: ApiSettings
+    pool: AsyncConnectionPool
+    drain_stats: pacing.DrainStatsCache
+    admissions: AdmissionBatcher
+
+
+def provide_api_state(state: State) -> ApiState:
+    """The ``api_state`` dependency: what create_app put on the app's state."""
+    api_state: ApiState = state.storyjobs
+    return api_state
+
+
+@contextlib.asynccontextmanager
+async def database(api_state: ApiState) -> AsyncIterator[store.Conn]:
+    """A pooled connection, and a deadline on everything done with it: an
+    outage or a hung network answers TimeoutError (503), never a hang."""
+    async with asyncio.timeout(api_state.settings.api_request_timeout_s), api_state.pool.connection() as conn:
+        yield conn
+
+
+async def provide_connection(
+    api_state: NamedDependency[ApiState], api_key: NamedDependency[Any]
+) -> AsyncIterator[store.Conn]:
+    """The ``conn`` dependency: a connection from ``database``, held until the
+    handler's answer is built. It takes ``api_key`` (the request's bearer
+    key, a client's or an operator's) only so that Litestar resolves the two
+    one after the other, and ``conn`` in the request's own task."""
+    async with database(api_state) as conn:
+        yield conn
+
+
+def parse_public_id(raw: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(raw)
+    except ValueError:
+        # looked up anyway, so a malformed id is the same 404 as an unknown one
+        return _NO_SUCH_ID

@@ -1,0 +1,102 @@
+"""The console's clients: each with its keys (by prefix) and today's jobs
+and spend; revoking a client's keys, or one key. Each revocation is recorded
+in operator_actions in its own transaction, and logged with the operator's
+name and key prefix."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from decimal import Decimal
+from typing import Annotated
+
+import structlog
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.params import PathParameter
+
+from api.deps import ApiState
+from api.ops.guard import Operator
+from api.ops.params import NOT_FOUND
+from api.ops.schemas import BIGINT_MAX, Client, ClientDay, ClientKey, Clients, KeysRevoked, usd
+from api.problems import ProblemError, problem_responses
+from shared import console_store as store
+from shared import keys
+
+log = structlog.get_logger()
+
+
+@get("/clients", summary="The clients and their keys (by prefix)",
+     responses=problem_responses(400, 401, 503))
+async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Clients:
+    now = datetime.now(UTC)
+    day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
+    rows = await store.ops_client_list(conn)
+    bounds = await store.job_id_bounds(conn, created_after=day_start, created_before=None)
+    jobs = {row.client_id: row for row in await store.ops_client_today(conn, from_id=bounds.lo_id,
+                                                                       day_start=day_start)}
+    spend = {day.client_id: day for day in await store.budget_days_today(conn)}
+    default_budget = api_state.settings.client_budget_usd_per_day
+
+    def today(client_id: int, own_budget: Decimal | None) -> ClientDay:
+        day, counted = spend.get(client_id), jobs.get(client_id)
+        budget = own_budget if own_budget is not None else default_budget
+        return ClientDay(spent_usd=usd(day.spent_usd if day else Decimal(0)),
+                         reserved_usd=usd(day.reserved_usd if day else Decimal(0)),
+                         budget_usd=None if budget is None else usd(budget),
+                         jobs=counted.jobs if counted else 0, failed=counted.failed if counted else 0)
+
+    return Clients(clients=[
+        Client(client_id=row.client_id, name=row.name, created_at=row.created_at,
+               keys=[ClientKey(key_prefix=key.key_prefix, created_at=key.created_at, revoked_at=key.revoked_at)
+                     for key in row.keys],
+               today=today(row.client_id, row.budget_usd_per_day))
+        for row in rows
+    ])
+
+
+@post(
+    "/clients/{client_id:int}/revoke-keys",
+    status_code=200,
+    summary="Revoke every active key of a client",
+    description="Effective from each key's next request.",
+    responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
+)
+async def revoke_client_keys(
+    conn: NamedDependency[store.Conn],
+    operator: NamedDependency[Operator],
+    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
+) -> KeysRevoked:
+    async with conn.transaction():
+        revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
+        if revoked is not None:
+            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="client_keys_revoke",
+                                               filter={"client_id": client_id}, touched=len(revoked))
+    if revoked is None:
+        raise ProblemError(404, "Not Found", "no such client")
+    log.info("ops.client_keys_revoked", client_id=client_id, key_prefixes=revoked, **operator.log_fields())
+    return KeysRevoked(revoked=revoked)
+
+
+@post(
+    "/keys/{key_prefix:str}/revoke",
+    status_code=200,
+    summary="Revoke one client key, by its prefix",
+    description="Effective from its next request. Operators' keys are revoked with `storyjobs keys revoke`.",
+    responses=problem_responses(400, 401, 404, 503, described={404: "No active client key with this prefix."}),
+)
+async def revoke_key(
+    conn: NamedDependency[store.Conn],
+    operator: NamedDependency[Operator],
+    key_prefix: Annotated[str, PathParameter(description="The key's prefix, as /ops/api/clients lists it.")],
+) -> KeysRevoked:
+    revoked = False
+    if keys.is_prefix(key_prefix):
+        async with conn.transaction():
+            revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
+            if revoked:
+                await store.operator_action_record(conn, operator_key_id=operator.key_id, action="key_revoke",
+                                                   filter={"key_prefix": key_prefix}, touched=1)
+    if not revoked:
+        raise ProblemError(404, "Not Found", "no active client key with this prefix")
+    log.info("ops.key_revoked", key_prefix=key_prefix, **operator.log_fields())
+    return KeysRevoked(revoked=[key_prefix])

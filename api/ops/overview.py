@@ -1,0 +1,125 @@
+"""GET /ops/api/overview: the queue now; jobs, spend, undelivered stories and
+the provider's refusals over the last hour and day; today's budget and the
+shared rate limiter as they stand."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+
+from litestar import get
+from litestar.di import NamedDependency
+
+from api.deps import ApiState
+from api.ops.schemas import (
+    BudgetToday,
+    JobCounts,
+    JobWindows,
+    Limiter,
+    LimitKind,
+    Overview,
+    Provider,
+    ProviderCounts,
+    Queue,
+    Spend,
+    SpendCounts,
+    Undelivered,
+    UndeliveredCounts,
+    usd,
+)
+from api.problems import problem_responses
+from shared import console_store as store
+from shared.config import ApiSettings
+from shared.ratelimit import RateLimits
+from shared.rows import BudgetDay, OpsOverviewRow, RateBucketRow
+
+# a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
+# the sweeper fails it at its next pass: this much later at worst, unless the
+# sweeper is stopped
+SWEEPER_LAG = timedelta(minutes=10)
+DAY = timedelta(days=1)
+
+
+def _finished_since(settings: ApiSettings, window: timedelta) -> datetime:
+    """The oldest creation time of a job that can have finished in the last
+    ``window``."""
+    longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
+    return datetime.now(UTC) - window - longest_life
+
+
+def _job_counts(completed: int, failed: int, cancelled: int) -> JobCounts:
+    finished = completed + failed - cancelled
+    ratio = None if finished == 0 else round((failed - cancelled) / finished, 4)
+    return JobCounts(completed=completed, failed=failed, cancelled=cancelled, failure_ratio=ratio)
+
+
+def _budget_today(days: list[BudgetDay], settings: ApiSettings) -> BudgetToday:
+    everyone = next((day for day in days if day.client_id == 0), None)
+    spent = everyone.spent_usd if everyone else Decimal(0)
+    reserved = everyone.reserved_usd if everyone else Decimal(0)
+    budget = settings.budget_usd_per_day
+    return BudgetToday(spent_usd=usd(spent), reserved_usd=usd(reserved),
+                       budget_usd=None if budget is None else usd(budget),
+                       left_usd=None if budget is None else usd(max(budget - spent - reserved, Decimal(0))))
+
+
+def _limiter(buckets: list[RateBucketRow], settings: ApiSettings) -> Limiter:
+    limits = RateLimits.from_settings(settings)
+    bucket = next((b for b in buckets if b.model == settings.llm_model), None)
+
+    def kind(name: str) -> LimitKind | None:
+        rate, capacity = limits.rate(name), getattr(limits, f"{name}_capacity")
+        if rate is None or capacity is None:
+            return None
+        stored: float | None = None if bucket is None else getattr(bucket, name)
+        since_s = 0.0 if bucket is None else bucket.since_refill_s
+        available = capacity if stored is None else min(capacity, stored + rate * since_s)
+        return LimitKind(available=round(available, 3), capacity=capacity, per_minute=rate * 60)
+
+    return Limiter(model=settings.llm_model, paused_s=round(bucket.paused_s, 3) if bucket else 0.0,
+                   requests=kind("requests"), input_tokens=kind("input_tokens"), output_tokens=kind("output_tokens"))
+
+
+def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDay],
+              buckets: list[RateBucketRow], writers: list[str]) -> Overview:
+    return Overview(
+        writers=writers,
+        generated_at=datetime.now(UTC),
+        queue=Queue(pending=row.pending, running=row.running,
+                    oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max),
+        jobs=JobWindows(
+            last_hour=_job_counts(row.hour_completed, row.hour_failed, row.hour_cancelled),
+            last_day=_job_counts(row.day_completed, row.day_failed, row.day_cancelled),
+        ),
+        spend=Spend(
+            last_hour=SpendCounts(usd=usd(row.hour_spend_usd), billed_calls=row.hour_billed_calls,
+                                  input_tokens=row.hour_input_tokens, output_tokens=row.hour_output_tokens),
+            last_day=SpendCounts(usd=usd(row.day_spend_usd), billed_calls=row.day_billed_calls,
+                                 input_tokens=row.day_input_tokens, output_tokens=row.day_output_tokens),
+            today=_budget_today(budgets, settings),
+        ),
+        undelivered=Undelivered(
+            last_hour=UndeliveredCounts(jobs=row.hour_undelivered, usd=usd(row.hour_undelivered_usd)),
+            last_day=UndeliveredCounts(jobs=row.day_undelivered, usd=usd(row.day_undelivered_usd)),
+        ),
+        provider=Provider(
+            last_hour=ProviderCounts(rate_limited=row.hour_rate_limited, overloaded=row.hour_overloaded),
+            last_day=ProviderCounts(rate_limited=row.day_rate_limited, overloaded=row.day_overloaded),
+            limiter=_limiter(buckets, settings),
+        ),
+    )
+
+
+@get(
+    "/overview",
+    summary="The queue now; jobs, spend, undelivered stories and the provider's refusals over the last hour and day",
+    responses=problem_responses(400, 401, 503),
+)
+async def get_overview(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Overview:
+    settings = api_state.settings
+    bounds = await store.job_id_bounds(conn, created_after=_finished_since(settings, DAY), created_before=None)
+    row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
+    budgets = await store.budget_days_today(conn)
+    buckets = await store.llm_rate_bucket_list(conn)
+    writers = await store.ops_writers_recent(conn)
+    return _overview(row, settings, budgets, buckets, writers)

@@ -1,0 +1,60 @@
+"""The console's webhooks: every client's endpoints with their last
+deliveries, and sending a dead delivery again (the client's own routes are
+api/webhooks.py)."""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import structlog
+from litestar import get, post
+from litestar.di import NamedDependency
+from litestar.params import PathParameter
+
+from api.ops.guard import Operator
+from api.ops.params import ClientParam
+from api.ops.schemas import BIGINT_MAX, DeliveryRetried, OpsDelivery, OpsEndpoint, OpsEndpoints
+from api.problems import ProblemError, problem_responses
+from shared import console_store as store
+
+log = structlog.get_logger()
+
+# deliveries shown per endpoint
+LAST_DELIVERIES = 10
+
+
+@get("/webhooks", summary="Webhook endpoints per client, with their last deliveries",
+     responses=problem_responses(400, 401, 503))
+async def ops_list_endpoints(conn: NamedDependency[store.Conn], client_id: ClientParam = None) -> OpsEndpoints:
+    rows = await store.webhook_endpoint_list(conn, client_id=client_id)
+    found = []
+    for row in rows:
+        deliveries = await store.webhook_delivery_list(conn, endpoint_id=row.id, limit=LAST_DELIVERIES)
+        found.append(OpsEndpoint(
+            id=row.id, client_id=row.client_id, client_name=row.client_name, url=row.url, events=row.events,
+            created_at=row.created_at, disabled_at=row.disabled_at, failing_since=row.failing_since,
+            pending=row.pending, dead=row.dead,
+            last_deliveries=[OpsDelivery(
+                id=d.id, job_id=d.job_public_id, job_status=d.job_status, error_code=d.error_code,
+                state=d.state, attempts=d.attempts, created_at=d.created_at, next_attempt_at=d.next_attempt_at,
+                last_attempt_at=d.last_attempt_at, last_status_code=d.last_status_code,
+                last_error=d.last_error, delivered_at=d.delivered_at) for d in deliveries]))
+    return OpsEndpoints(endpoints=found)
+
+
+@post(
+    "/webhooks/deliveries/{delivery_id:int}/retry",
+    status_code=200,
+    summary="Send a dead webhook delivery again",
+    description="It becomes due now with a fresh retry schedule; its endpoint is enabled again if a 410 disabled it.",
+    responses=problem_responses(400, 401, 404, 503, described={404: "No dead delivery with this id."}),
+)
+async def ops_retry_delivery(
+    conn: NamedDependency[store.Conn], operator: NamedDependency[Operator],
+    delivery_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="A delivery's `id`.")],
+) -> DeliveryRetried:
+    retried = await store.webhook_delivery_retry(conn, delivery_id=delivery_id)
+    if not retried:
+        raise ProblemError(404, "Not Found", "no dead delivery with this id")
+    log.info("ops.webhook_delivery_retried", delivery_id=delivery_id, **operator.log_fields())
+    return DeliveryRetried(id=delivery_id, state="pending")
