@@ -20,9 +20,10 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db
-from tests import dbserver
-from tests.helpers import create_key, failed_in_call
-from tests.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.support import postgres_server
+from tests.support.database import create_key
+from tests.support.outcome import failed_in_call
+from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable
 
 _counter = itertools.count()
 
@@ -40,7 +41,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A maintenance connection string to the test Postgres server."""
-    with dbserver.server_url() as url:
+    with postgres_server.server_url() as url:
         yield url
 
 
@@ -48,18 +49,18 @@ def server_url() -> Iterator[str]:
 def template_db(server_url: str) -> Iterator[str]:
     """A database migrated to the latest schema, used as the template."""
     name = f"storyjobs_template_{os.getpid()}"
-    dbserver.create_migrated_database(server_url, name)
+    postgres_server.create_migrated_database(server_url, name)
     yield name
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
     name = f"storyjobs_test_{os.getpid()}_{next(_counter)}"
-    url = dbserver.create_database_from_template(server_url, name, template_db)
+    url = postgres_server.create_database_from_template(server_url, name, template_db)
     yield url
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 @pytest.fixture

@@ -3,7 +3,7 @@
 ``WorkerStore`` is everything the coordinator, the job tasks, the heartbeat
 and the listener need; ``PgWorkerStore`` does it with a connection pool and
 the named queries of shared/store.py. A recording fake of the same interface
-(tests/unit/recording_store.py) lets the coordinator's rules be tested
+(tests/fakes/recording_worker_store.py) lets the coordinator's rules be tested
 without a database. Every method may raise any of ``shared.db.DB_ERRORS``.
 """
 

@@ -18,7 +18,7 @@ from shared.config import ApiSettings
 from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
-from tests.helpers import client_id_of
+from tests.support.database import client_id_of
 from worker.store import PgWorkerStore
 
 SETTINGS = ApiSettings()

@@ -15,7 +15,8 @@ from shared import store
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
 from shared.status import LlmOutcome
-from tests.helpers import client_id_of, count, enqueue, wait_until, waiting_on_a_lock
+from tests.support.database import client_id_of, count, enqueue, waiting_on_a_lock
+from tests.support.waiting import wait_until
 
 MODEL = "m"
 # 5 requests and 8,000 output tokens in the bucket, refilling so slowly that

@@ -19,7 +19,8 @@ from shared import store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Failure
 from shared.status import ErrorCode, LlmOutcome
-from tests.helpers import client_id_of, enqueue, story_written, wait_until, waiting_on_a_lock
+from tests.support.database import client_id_of, enqueue, story_written, waiting_on_a_lock
+from tests.support.waiting import wait_until
 
 Conn = psycopg.AsyncConnection[Any]
 Statement = Callable[[Conn, list[int]], Awaitable[Any]]

@@ -20,9 +20,10 @@ from structlog.testing import capture_logs
 from api import ops
 from shared import keys, store
 from sweeper import rollup
-from tests import ops_seed as seed
-from tests.api_helpers import api_client, assert_problem, new_key
-from tests.helpers import count, sweeper_settings
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client, assert_problem, new_key
+from tests.support.database import count
+from tests.support.settings import sweeper_settings
 
 OPS = "/ops/api"
 

@@ -23,21 +23,12 @@ from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
-from tests.api_helpers import api_client, new_key
-from tests.helpers import (
-    LATER,
-    SWEEP,
-    client_id_of,
-    count,
-    create_key,
-    enqueue,
-    job_rows,
-    running_worker,
-    story_written,
-    wait_until,
-    worker_settings,
-)
-from tests.pgbouncer import PgBouncer
+from tests.support.api_client import api_client, new_key
+from tests.support.database import client_id_of, count, create_key, enqueue, job_rows, story_written
+from tests.support.pgbouncer import PgBouncer
+from tests.support.settings import LATER, SWEEP, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.offline import OfflineWriter
 
 

@@ -23,9 +23,12 @@ from api.admission import admission
 from shared import prompt, store
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import client_id_of, enqueue, running_worker, wait_until, worker_settings
+from tests.support import postgres_server
+from tests.support.database import client_id_of, enqueue
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 
@@ -249,7 +252,7 @@ async def test_a_database_outage_during_a_429s_wait_does_not_fail_the_job(
         async with _worker(pool, database_url, provider):
             public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
             await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
-            with dbserver.database_refused(server_url, database_name):
+            with postgres_server.database_refused(server_url, database_name):
                 # the outage lasts until the retry's ledger statement has failed on it (or, before the
                 # retry's statement was waited through, until the job failed of it)
                 await wait_until(lambda: (_logged(logs, "worker.database_error", task="retry")

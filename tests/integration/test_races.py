@@ -18,19 +18,17 @@ from shared.ratelimit import ProviderView
 from shared.rows import Completion, SettleResult
 from shared.status import ErrorCode, LlmOutcome
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import (
-    LATER,
-    SWEEP,
+from tests.support.database import (
     client_id_of,
     count,
     enqueue,
     job_rows,
-    running_worker,
     story_written,
-    wait_until,
     waiting_on_a_lock,
-    worker_settings,
 )
+from tests.support.settings import LATER, SWEEP, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 from worker.store import PgWorkerStore
 

@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from shared import store
 from sweeper.sweep import Sweeper
-from tests.helpers import client_id_of, enqueue, job_rows, sweeper_settings
+from tests.support.database import client_id_of, enqueue, job_rows
+from tests.support.settings import sweeper_settings
 
 
 class FakeClock:

@@ -16,15 +16,8 @@ from shared import store, webhooks
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
 from sweeper.sweep import Sweeper
-from tests.helpers import (
-    LATER,
-    SWEEP,
-    client_id_of,
-    count,
-    enqueue,
-    story_written,
-    sweeper_settings,
-)
+from tests.support.database import client_id_of, count, enqueue, story_written
+from tests.support.settings import LATER, SWEEP, sweeper_settings
 
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,

@@ -9,9 +9,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shared import store
-from tests import ops_seed as seed
-from tests.api_helpers import api_client, assert_problem
-from tests.helpers import count
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client, assert_problem
+from tests.support.database import count
 
 
 async def test_an_endpoint_is_created_with_its_secret_once_and_listed_without_it(

@@ -24,9 +24,9 @@ from shared import db, store
 from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
-from tests import dbserver
-from tests.helpers import create_key
 from tests.model.worker_model import MAX_TOKENS, WorkerMachine, World
+from tests.support import postgres_server
+from tests.support.database import create_key
 from worker.store import PgWorkerStore
 
 WORKER_ID = "w-model"
@@ -70,7 +70,7 @@ class PgWorld:
     def __init__(self, server_url: str, template: str) -> None:
         self._server_url = server_url
         self._name = f"storyjobs_model_{os.getpid()}_{next(_counter)}"
-        self.url = dbserver.create_database_from_template(server_url, self._name, template)
+        self.url = postgres_server.create_database_from_template(server_url, self._name, template)
         self._settings = ApiSettings(llm_max_tokens=MAX_TOKENS)
 
     async def open(self) -> None:
@@ -90,7 +90,7 @@ class PgWorld:
     async def close(self) -> None:
         await self.conn.close()
         await self.pool.close()
-        dbserver.drop_database(self._server_url, self._name)
+        postgres_server.drop_database(self._server_url, self._name)
 
     async def add_pending(self, n: int) -> list[int]:
         ids = []

@@ -16,7 +16,7 @@ After every step the invariants are checked:
   is never below what the provider billed.
 
 A ``World`` gives the machine its store and what it needs to check them; the
-recording store (tests/unit/recording_store.py) and the real one on Postgres
+recording store (tests/fakes/recording_worker_store.py) and the real one on Postgres
 (tests/model/test_worker_model_pg.py) are both worlds, so the fake cannot
 drift from the real store.
 """

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import ApiProc, System, wait_while_running
 
 pytestmark = pytest.mark.system

@@ -13,9 +13,10 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.dbserver import database_refused
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.postgres_server import database_refused
+from tests.support.waiting import wait_until
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -38,7 +39,7 @@ def _llm(fake_llm: FakeAnthropicServer) -> dict[str, Any]:
 
 def _enqueue_direct(database_url: str, prompts: list[str]) -> None:
     """Stores pending jobs as the api would (the api is not under test here)."""
-    from tests.helpers import client_id_of, enqueue
+    from tests.support.database import client_id_of, enqueue
 
     async def run() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:

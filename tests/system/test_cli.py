@@ -13,7 +13,7 @@ import pytest
 
 from shared import keys, store, webhooks
 from shared.rows import Completion, Failure
-from tests.helpers import client_id_of, count, enqueue
+from tests.support.database import client_id_of, count, enqueue
 from tests.system.procs import REPO
 
 pytestmark = pytest.mark.system

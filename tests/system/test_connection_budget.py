@@ -28,10 +28,10 @@ import httpx
 import psycopg
 import pytest
 
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import AdminSampler, create_key_sync
-from tests.pgbouncer import PgBouncer
+from tests.support import postgres_server
+from tests.support.database import AdminSampler, create_key_sync
+from tests.support.pgbouncer import PgBouncer
 from tests.system.procs import Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
@@ -127,7 +127,7 @@ def _start(system: System, fake_llm: FakeAnthropicServer, env: dict[str, Any]) -
 
 
 def _wait_listening(server_url: str, dbname: str, procs: list[Proc]) -> None:
-    with dbserver.admin(server_url) as conn:
+    with postgres_server.admin(server_url) as conn:
         wait_while_running(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
                                                 "AND application_name = 'storyjobs-worker-listen'",
                                                 (dbname,)).fetchone() == (1,),

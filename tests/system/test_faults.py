@@ -16,7 +16,8 @@ import pytest
 from psycopg import sql
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, rows_sync, wait_until_sync
+from tests.support.database import create_key_sync, rows_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import Proc, System
 
 pytestmark = pytest.mark.system

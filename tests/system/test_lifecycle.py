@@ -10,7 +10,8 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until_sync
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system

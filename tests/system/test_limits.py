@@ -19,7 +19,8 @@ from api.admission import admission
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system

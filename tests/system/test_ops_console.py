@@ -21,8 +21,8 @@ from api.page import CONTENT_SECURITY_POLICY
 from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
 from sweeper import rollup
-from tests import ops_seed as seed
-from tests.helpers import sweeper_settings
+from tests.support import ops_seed as seed
+from tests.support.settings import sweeper_settings
 from tests.system.procs import ApiProc, System
 from tests.system.screens import capture
 

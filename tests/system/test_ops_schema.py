@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from tests import ops_seed as seed
+from tests.support import ops_seed as seed
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import Call, FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system

@@ -17,10 +17,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
-from tests.pgbouncer import PgBouncer
+from tests.support import postgres_server
+from tests.support.database import create_key_sync
+from tests.support.pgbouncer import PgBouncer
+from tests.support.waiting import wait_until
 from tests.system.procs import REPO, Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
@@ -170,10 +171,10 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def empty_database(server_url: str) -> Iterator[str]:
     """A database with nothing in it, dropped at the end."""
     name = f"storyjobs_empty_{uuid.uuid4().hex[:12]}"
-    with dbserver.admin(server_url) as conn:
+    with postgres_server.admin(server_url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield name
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 def test_migrate_behind_a_pooler_runs_on_the_listen_url_and_refuses_without_one(
@@ -181,7 +182,7 @@ def test_migrate_behind_a_pooler_runs_on_the_listen_url_and_refuses_without_one(
 ) -> None:
     """storyjobs migrate with DATABASE_POOLER=transaction exits with one line naming DATABASE_LISTEN_URL when it is
     unset (its advisory lock needs a session), and migrates over it when set, leaving no lock behind."""
-    direct = dbserver.with_dbname(server_url, empty_database)
+    direct = postgres_server.with_dbname(server_url, empty_database)
     env = {"DATABASE_URL": pgbouncer.url(empty_database), "DATABASE_POOLER": "transaction"}
     refused = _cli(env, "migrate")
     assert refused.returncode == 2

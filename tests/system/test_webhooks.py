@@ -15,7 +15,8 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system

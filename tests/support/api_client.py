@@ -13,7 +13,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
-from tests.helpers import api_settings, count, running_worker, wait_until, worker_settings
+from tests.support.database import count
+from tests.support.settings import api_settings, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.offline import OfflineWriter
 
 
