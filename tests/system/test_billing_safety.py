@@ -16,7 +16,7 @@ import pytest
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.support.database import create_key_sync
 from tests.support.postgres_server import database_refused
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -60,7 +60,7 @@ def _wait_all_finished(database_url: str, total: int, timeout: float) -> dict[st
         statuses = _statuses(database_url)
         return statuses.get("completed", 0) + statuses.get("failed", 0) == total
 
-    asyncio.run(wait_until(finished, timeout=timeout, what=f"all {total} jobs to finish", interval=0.2))
+    wait_until_sync(finished, timeout=timeout, what=f"all {total} jobs to finish", interval=0.2)
     return _statuses(database_url)
 
 

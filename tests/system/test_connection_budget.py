@@ -32,6 +32,7 @@ from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.support import postgres_server
 from tests.support.database import AdminSampler, create_key_sync
 from tests.support.pgbouncer import PgBouncer
+from tests.support.waiting import wait_until
 from tests.system.procs import Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
@@ -100,15 +101,15 @@ def _load(api_url: str, key: str) -> list[int]:
             job_ids = await asyncio.gather(*(post(n) for n in range(JOBS)))
 
             async def follow(job_id: str) -> None:
-                while True:
+                async def ended() -> bool:
                     async with limit:
                         answer = await client.get(f"/stories/jobs/{job_id}")
                     statuses.append(answer.status_code)
-                    if answer.json()["status"] in ("completed", "failed"):
-                        return
-                    await asyncio.sleep(0.05)
+                    return bool(answer.json()["status"] in ("completed", "failed"))
 
-            await asyncio.wait_for(asyncio.gather(*(follow(job_id) for job_id in job_ids)), timeout=120)
+                await wait_until(ended, timeout=120, interval=0.05, what=f"job {job_id} to end")
+
+            await asyncio.gather(*(follow(job_id) for job_id in job_ids))
 
     asyncio.run(run())
     return statuses

@@ -4,7 +4,6 @@ worker host whose clock is 10 minutes fast changes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import glob
 import threading
 from typing import Any
@@ -13,7 +12,7 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import Call, FakeAnthropic, FakeAnthropicServer, Plan
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -41,7 +40,7 @@ def _wait_completed(database_url: str, jobs: int, timeout: float) -> None:
             row = conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'").fetchone()
         return row is not None and row[0] == jobs
 
-    asyncio.run(wait_until(completed, timeout=timeout, what=f"{jobs} jobs to complete", interval=0.2))
+    wait_until_sync(completed, timeout=timeout, what=f"{jobs} jobs to complete", interval=0.2)
 
 
 def _served(fake: FakeAnthropic) -> list[Call]:

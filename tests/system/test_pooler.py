@@ -140,8 +140,11 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
         async with client() as c:
             async def until_accepted(n: int) -> None:
                 idempotency_key = str(uuid.uuid4())
-                while (await post(c, f"story {n}", idempotency_key)).status_code == 429:
-                    await asyncio.sleep(0.2)
+
+                async def accepted() -> bool:
+                    return (await post(c, f"story {n}", idempotency_key)).status_code != 429
+
+                await wait_until(accepted, timeout=180, interval=0.2, what=f"story {n} to be accepted")
 
             await asyncio.gather(*(until_accepted(n) for n in range(count)))
 

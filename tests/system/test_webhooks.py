@@ -4,7 +4,6 @@ package, and nothing is lost when the receiver is down or a worker is killed."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -16,7 +15,7 @@ from standardwebhooks.webhooks import Webhook
 
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import create_key_sync
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system
@@ -55,7 +54,7 @@ def _enqueue(client: httpx.Client, n: int) -> list[str]:
 
 
 def _wait(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    asyncio.run(wait_until(check, timeout=timeout, what=what, interval=0.05))
+    wait_until_sync(check, timeout=timeout, what=what, interval=0.05)
 
 
 def _scalar(database_url: str, query: str) -> Any:
