@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import psycopg
@@ -29,11 +29,14 @@ _counter = itertools.count()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Keeps the call phase's report on the test item, so that fixtures can show
     what they saw (process logs) when the test failed."""
     report = yield
     if report.when == "call":
+        # an attribute of our own on pytest's Item, which declares none: read by failed_in_call
         item.rep_call = report  # type: ignore[attr-defined]
     return report
 
@@ -65,7 +68,7 @@ def database_url(server_url: str, template_db: str) -> Iterator[str]:
 
 @pytest.fixture
 def database_name(database_url: str) -> str:
-    return conninfo_to_dict(database_url)["dbname"]
+    return str(conninfo_to_dict(database_url)["dbname"])
 
 
 @pytest.fixture

@@ -145,7 +145,7 @@ def _run_one(context: BenchContext, name: str) -> BenchResult:
 def _server_info(server_url: str) -> dict[str, Any]:
     with postgres_server.admin(server_url) as conn:
         version_row = conn.execute("SHOW server_version").fetchone()
-        settings = dict(conn.execute(  # type: ignore[arg-type]
+        settings = dict(conn.execute(
             "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
             (list(SERVER_SETTINGS),),
         ).fetchall())

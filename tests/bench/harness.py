@@ -150,7 +150,7 @@ class BenchDatabase:
             self._reader = None
 
     def scalar(self, query: str, params: dict[str, Any] | None = None) -> Any:
-        row = self.reader.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = self.reader.execute(query, params).fetchone()
         assert row is not None
         return row[0]
 

@@ -14,11 +14,14 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from shared.ratelimit import LimiterState, ProviderView
 from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import ErrorCode, JobStatus, LlmOutcome
+
+if TYPE_CHECKING:
+    from worker.store import WorkerStore
 
 
 @dataclass
@@ -137,7 +140,7 @@ class RecordingStore:
                 job.status, job.story = JobStatus.COMPLETED, completion
                 self.charged[job.id] = completion.cost_usd
                 completed.append(completion.job_id)
-        claimed = []
+        claimed: list[ClaimedJob] = []
         for job in self.jobs.values():
             if len(claimed) == claim_limit:
                 break
@@ -236,3 +239,8 @@ class RecordingStore:
         return ClaimedJob(id=job.id, public_id=job.public_id, client_id=1, request={"prompt": f"story {job.id}"},
                           created_at=job.created_at, started_at=datetime.now(UTC), max_tokens=self.max_tokens,
                           input_tokens_estimate=self.input_tokens_estimate)
+
+
+if TYPE_CHECKING:
+    # mypy holds the fake to the protocol the coordinator takes, so that the two cannot drift apart
+    _: WorkerStore = RecordingStore()

@@ -16,7 +16,7 @@ from tests.support.api_client import api_client, assert_problem, new_key, stored
 from tests.support.database import create_key
 
 # the largest body the api accepts: every character four bytes in UTF-8, the longest language tag
-LARGEST = {"prompt": "\U0001f319" * PROMPT_MAX_CHARS, "child_name": "\U0001f319" * NAME_MAX_CHARS, "age": 12,
+LARGEST: dict[str, Any] = {"prompt": "\U0001f319" * PROMPT_MAX_CHARS, "child_name": "\U0001f319" * NAME_MAX_CHARS, "age": 12,
            "length": "long", "language": "zzz-abcdefgh-abcdefgh-abcdefgh"}
 
 

@@ -119,7 +119,7 @@ async def test_a_completed_job_links_its_story(
         job_id = await _post(client, "a kind giant")
 
         async def completed() -> bool:
-            return (await client.get(f"/stories/jobs/{job_id}")).json()["status"] == "completed"
+            return bool((await client.get(f"/stories/jobs/{job_id}")).json()["status"] == "completed")
 
         await wait_until(completed, what="the job to complete")
     answer = await client.get(f"/stories/jobs/{job_id}")

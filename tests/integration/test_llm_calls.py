@@ -135,7 +135,9 @@ async def test_a_rejected_request_fails_at_once_with_a_readable_error(
     (job,) = await job_rows(conn)
     assert job.status == "failed" and job.error_code == "llm_rejected"
     cur = await conn.execute("SELECT error_text FROM story_jobs")
-    (error_text,) = await cur.fetchone()  # type: ignore[misc]
+    row = await cur.fetchone()
+    assert row is not None
+    (error_text,) = row
     assert f"rejected the request ({status})" in error_text
     assert len(provider.fake.calls) == 1
     assert [(a, o, b) for a, o, b, _, _ in await _ledger(conn)] == [(1, "rejected", False)]

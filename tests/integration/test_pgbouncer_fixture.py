@@ -19,7 +19,7 @@ def _connect(bouncer: PgBouncer, database_name: str, **kwargs: Any) -> psycopg.C
 
 
 def _one(conn: psycopg.Connection[Any], query: str) -> Any:
-    row = conn.execute(query).fetchone()  # type: ignore[call-overload]
+    row = conn.execute(query).fetchone()
     assert row is not None
     return row[0]
 

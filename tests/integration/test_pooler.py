@@ -294,7 +294,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     ]
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as pooled_conn:
         for name, params in statements:
-            cur = await pooled_conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params)  # type: ignore[operator]
+            cur = await pooled_conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params)
             row = await cur.fetchone()
             assert row is not None
             document = row[0] if isinstance(row[0], list) else json.loads(row[0])

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from decimal import Decimal
 from typing import Any
 
@@ -37,7 +37,7 @@ ABSURD_OUTPUT_TOKENS = 3_000_000_000
 PRICED: dict[str, Any] = {"llm_model": "priced-model", "llm_prices": {"priced-model": (2.0, 10.0)}}
 API = ApiSettings(**PRICED)
 PROMPT = "a sleepy otter"
-Logs = list[dict[str, Any]]
+Logs = list[MutableMapping[str, Any]]  # what capture_logs() collects
 
 
 @pytest.fixture
@@ -63,6 +63,7 @@ class Job:
     """A job's row and its ledger, as the tests read them."""
 
     def __init__(self, row: tuple[Any, ...], ledger: list[tuple[Any, ...]]) -> None:
+        self.status: str
         (self.id, self.status, self.error_code, self.worker_id, self.max_tokens, self.input_tokens_estimate,
          self.reserved_usd, self.charged_usd) = row
         # (attempt, outcome, billed, input_tokens, output_tokens, cost_usd)

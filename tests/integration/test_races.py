@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -94,7 +94,7 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
     assert len(fake.billed) == 1
 
 
-async def _has_event(logs: list[dict[str, Any]], name: str) -> bool:
+async def _has_event(logs: list[MutableMapping[str, Any]], name: str) -> bool:
     return any(e["event"] == name for e in logs)
 
 

@@ -34,7 +34,8 @@ async def _db_now(conn: psycopg.AsyncConnection[Any]) -> datetime:
     cur = await conn.execute("SELECT now()")
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    now: datetime = row[0]
+    return now
 
 
 async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:

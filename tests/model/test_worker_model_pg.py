@@ -84,7 +84,7 @@ class PgWorld:
         self.faulty = FaultyStore(PgWorkerStore(self.pool, worker_id=WORKER_ID, provider="anthropic",
                                                 model="model", listen_url=None, connect_timeout_s=5,
                                                 default_max_tokens=MAX_TOKENS))
-        self.store = self.faulty  # type: ignore[assignment]
+        self.store = self.faulty
         self._public: dict[int, uuid.UUID] = {}
 
     async def close(self) -> None:

@@ -100,7 +100,9 @@ class SentRequest:
 class World(Protocol):
     """A store for the coordinator, and what the invariants read of it."""
 
-    store: WorkerStore
+    # read-only, so that a world may hold a store of its own type that is a WorkerStore
+    @property
+    def store(self) -> WorkerStore: ...
 
     async def add_pending(self, n: int) -> list[int]: ...
 

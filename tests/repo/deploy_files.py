@@ -64,7 +64,8 @@ def alert_rules() -> list[dict[str, Any]]:
 
 
 def dashboard() -> dict[str, Any]:
-    return json.loads(DASHBOARD.read_text())
+    loaded: dict[str, Any] = json.loads(DASHBOARD.read_text())
+    return loaded
 
 
 def dashboard_panels() -> list[dict[str, Any]]:
@@ -80,7 +81,8 @@ def dashboard_exprs() -> list[str]:
 
 
 def compose() -> dict[str, Any]:
-    return yaml.safe_load(COMPOSE.read_text())
+    loaded: dict[str, Any] = yaml.safe_load(COMPOSE.read_text())
+    return loaded
 
 
 def k8s_files() -> list[Path]:
@@ -103,7 +105,7 @@ def workloads() -> list[dict[str, Any]]:
 
 
 def component(doc: dict[str, Any]) -> str:
-    return doc["metadata"]["labels"]["app.kubernetes.io/component"]
+    return str(doc["metadata"]["labels"]["app.kubernetes.io/component"])
 
 
 def deployment(component_name: str) -> dict[str, Any]:
@@ -113,11 +115,12 @@ def deployment(component_name: str) -> dict[str, Any]:
 
 
 def pod_spec(workload: dict[str, Any]) -> dict[str, Any]:
-    return workload["spec"]["template"]["spec"]
+    spec: dict[str, Any] = workload["spec"]["template"]["spec"]
+    return spec
 
 
 def only_container(workload: dict[str, Any]) -> dict[str, Any]:
-    containers = pod_spec(workload)["containers"]
+    containers: list[dict[str, Any]] = pod_spec(workload)["containers"]
     assert len(containers) == 1
     return containers[0]
 

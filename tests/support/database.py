@@ -85,7 +85,7 @@ async def job_rows(conn: psycopg.AsyncConnection[Any]) -> list[JobRow]:
 
 
 async def count(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) -> int:
-    cur = await conn.execute(query, params)  # type: ignore[arg-type]
+    cur = await conn.execute(query, params)
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
@@ -102,7 +102,7 @@ def rows_sync(database_url: str, query: str, *params: Any) -> list[tuple[Any, ..
     """A query's rows on a connection of its own, for tests that drive
     processes rather than an event loop."""
     with psycopg.connect(database_url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(query, params).fetchall()
 
 
 class AdminSampler:

@@ -4,7 +4,7 @@ port; a test passes the values it depends on."""
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, TypedDict
 
 from shared.config import ApiSettings, SweeperSettings, WorkerSettings
 
@@ -17,11 +17,22 @@ FAST = {
 }
 
 
+class SweepRules(TypedDict):
+    """store.job_fail_stale's rules, as keyword arguments."""
+
+    heartbeat_timeout_s: float
+    job_timeout_s: float
+    pending_timeout_s: float
+    judge_running: bool
+    batch_size: int
+    lock_timeout_s: float
+
+
 # A sweeper pass (store.job_fail_stale) as if run two hours from now: every
 # running job's heartbeat and every job's age is then past these timeouts.
 LATER = datetime.now(UTC) + timedelta(hours=2)
-SWEEP = {"heartbeat_timeout_s": 60.0, "job_timeout_s": 480.0, "pending_timeout_s": 1800.0,
-         "judge_running": True, "batch_size": 100, "lock_timeout_s": 5.0}
+SWEEP = SweepRules(heartbeat_timeout_s=60.0, job_timeout_s=480.0, pending_timeout_s=1800.0,
+                   judge_running=True, batch_size=100, lock_timeout_s=5.0)
 
 
 def worker_settings(**overrides: Any) -> WorkerSettings:

@@ -21,7 +21,7 @@ from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-FAST_TIMINGS = {
+FAST_TIMINGS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 0.5,
     "HEARTBEAT_TIMEOUT_S": 2,
     "SWEEPER_INTERVAL_S": 0.5,
@@ -103,7 +103,7 @@ def test_chaos_kills_never_bill_a_job_twice(
         workers.append(system.worker(wait=False, **env))
     statuses = _wait_all_finished(database_url, total, timeout=90)
 
-    billed_per_job = Counter()
+    billed_per_job: Counter[int] = Counter()
     for call in fake_llm.fake.billed:
         for n in range(total):
             if _tag(n) in call.prompt:

@@ -18,7 +18,7 @@ import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
 from api.page import CONTENT_SECURITY_POLICY
-from shared import webhooks
+from shared import store, webhooks
 from shared.rows import ROLLUP_BOUNDS_S
 from sweeper import rollup
 from tests.support import ops_seed as seed
@@ -39,7 +39,7 @@ HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scrip
 
 def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(query, params).fetchall()
 
 
 def scalar(database_url: str, query: str, *params: Any) -> Any:
@@ -59,7 +59,7 @@ def usd(value: Any) -> str:
 
 async def roll_up_the_last_hour(conn: psycopg.AsyncConnection[Any]) -> None:
     """The sweeper's rollup over the last hour, as a pass with a long interval makes it."""
-    gauges = await seed.store.job_queue_gauges(conn)
+    gauges = await store.job_queue_gauges(conn)
     await rollup.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
                                 running=gauges.running)
 
@@ -648,7 +648,7 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
 
     async def endpoint(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, int, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
-        row = await seed.store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
+        row = await store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
                                                        events=webhooks.EVENTS, secret=webhooks.new_secret(),
                                                        max_per_client=10)
         assert row is not None

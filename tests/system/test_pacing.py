@@ -17,7 +17,7 @@ from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-TIMINGS = {"HEARTBEAT_INTERVAL_S": 1, "HEARTBEAT_TIMEOUT_S": 5, "LLM_TIMEOUT_S": 60, "JOB_TIMEOUT_S": 120,
+TIMINGS: dict[str, Any] = {"HEARTBEAT_INTERVAL_S": 1, "HEARTBEAT_TIMEOUT_S": 5, "LLM_TIMEOUT_S": 60, "JOB_TIMEOUT_S": 120,
            "LLM_RETRY_ATTEMPTS": 20, "LLM_RETRY_DEADLINE_S": 110, "LLM_MAX_TOKENS": 800}
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 
@@ -118,7 +118,7 @@ def test_a_worker_whose_clock_is_ten_minutes_fast_pauses_nobody(
     sampler.start()
     try:
         with FakeAnthropicServer(fake) as server:
-            env = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": server.base_url, "WORKER_CONCURRENCY": 2,
+            env: dict[str, Any] = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": server.base_url, "WORKER_CONCURRENCY": 2,
                    **TIMINGS}
             system.worker(LD_PRELOAD=LIBFAKETIME[0], FAKETIME="+10m", FAKETIME_DONT_FAKE_MONOTONIC="1", **env)
             system.worker(**env)

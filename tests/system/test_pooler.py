@@ -34,7 +34,7 @@ POLL_S = 300
 
 def _scalar(database_url: str, query: str, *params: Any) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
 
@@ -58,9 +58,9 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     job, idle workers are woken by NOTIFY long before their poll, a DELETE stops a running stream, and 100 jobs
     all complete with one billed request each; no answer is a 5xx and no process meets a database error."""
     bouncer = pgbouncer_factory(default_pool_size=3)
-    pooled = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
+    pooled: dict[str, Any] = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
               "DATABASE_LISTEN_URL": database_url, **TIMINGS}
-    llm = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
     fake_llm.fake.default = Plan(chunks=4, duration_s=0.2)
     key = create_key_sync(database_url, "pooled")
     api = system.api(QUEUE_MAX=20, API_POOL_SIZE=4, **pooled)
@@ -152,7 +152,7 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     _wait(lambda: _scalar(database_url, "SELECT count(*) FROM story_jobs WHERE status IN ('pending', 'running')")
           == 0, "every job to finish", procs)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        by_status = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
+        by_status: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
         ledger = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM llm_calls WHERE billed").fetchone()
         locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
     assert by_status == {"completed": 100, "failed": 1}

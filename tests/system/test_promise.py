@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
@@ -20,7 +21,7 @@ from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-TIMINGS = {
+TIMINGS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 1,
     "HEARTBEAT_TIMEOUT_S": 30,
     "JOB_TIMEOUT_S": 120,

@@ -21,7 +21,7 @@ from tests.system.procs import ApiProc, System
 pytestmark = pytest.mark.system
 
 # fast and permissive: the receiver listens on 127.0.0.1
-WORKER = {"OFFLINE_DELAY_S": 0, "WORKER_CONCURRENCY": 4, "WEBHOOK_ALLOW_PRIVATE": "true",
+WORKER: dict[str, Any] = {"OFFLINE_DELAY_S": 0, "WORKER_CONCURRENCY": 4, "WEBHOOK_ALLOW_PRIVATE": "true",
           "WEBHOOK_POLL_INTERVAL_S": 0.1, "WEBHOOK_CONCURRENCY": 4}
 
 
@@ -59,7 +59,7 @@ def _wait(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
 
 def _scalar(database_url: str, query: str) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query).fetchone()
     assert row is not None
     return row[0]
 
