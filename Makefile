@@ -30,7 +30,7 @@ $(VENV)/.installed-bench: $(VENV)/.installed
 	$(BIN)/pip install --quiet -e '.[test,bench]'
 	touch $@
 
-# what CI checks before the tests: ruff, and mypy --strict on api/ worker/ sweeper/ shared/ tools/
+# what CI checks before the tests: ruff, and mypy --strict on api/ worker/ sweeper/ shared/ tools/ tests/
 lint: install
 	$(BIN)/python -m ruff check .
 	$(BIN)/python -m mypy

@@ -3,7 +3,7 @@
 ``SweeperStore`` is everything a pass and a probe need (sweeper/sweep.py);
 ``PgSweeperStore`` does it with a connection pool and the sweeper's named
 queries (sql/sweeper.sql), each run by one small typed function below. A
-recording fake of the same interface (tests/unit/recording_sweeper_store.py)
+recording fake of the same interface (tests/fakes/recording_sweeper_store.py)
 lets the sweeper's rules be tested without a database. Every method may
 raise any of ``shared.db.DB_ERRORS``.
 """

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import itertools
 import os
-from collections.abc import AsyncIterator, Callable, Iterator
+from collections.abc import AsyncIterator, Callable, Generator, Iterator
 from typing import Any
 
 import psycopg
@@ -20,19 +20,23 @@ from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db
-from tests import dbserver
-from tests.helpers import create_key, failed_in_call
-from tests.pgbouncer import PgBouncer, PgBouncerUnavailable
+from tests.support import postgres_server
+from tests.support.database import create_key
+from tests.support.outcome import failed_in_call
+from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable
 
 _counter = itertools.count()
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
-def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) -> Iterator[None]:
+def pytest_runtest_makereport(
+    item: pytest.Item, call: pytest.CallInfo[None]
+) -> Generator[None, pytest.TestReport, pytest.TestReport]:
     """Keeps the call phase's report on the test item, so that fixtures can show
     what they saw (process logs) when the test failed."""
     report = yield
     if report.when == "call":
+        # an attribute of our own on pytest's Item, which declares none: read by failed_in_call
         item.rep_call = report  # type: ignore[attr-defined]
     return report
 
@@ -40,7 +44,7 @@ def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]) ->
 @pytest.fixture(scope="session")
 def server_url() -> Iterator[str]:
     """A maintenance connection string to the test Postgres server."""
-    with dbserver.server_url() as url:
+    with postgres_server.server_url() as url:
         yield url
 
 
@@ -48,23 +52,23 @@ def server_url() -> Iterator[str]:
 def template_db(server_url: str) -> Iterator[str]:
     """A database migrated to the latest schema, used as the template."""
     name = f"storyjobs_template_{os.getpid()}"
-    dbserver.create_migrated_database(server_url, name)
+    postgres_server.create_migrated_database(server_url, name)
     yield name
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_url(server_url: str, template_db: str) -> Iterator[str]:
     """A fresh, migrated database for this test only."""
     name = f"storyjobs_test_{os.getpid()}_{next(_counter)}"
-    url = dbserver.create_database_from_template(server_url, name, template_db)
+    url = postgres_server.create_database_from_template(server_url, name, template_db)
     yield url
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 @pytest.fixture
 def database_name(database_url: str) -> str:
-    return conninfo_to_dict(database_url)["dbname"]
+    return str(conninfo_to_dict(database_url)["dbname"])
 
 
 @pytest.fixture

@@ -4,7 +4,7 @@
 and the listener need; ``PgWorkerStore`` does it with a connection pool and
 the worker's named queries (sql/worker.sql), each run by one small typed
 function below, with the webhook deliveries' (worker/delivery/). A recording
-fake of the same interface (tests/unit/recording_store.py) lets the
+fake of the same interface (tests/fakes/recording_worker_store.py) lets the
 coordinator's rules be tested without a database. Every method may raise any
 of ``shared.db.DB_ERRORS``.
 """

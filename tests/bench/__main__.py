@@ -5,7 +5,7 @@ tests/bench/results/ (JSON and Markdown) and print the table.
     python -m tests.bench --only drain,pickup  # a subset, by name
     python -m tests.bench --quick --runs 1     # sizes and durations in seconds
 
-The Postgres server is tests/dbserver.py's: TEST_DATABASE_URL, else a Docker
+The Postgres server is tests/support/postgres_server.py's: TEST_DATABASE_URL, else a Docker
 container, else the embedded Postgres. Every database and process a run
 creates is dropped or stopped at its end, also on Ctrl-C or SIGTERM.
 """
@@ -26,7 +26,6 @@ from types import FrameType, ModuleType
 from typing import Any
 
 from shared import logs
-from tests import dbserver
 from tests.bench import (
     api_load,
     ceiling,
@@ -48,6 +47,7 @@ from tests.bench import (
     webhooks,
 )
 from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
+from tests.support import postgres_server
 
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
@@ -91,7 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     load_before = os.getloadavg()
     results: list[BenchResult] = []
-    with dbserver.server_url() as server_url:
+    with postgres_server.server_url() as server_url:
         server = _server_info(server_url)
         context = BenchContext(server_url, runs=args.runs, quick=args.quick, log_root=log_root,
                                verbose=not args.quiet)
@@ -143,9 +143,9 @@ def _run_one(context: BenchContext, name: str) -> BenchResult:
 
 
 def _server_info(server_url: str) -> dict[str, Any]:
-    with dbserver.admin(server_url) as conn:
+    with postgres_server.admin(server_url) as conn:
         version_row = conn.execute("SHOW server_version").fetchone()
-        settings = dict(conn.execute(  # type: ignore[arg-type]
+        settings = dict(conn.execute(
             "SELECT name, current_setting(name) FROM pg_settings WHERE name = ANY(%s)",
             (list(SERVER_SETTINGS),),
         ).fetchall())

@@ -21,7 +21,7 @@ import httpx
 
 from tests.bench.harness import BenchContext, BenchResult, FigureSpec
 from tests.bench.loadgen import POST_BODY, LoadResult, describe_tool, run_load
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 
 NAME = "api"
 FULL_CONNECTIONS = 32

@@ -102,4 +102,5 @@ def _pgbench_once(ctx: BenchContext, pgbench: str, script: Path, jobs: int) -> f
             row = conn.execute(_TIMING).fetchone()
     assert row is not None
     completed, span_s = row
-    return completed / span_s
+    rate: float = completed / span_s
+    return rate

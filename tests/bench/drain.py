@@ -88,7 +88,7 @@ def _drain_once(ctx: BenchContext, result: BenchResult, *, jobs: int, procs: int
     completed, failed, span_s, start_spread_s, jobs_per_claim = row
     if failed:
         result.note(f"{failed} of {jobs} jobs failed in a {procs} × {concurrency} run")
-    rate = completed / span_s
+    rate: float = completed / span_s
     key = f"procs{procs}_conc{concurrency}"
     result.add(key, rate)
     result.add(f"{key}_jobs_per_claim", jobs_per_claim)

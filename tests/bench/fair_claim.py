@@ -145,7 +145,7 @@ async def _share(ctx: BenchContext, template: str) -> tuple[float, float, float,
             copy.close()
     fair = order["fair"]
     heavy = Counter(fair).most_common(1)[0][0]
-    ratios = []
+    ratios: list[float] = []
     left = Counter(fair)
     for start in range(0, len(fair), WINDOW):
         window = fair[start:start + WINDOW]
@@ -189,7 +189,7 @@ def _params(completions: list[dict[str, Any]], claim_limit: int, worker_id: str)
 
 async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: list[dict[str, Any]],
                  claim_limit: int, worker_id: str = "bench-fair") -> list[dict[str, Any]]:
-    cur = await conn.execute(query, _params(completions, claim_limit, worker_id))  # type: ignore[arg-type]
+    cur = await conn.execute(query, _params(completions, claim_limit, worker_id))
     row = await cur.fetchone()
     assert row is not None
     claimed: list[dict[str, Any]] = msgspec.json.decode(row[0])

@@ -21,7 +21,7 @@ import psycopg.sql
 from psycopg.conninfo import conninfo_to_dict
 
 from shared.story_request import StoryRequest, canonical_json, fingerprint
-from tests import dbserver
+from tests.support import postgres_server
 from tests.system.procs import Proc, System, wait_while_running
 
 REPO = Path(__file__).resolve().parents[2]
@@ -150,7 +150,7 @@ class BenchDatabase:
             self._reader = None
 
     def scalar(self, query: str, params: dict[str, Any] | None = None) -> Any:
-        row = self.reader.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = self.reader.execute(query, params).fetchone()
         assert row is not None
         return row[0]
 
@@ -233,7 +233,7 @@ class BenchDatabase:
         )
 
     def connections(self, application_name: str) -> int:
-        with dbserver.admin(self.server_url) as conn:
+        with postgres_server.admin(self.server_url) as conn:
             row = conn.execute(
                 "SELECT count(*) FROM pg_stat_activity WHERE datname = %s AND application_name = %s",
                 (self.name, application_name),
@@ -248,7 +248,7 @@ class DatabaseCounters:
 
     def __init__(self, server_url: str, dbname: str) -> None:
         self.dbname = dbname
-        self._conn = dbserver.admin(server_url)
+        self._conn = postgres_server.admin(server_url)
 
     def close(self) -> None:
         self._conn.close()
@@ -399,12 +399,12 @@ class BenchContext:
         self.template = f"{self.prefix}_template"
         self._counter = itertools.count(1)
         self._created: list[str] = []
-        dbserver.create_migrated_database(server_url, self.template)
+        postgres_server.create_migrated_database(server_url, self.template)
         self._created.append(self.template)
 
     def close(self) -> None:
         for name in reversed(self._created):
-            dbserver.drop_database(self.server_url, name)
+            postgres_server.drop_database(self.server_url, name)
         self._created.clear()
 
     def progress(self, message: str) -> None:
@@ -425,7 +425,7 @@ class BenchContext:
     def create_database(self, label: str, *, template: str | None = None) -> BenchDatabase:
         name = f"{self.prefix}_{label}_{next(self._counter)}"
         self._created.append(name)
-        url = dbserver.create_database_from_template(self.server_url, name, template or self.template)
+        url = postgres_server.create_database_from_template(self.server_url, name, template or self.template)
         return BenchDatabase(self.server_url, name, url)
 
     def create_template(self, label: str, install: Callable[[str], None]) -> str:
@@ -433,16 +433,16 @@ class BenchContext:
         from: another system's schema, installed once by its own tooling.
         Dropped by ``close()``; returns its name."""
         name = f"{self.prefix}_{label}_template"
-        dbserver.drop_database(self.server_url, name)
-        with dbserver.admin(self.server_url) as conn:
+        postgres_server.drop_database(self.server_url, name)
+        with postgres_server.admin(self.server_url) as conn:
             conn.execute(psycopg.sql.SQL("CREATE DATABASE {}").format(psycopg.sql.Identifier(name)))
         self._created.append(name)
-        install(dbserver.with_dbname(self.server_url, name))
+        install(postgres_server.with_dbname(self.server_url, name))
         return name
 
     def drop_database(self, bench_db: BenchDatabase) -> None:
         bench_db.close()
-        dbserver.drop_database(self.server_url, bench_db.name)
+        postgres_server.drop_database(self.server_url, bench_db.name)
         if bench_db.name in self._created:
             self._created.remove(bench_db.name)
 

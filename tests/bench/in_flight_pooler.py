@@ -3,7 +3,7 @@ processes whose pools go through PgBouncer in transaction mode.
 
 20 workers × WORKER_CONCURRENCY 100 stream from the fake provider (its own
 process; 60 s streams of 60 chunks) with the default heartbeat interval,
-DATABASE_POOLER=transaction, and a PgBouncer (Debian's, tests/pgbouncer.py)
+DATABASE_POOLER=transaction, and a PgBouncer (Debian's, tests/support/pgbouncer.py)
 whose pool holds at most POOL_SIZE server connections.
 
 The workers poll (WORKER_LISTEN=false, WORKER_POLL_INTERVAL_S=1) rather than
@@ -48,8 +48,8 @@ from tests.bench.harness import (
     is_postgres_process,
     rss_bytes,
 )
-from tests.helpers import AdminSampler
-from tests.pgbouncer import PgBouncer
+from tests.support.database import AdminSampler
+from tests.support.pgbouncer import PgBouncer
 from tests.system.procs import Proc
 
 NAME = "in_flight_pooler"

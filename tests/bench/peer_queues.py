@@ -46,7 +46,7 @@ from tests.bench.harness import (
     BenchDatabase,
     as_uri,
 )
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import Proc, System
 
 PGQUEUER_WORKER = "tests.bench.peer_apps.pgqueuer_app"

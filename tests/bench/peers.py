@@ -48,7 +48,7 @@ from tests.bench.harness import (
     percentile,
 )
 from tests.bench.peer_queues import QUEUES, Enqueuer, Queue
-from tests.helpers import wait_until_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import Proc
 
 NAME = "peers"

@@ -14,7 +14,7 @@ import uuid
 import httpx
 
 from tests.bench.harness import BenchContext, BenchResult, FigureSpec, percentile
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 
 NAME = "pickup"
 SPECS = {

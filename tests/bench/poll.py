@@ -22,7 +22,8 @@ import httpx
 from tests.bench.api_load import API_ENV, one_job
 from tests.bench.harness import BenchContext, BenchResult, FigureSpec
 from tests.bench.loadgen import LoadResult, describe_tool, run_load
-from tests.helpers import create_key_sync, free_port
+from tests.support.database import create_key_sync
+from tests.support.host import free_port
 from tests.system.procs import Proc, System, wait_while_running
 
 NAME = "poll"

@@ -96,7 +96,7 @@ async def _measure(databases: dict[str, BenchDatabase], result: BenchResult, *, 
     for bench_db in databases.values():
         with bench_db.connect() as conn:
             for statement in _RESET:
-                conn.execute(statement)  # type: ignore[arg-type]
+                conn.execute(statement)
     sweep_ms = await _sweep_ms(databases, result, sweeps)
     return latencies, sweep_ms
 
@@ -163,6 +163,7 @@ async def _claim_access_path(conn: store.Conn) -> str:
     EXPLAIN ANALYZE (it claims one job, as the measured calls do)."""
     explaining = _ExplainingConnection(conn)
     with contextlib.suppress(_Explained):
+        # a stand-in for the connection, with only the execute the query function calls
         await worker_store.job_settle_and_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
                                          completions=[], claim_limit=1, provider="offline",
                                          model="offline-writer")

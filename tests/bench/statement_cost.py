@@ -40,7 +40,6 @@ from shared import db
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Completion
 from shared.webhooks import EVENTS, new_secret
-from tests import dbserver
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -48,7 +47,9 @@ from tests.bench.harness import (
     BenchResult,
     FigureSpec,
 )
-from tests.helpers import free_port, wait_until_sync
+from tests.support import postgres_server
+from tests.support.host import free_port
+from tests.support.waiting import wait_until_sync
 from worker import store as worker_store
 
 NAME = "statement_cost"
@@ -96,9 +97,9 @@ class _Server:
     def new_database(self) -> str:
         """A copy of the migrated template (migrating under callgrind is slow)."""
         if self._databases == 0:
-            dbserver.create_migrated_database(self.url, "cost_template")
+            postgres_server.create_migrated_database(self.url, "cost_template")
         self._databases += 1
-        return dbserver.create_database_from_template(self.url, f"cost_{self._databases}", "cost_template")
+        return postgres_server.create_database_from_template(self.url, f"cost_{self._databases}", "cost_template")
 
     def instructions(self, pid: int) -> int:
         """The backend's total, written by callgrind when the backend exits."""

@@ -55,15 +55,20 @@ def _stop_once(ctx: BenchContext) -> list[float]:
         for n in range(JOBS):
             conn.execute("DELETE FROM job_idempotency_keys")
             bench_db.insert_pending(client_id, 1, notify=True)
-            bench_db.wait_until("the stream to start", lambda n=n: len(fake.calls) > n and fake.calls[n].chunks_sent > 0,
-                                [worker], timeout_s=60)
+
+            def stream_started(n: int = n) -> bool:
+                return len(fake.calls) > n and fake.calls[n].chunks_sent > 0
+
+            def stream_closed(n: int = n) -> bool:
+                return fake.calls[n].closed_at is not None
+
+            bench_db.wait_until("the stream to start", stream_started, [worker], timeout_s=60)
             time.sleep(rng.uniform(0, HEARTBEAT_S))
             # what a client's DELETE does to the job's row
             conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
                          "error_text = 'cancelled', completed_at = now(), charged_usd = 0 WHERE status = 'running'")
             cancelled_at = time.monotonic()
-            bench_db.wait_until("the stream to close", lambda n=n: fake.calls[n].closed_at is not None, [worker],
-                                timeout_s=30, interval_s=0.01)
+            bench_db.wait_until("the stream to close", stream_closed, [worker], timeout_s=30, interval_s=0.01)
             closed_at = fake.calls[n].closed_at
             assert closed_at is not None
             latencies.append(closed_at - cancelled_at)

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from tests import pgbouncer
 from tests.bench.in_flight_pooler import POOL_SIZE
 from tests.bench.smoke import run_quick
+from tests.support import pgbouncer
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
 

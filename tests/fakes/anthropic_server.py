@@ -24,7 +24,7 @@ from typing import Any
 
 import uvicorn
 
-from tests.helpers import wait_until_sync
+from tests.support.waiting import wait_until_sync
 
 
 @dataclass(frozen=True)

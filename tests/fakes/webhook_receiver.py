@@ -18,7 +18,7 @@ from typing import Any, Self
 import msgspec
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from tests.helpers import free_port
+from tests.support.host import free_port
 
 
 class Received(msgspec.Struct, frozen=True):

@@ -12,7 +12,7 @@ from api.admission import AdmissionBatcher, admission
 from shared.config import ApiSettings
 from shared.rows import Admission
 from shared.story_request import StoryRequest
-from tests.helpers import client_id_of, count
+from tests.support.database import client_id_of, count
 
 
 def _admission(client_id: int, key: str, prompt: str = "a fox") -> Admission:

@@ -12,11 +12,11 @@ from shared import prompt
 from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
 from shared.story_request import NAME_MAX_CHARS, PROMPT_MAX_CHARS, StoryRequest
-from tests.api_helpers import api_client, assert_problem, new_key, stored_jobs
-from tests.helpers import create_key
+from tests.support.api_client import api_client, assert_problem, new_key, stored_jobs
+from tests.support.database import create_key
 
 # the largest body the api accepts: every character four bytes in UTF-8, the longest language tag
-LARGEST = {"prompt": "\U0001f319" * PROMPT_MAX_CHARS, "child_name": "\U0001f319" * NAME_MAX_CHARS, "age": 12,
+LARGEST: dict[str, Any] = {"prompt": "\U0001f319" * PROMPT_MAX_CHARS, "child_name": "\U0001f319" * NAME_MAX_CHARS, "age": 12,
            "length": "long", "language": "zzz-abcdefgh-abcdefgh-abcdefgh"}
 
 

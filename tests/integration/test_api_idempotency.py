@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client, assert_problem, new_key, stored_jobs
-from tests.helpers import count
+from tests.support.api_client import api_client, assert_problem, new_key, stored_jobs
+from tests.support.database import count
 
 
 async def test_fifty_concurrent_posts_with_one_key_make_one_job(

@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client, assert_problem, completed_job, new_key
-from tests.helpers import create_key, job_rows
+from tests.support.api_client import api_client, assert_problem, completed_job, new_key
+from tests.support.database import create_key, job_rows
 
 
 async def test_another_clients_job_and_story_are_the_same_404_as_unknown_ones(

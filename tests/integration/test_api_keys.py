@@ -12,8 +12,8 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from shared import console_store, keys
-from tests.api_helpers import api_client, assert_problem, new_key, stored_jobs
-from tests.helpers import count
+from tests.support.api_client import api_client, assert_problem, new_key, stored_jobs
+from tests.support.database import count
 from tools import cli
 
 
@@ -65,7 +65,7 @@ async def test_a_second_key_of_a_client_survives_the_revocation_of_the_first(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any], api_key: str
 ) -> None:
     """Rotation: with the old key revoked, the client's new key still reads the client's jobs."""
-    from tests.helpers import create_key
+    from tests.support.database import create_key
 
     async with api_client(pool, api_key) as client:
         accepted = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())

@@ -8,7 +8,7 @@ from litestar.testing import AsyncTestClient
 from api.__main__ import pool_lifespan
 from api.app import create_app
 from shared import db
-from tests.helpers import api_settings
+from tests.support.settings import api_settings
 
 
 async def test_the_lifespan_opens_the_pool_for_the_server_and_closes_it_after(database_url: str) -> None:

@@ -13,7 +13,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client, assert_problem, stored_jobs
+from tests.support.api_client import api_client, assert_problem, stored_jobs
 
 GOOD_BODY = {"prompt": "a dragon who cannot sleep"}
 VALID_KEY = "<valid key>"  # replaced by the test's own API key

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client, assert_problem, new_key, stored_jobs
+from tests.support.api_client import api_client, assert_problem, new_key, stored_jobs
 
 
 async def test_a_blocked_database_answers_503_within_the_deadline_then_recovers(

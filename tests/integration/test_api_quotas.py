@@ -10,8 +10,8 @@ import httpx
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client, assert_problem, new_key
-from tests.helpers import count, create_key
+from tests.support.api_client import api_client, assert_problem, new_key
+from tests.support.database import count, create_key
 
 
 async def _post_interleaved(pool: AsyncConnectionPool, keys: dict[str, int], **settings: Any

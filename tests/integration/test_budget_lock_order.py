@@ -17,7 +17,8 @@ from api import store as api_store
 from api.admission import admission
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
-from tests.helpers import client_id_of, wait_until, waiting_on_a_lock
+from tests.support.database import client_id_of, waiting_on_a_lock
+from tests.support.waiting import wait_until
 
 Conn = psycopg.AsyncConnection[Any]
 BUDGET = Decimal(1000)

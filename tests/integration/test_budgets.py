@@ -20,7 +20,7 @@ from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
-from tests.helpers import client_id_of
+from tests.support.database import client_id_of
 from worker import store as worker_store
 from worker.store import PgWorkerStore
 
@@ -57,10 +57,10 @@ async def test_admission_reserves_worst_cases_up_to_the_budget_and_no_further(
     client = await client_id_of(conn)
     outcomes = await _admit(conn, client, 5, budget=WORST * Decimal("3.5"))
     assert outcomes == ["inserted"] * 3 + ["budget_exhausted"] * 2
-    assert await _day(conn) == (0, WORST * 3) and await _day(conn, client) == (0, WORST * 3)
+    assert await _day(conn) == (Decimal(0), WORST * 3) and await _day(conn, client) == (Decimal(0), WORST * 3)
     other = await client_id_of(conn, "unbudgeted")
     assert await _admit(conn, other, 2) == ["inserted"] * 2
-    assert await _day(conn, other) == (0, 0)
+    assert await _day(conn, other) == (Decimal(0), Decimal(0))
 
 
 async def test_a_clients_own_budget_overrides_the_default_and_is_checked_first(
@@ -96,12 +96,13 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
     running_public, pending_public = [row[0] for row in await cur.fetchall()]
     for public_id in (running_public, pending_public, running_public):
         await api_store.job_cancel(conn, client_id=client, job_id=public_id)
-    assert await _day(conn) == (Decimal("0.000510") + WORST, 0)
+    assert await _day(conn) == (Decimal("0.000510") + WORST, Decimal(0))
     # the cancelled job's worker closes its stream and says what it cost
     await worker_store.llm_call_finish(conn, job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
                                 input_tokens=5, output_tokens=20, cost_usd=Decimal("0.000210"),
                                 error_text="stream stopped: job cancelled")
-    assert await _day(conn) == (Decimal("0.000720"), 0) and await _day(conn, client) == (Decimal("0.000720"), 0)
+    assert await _day(conn) == (Decimal("0.000720"), Decimal(0))
+    assert await _day(conn, client) == (Decimal("0.000720"), Decimal(0))
 
 
 async def test_the_sweeper_charges_a_dead_workers_job_its_worst_case_and_a_stale_pending_job_nothing(
@@ -118,7 +119,7 @@ async def test_the_sweeper_charges_a_dead_workers_job_its_worst_case_and_a_stale
     swept = await sweeper_store.job_fail_stale(conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
                                        judge_running=True, batch_size=10, lock_timeout_s=5, now=later)
     assert sorted(job.reason for job in swept) == ["queue_timeout", "timed_out"]
-    assert await _day(conn) == (WORST, 0)
+    assert await _day(conn) == (WORST, Decimal(0))
 
 
 async def test_concurrent_admissions_never_pass_the_budget(database_url: str, conn: psycopg.AsyncConnection[Any]) -> None:
@@ -157,7 +158,7 @@ async def test_a_worker_store_fails_jobs_and_gives_back_their_tokens(
     assert await worker_store.fail_running([Failure(job_id=job.id, attempt=1, error_code=ErrorCode.LLM_REJECTED,
                                                     error_text="400", call_outcome=LlmOutcome.REJECTED,
                                                     billed=False)]) == [job.id]
-    assert await _day(conn) == (0, 0)
+    assert await _day(conn) == (Decimal(0), Decimal(0))
     if limited:
         cur = await conn.execute("SELECT output_tokens FROM llm_rate_buckets")
         row = await cur.fetchone()

@@ -63,7 +63,7 @@ def _story_jobs_scans(plan: dict[str, Any]) -> list[str]:
 
 
 async def _plan(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str, Any]) -> dict[str, Any]:
-    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)  # type: ignore[operator]
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
     row = await cur.fetchone()
     assert row is not None
     document = row[0] if isinstance(row[0], list) else json.loads(row[0])
@@ -93,7 +93,8 @@ async def test_the_sweeper_gauges_and_admission_use_the_active_index(
     """The sweeper's pass, its queue gauges and the admission count read live jobs through the
     active index, reaching other rows only by id."""
     await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
-    queries = [("job_fail_stale", SWEEP_PARAMS), ("job_insert_if_admitted", ADMISSION_PARAMS)]
+    queries: list[tuple[str, dict[str, Any]]] = [("job_fail_stale", SWEEP_PARAMS),
+                                                 ("job_insert_if_admitted", ADMISSION_PARAMS)]
     if not analyze_first:
         # plain counts, run once per sweeper pass: right with the fresh statistics that
         # story_jobs' autovacuum settings keep, not forced against stale ones
@@ -130,9 +131,9 @@ async def test_the_keda_trigger_counts_live_jobs_through_the_active_index(
         "WHERE id IN (SELECT id FROM story_jobs WHERE status = 'pending' ORDER BY id LIMIT 20)")
     await conn.execute("VACUUM ANALYZE story_jobs")
     query = _keda_query()
-    cur = await conn.execute(query)  # type: ignore[arg-type]
+    cur = await conn.execute(query)
     assert await cur.fetchone() == (50,)
-    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + query)  # type: ignore[arg-type]
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + query)
     row = await cur.fetchone()
     assert row is not None
     document = row[0] if isinstance(row[0], list) else json.loads(row[0])

@@ -13,7 +13,7 @@ import pytest
 
 from shared import store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from tests.helpers import client_id_of, enqueue
+from tests.support.database import client_id_of, enqueue
 from worker import store as worker_store
 
 MODEL = "m"

@@ -16,17 +16,10 @@ from api import store as api_store
 from shared.status import LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import (
-    LATER,
-    SWEEP,
-    client_id_of,
-    enqueue,
-    job_rows,
-    running_worker,
-    wait_until,
-    waiting_on_a_lock,
-    worker_settings,
-)
+from tests.support.database import client_id_of, enqueue, job_rows, waiting_on_a_lock
+from tests.support.settings import LATER, SWEEP, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 

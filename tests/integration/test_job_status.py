@@ -12,9 +12,12 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from tests.api_helpers import api_client
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import count, job_rows, running_worker, wait_until, worker_settings
+from tests.support.api_client import api_client
+from tests.support.database import count, job_rows
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 
 
@@ -59,7 +62,7 @@ async def test_cancelling_another_clients_job_is_not_found(
     client: httpx.AsyncClient, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """A client cannot cancel (or see) another client's job: the same 404 as an unknown id."""
-    from tests.helpers import create_key
+    from tests.support.database import create_key
 
     job_id = await _post(client, "a fox")
     other = await create_key(conn, "someone else")
@@ -116,7 +119,7 @@ async def test_a_completed_job_links_its_story(
         job_id = await _post(client, "a kind giant")
 
         async def completed() -> bool:
-            return (await client.get(f"/stories/jobs/{job_id}")).json()["status"] == "completed"
+            return bool((await client.get(f"/stories/jobs/{job_id}")).json()["status"] == "completed")
 
         await wait_until(completed, what="the job to complete")
     answer = await client.get(f"/stories/jobs/{job_id}")

@@ -14,7 +14,8 @@ import pytest
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
 from shared.status import LlmOutcome
-from tests.helpers import client_id_of, count, enqueue, wait_until, waiting_on_a_lock
+from tests.support.database import client_id_of, count, enqueue, waiting_on_a_lock
+from tests.support.waiting import wait_until
 from worker import store as worker_store
 
 MODEL = "m"
@@ -168,7 +169,8 @@ async def test_a_claim_without_a_limit_learns_the_limits_a_limited_round_paced_b
                                               provider="anthropic", model=MODEL)
     assert result.claimed == [] and result.limiter.paused_s == 0
     assert result.limiter.next_output_tokens is not None
-    assert result.limiter.requests_per_minute == pytest.approx(LIMITS.requests_rate * 60)  # type: ignore[operator]
+    assert LIMITS.requests_rate is not None
+    assert result.limiter.requests_per_minute == pytest.approx(LIMITS.requests_rate * 60)
     assert result.limiter.input_tokens_per_minute is None
 
 

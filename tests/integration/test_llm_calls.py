@@ -14,14 +14,10 @@ from structlog.testing import capture_logs
 
 from shared.config import WorkerSettings
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import (
-    client_id_of,
-    enqueue,
-    job_rows,
-    running_worker,
-    wait_until,
-    worker_settings,
-)
+from tests.support.database import client_id_of, enqueue, job_rows
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 
@@ -84,7 +80,7 @@ async def test_a_refused_connection_is_retried(
 ) -> None:
     """Nothing listening at the provider's address: each attempt is recorded unbilled and the job
     fails as llm_unavailable once the attempts run out."""
-    from tests.helpers import free_port
+    from tests.support.host import free_port
 
     settings = worker_settings(anthropic_api_key="test", anthropic_base_url=f"http://127.0.0.1:{free_port()}",
                                llm_retry_attempts=3)
@@ -139,7 +135,9 @@ async def test_a_rejected_request_fails_at_once_with_a_readable_error(
     (job,) = await job_rows(conn)
     assert job.status == "failed" and job.error_code == "llm_rejected"
     cur = await conn.execute("SELECT error_text FROM story_jobs")
-    (error_text,) = await cur.fetchone()  # type: ignore[misc]
+    row = await cur.fetchone()
+    assert row is not None
+    (error_text,) = row
     assert f"rejected the request ({status})" in error_text
     assert len(provider.fake.calls) == 1
     assert [(a, o, b) for a, o, b, _, _ in await _ledger(conn)] == [(1, "rejected", False)]

@@ -19,7 +19,8 @@ from api import store as api_store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import ClaimedJob, Failure
 from shared.status import ErrorCode, LlmOutcome
-from tests.helpers import client_id_of, enqueue, story_written, wait_until, waiting_on_a_lock
+from tests.support.database import client_id_of, enqueue, story_written, waiting_on_a_lock
+from tests.support.waiting import wait_until
 from worker import store as worker_store
 
 Conn = psycopg.AsyncConnection[Any]

@@ -10,8 +10,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from shared import keys
-from tests import ops_seed as seed
-from tests.api_helpers import api_client, assert_problem
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client, assert_problem
 
 OPS = "/ops/api"
 Conn = psycopg.AsyncConnection[Any]

@@ -20,16 +20,17 @@ from structlog.testing import capture_logs
 from api.ops import paging
 from shared import console_store, keys, store
 from sweeper import store as sweeper_store
-from tests import ops_seed as seed
-from tests.api_helpers import api_client, assert_problem, new_key
-from tests.helpers import count, sweeper_settings
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client, assert_problem, new_key
+from tests.support.database import count
+from tests.support.settings import sweeper_settings
 
 OPS = "/ops/api"
 
 
 async def _status(conn: psycopg.AsyncConnection[Any], job: seed.Job) -> tuple[str, str | None, str | None]:
     cur = await conn.execute("SELECT status::text, error_code, error_text FROM story_jobs WHERE id = %s", (job.id,))
-    row = await cur.fetchone()
+    row: tuple[str, str | None, str | None] | None = await cur.fetchone()
     assert row is not None
     return row
 
@@ -525,7 +526,9 @@ async def test_revoking_a_clients_keys_refuses_their_next_requests(
         again = (await client.post(f"{OPS}/clients/{acme}/revoke-keys")).json()
     assert [c["name"] for c in listed] == ["acme", "globex"]
     assert [k["key_prefix"] for k in listed[0]["keys"]] == [keys.prefix_of(first), keys.prefix_of(second)]
-    assert sorted(revoked.json()["revoked"]) == sorted([keys.prefix_of(first), keys.prefix_of(second)])
+    first_prefix, second_prefix = keys.prefix_of(first), keys.prefix_of(second)
+    assert first_prefix is not None and second_prefix is not None
+    assert sorted(revoked.json()["revoked"]) == sorted([first_prefix, second_prefix])
     assert one.json() == {"revoked": [keys.prefix_of(spare)]}
     assert again == {"revoked": []}
     for old in (first, second, spare):

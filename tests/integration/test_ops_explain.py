@@ -48,7 +48,7 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
 
 async def _scans(conn: psycopg.AsyncConnection[Any], query: str, params: dict[str, Any]) -> list[dict[str, Any]]:
     """The plan's nodes that read story_jobs: scans of the table and of its indexes."""
-    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)  # type: ignore[operator]
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
     row = await cur.fetchone()
     assert row is not None
     return [node for node in _nodes(row[0][0]["Plan"]) if "Scan" in node["Node Type"]

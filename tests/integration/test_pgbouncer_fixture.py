@@ -10,8 +10,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.helpers import wait_until_sync
-from tests.pgbouncer import PgBouncer
+from tests.support.pgbouncer import PgBouncer
+from tests.support.waiting import wait_until_sync
 
 
 def _connect(bouncer: PgBouncer, database_name: str, **kwargs: Any) -> psycopg.Connection[Any]:
@@ -19,7 +19,7 @@ def _connect(bouncer: PgBouncer, database_name: str, **kwargs: Any) -> psycopg.C
 
 
 def _one(conn: psycopg.Connection[Any], query: str) -> Any:
-    row = conn.execute(query).fetchone()  # type: ignore[call-overload]
+    row = conn.execute(query).fetchone()
     assert row is not None
     return row[0]
 

@@ -24,21 +24,12 @@ from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
-from tests.api_helpers import api_client, new_key
-from tests.helpers import (
-    LATER,
-    SWEEP,
-    client_id_of,
-    count,
-    create_key,
-    enqueue,
-    job_rows,
-    running_worker,
-    story_written,
-    wait_until,
-    worker_settings,
-)
-from tests.pgbouncer import PgBouncer
+from tests.support.api_client import api_client, new_key
+from tests.support.database import client_id_of, count, create_key, enqueue, job_rows, story_written
+from tests.support.pgbouncer import PgBouncer
+from tests.support.settings import LATER, SWEEP, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.offline import OfflineWriter
 
@@ -305,7 +296,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     ]
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as pooled_conn:
         for name, params in statements:
-            cur = await pooled_conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params)  # type: ignore[operator]
+            cur = await pooled_conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[name], params)
             row = await cur.fetchone()
             assert row is not None
             document = row[0] if isinstance(row[0], list) else json.loads(row[0])

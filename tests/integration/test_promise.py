@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator, Iterator, MutableMapping
 from decimal import Decimal
 from typing import Any
 
@@ -24,9 +24,12 @@ from api.admission import admission
 from shared import prompt
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import client_id_of, enqueue, running_worker, wait_until, worker_settings
+from tests.support import postgres_server
+from tests.support.database import client_id_of, enqueue
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 
@@ -35,7 +38,7 @@ ABSURD_OUTPUT_TOKENS = 3_000_000_000
 PRICED: dict[str, Any] = {"llm_model": "priced-model", "llm_prices": {"priced-model": (2.0, 10.0)}}
 API = ApiSettings(**PRICED)
 PROMPT = "a sleepy otter"
-Logs = list[dict[str, Any]]
+Logs = list[MutableMapping[str, Any]]  # what capture_logs() collects
 
 
 @pytest.fixture
@@ -61,6 +64,7 @@ class Job:
     """A job's row and its ledger, as the tests read them."""
 
     def __init__(self, row: tuple[Any, ...], ledger: list[tuple[Any, ...]]) -> None:
+        self.status: str
         (self.id, self.status, self.error_code, self.worker_id, self.max_tokens, self.input_tokens_estimate,
          self.reserved_usd, self.charged_usd) = row
         # (attempt, outcome, billed, input_tokens, output_tokens, cost_usd)
@@ -250,7 +254,7 @@ async def test_a_database_outage_during_a_429s_wait_does_not_fail_the_job(
         async with _worker(pool, database_url, provider):
             public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
             await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
-            with dbserver.database_refused(server_url, database_name):
+            with postgres_server.database_refused(server_url, database_name):
                 # the outage lasts until the retry's ledger statement has failed on it (or, before the
                 # retry's statement was waited through, until the job failed of it)
                 await wait_until(lambda: (_logged(logs, "worker.database_error", task="retry")

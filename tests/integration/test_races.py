@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import Sequence
+from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -18,19 +18,17 @@ from shared.rows import Completion, SettleResult
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import (
-    LATER,
-    SWEEP,
+from tests.support.database import (
     client_id_of,
     count,
     enqueue,
     job_rows,
-    running_worker,
     story_written,
-    wait_until,
     waiting_on_a_lock,
-    worker_settings,
 )
+from tests.support.settings import LATER, SWEEP, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 from worker.store import PgWorkerStore
@@ -97,7 +95,7 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
     assert len(fake.billed) == 1
 
 
-async def _has_event(logs: list[dict[str, Any]], name: str) -> bool:
+async def _has_event(logs: list[MutableMapping[str, Any]], name: str) -> bool:
     return any(e["event"] == name for e in logs)
 
 

@@ -22,15 +22,10 @@ from shared.story_request import StoryRequest
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import (
-    api_settings,
-    client_id_of,
-    job_rows,
-    running_worker,
-    sweeper_settings,
-    wait_until,
-    worker_settings,
-)
+from tests.support.database import client_id_of, job_rows
+from tests.support.settings import api_settings, sweeper_settings, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
 
 Conn = psycopg.AsyncConnection[Any]

@@ -12,8 +12,8 @@ import pytest
 
 from shared import db, migrate, store
 from shared.status import ErrorCode, JobStatus, LlmOutcome
-from tests.dbserver import with_dbname
-from tests.helpers import client_id_of, enqueue
+from tests.support.database import client_id_of, enqueue
+from tests.support.postgres_server import with_dbname
 
 
 async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -37,7 +37,7 @@ async def test_error_codes_and_ledger_outcomes_match_sql(
 
 async def test_unknown_error_codes_and_outcomes_are_refused(conn: psycopg.AsyncConnection[Any]) -> None:
     """A value outside the vocabulary cannot be stored, nor an open ledger row with an end."""
-    from tests.helpers import client_id_of, enqueue
+    from tests.support.database import client_id_of, enqueue
 
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
@@ -95,7 +95,7 @@ async def test_processes_refuse_a_schema_that_is_behind(conn: psycopg.AsyncConne
 
 async def test_terminal_states_need_their_columns(conn: psycopg.AsyncConnection[Any]) -> None:
     """CHECK constraints refuse a failed job without an error code or a completed one without a story."""
-    from tests.helpers import client_id_of, enqueue
+    from tests.support.database import client_id_of, enqueue
 
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")

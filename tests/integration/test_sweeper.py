@@ -12,7 +12,8 @@ from structlog.testing import capture_logs
 
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
-from tests.helpers import client_id_of, enqueue, job_rows, sweeper_settings
+from tests.support.database import client_id_of, enqueue, job_rows
+from tests.support.settings import sweeper_settings
 from worker import store as worker_store
 
 
@@ -34,7 +35,8 @@ async def _db_now(conn: psycopg.AsyncConnection[Any]) -> datetime:
     cur = await conn.execute("SELECT now()")
     row = await cur.fetchone()
     assert row is not None
-    return row[0]
+    now: datetime = row[0]
+    return now
 
 
 async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:

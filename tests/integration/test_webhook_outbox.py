@@ -19,15 +19,8 @@ from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
-from tests.helpers import (
-    LATER,
-    SWEEP,
-    client_id_of,
-    count,
-    enqueue,
-    story_written,
-    sweeper_settings,
-)
+from tests.support.database import client_id_of, count, enqueue, story_written
+from tests.support.settings import LATER, SWEEP, sweeper_settings
 from worker import store as worker_store
 
 

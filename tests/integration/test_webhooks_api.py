@@ -9,9 +9,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from tests import ops_seed as seed
-from tests.api_helpers import api_client, assert_problem
-from tests.helpers import count
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client, assert_problem
+from tests.support.database import count
 from worker import store as worker_store
 
 

@@ -9,8 +9,8 @@ from decimal import Decimal
 from hypothesis import HealthCheck, settings
 
 from shared.status import ErrorCode, JobStatus, LlmOutcome
+from tests.fakes.recording_worker_store import RecordingStore
 from tests.model.worker_model import INPUT_ESTIMATE, MAX_TOKENS, WorkerMachine, World, worst_case
-from tests.unit.recording_store import RecordingStore
 
 
 class RecordingWorld:

@@ -26,9 +26,9 @@ from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
-from tests import dbserver
-from tests.helpers import create_key
 from tests.model.worker_model import MAX_TOKENS, WorkerMachine, World
+from tests.support import postgres_server
+from tests.support.database import create_key
 from worker.store import PgWorkerStore
 
 WORKER_ID = "w-model"
@@ -72,7 +72,7 @@ class PgWorld:
     def __init__(self, server_url: str, template: str) -> None:
         self._server_url = server_url
         self._name = f"storyjobs_model_{os.getpid()}_{next(_counter)}"
-        self.url = dbserver.create_database_from_template(server_url, self._name, template)
+        self.url = postgres_server.create_database_from_template(server_url, self._name, template)
         self._settings = ApiSettings(llm_max_tokens=MAX_TOKENS)
 
     async def open(self) -> None:
@@ -86,13 +86,13 @@ class PgWorld:
         self.faulty = FaultyStore(PgWorkerStore(self.pool, worker_id=WORKER_ID, provider="anthropic",
                                                 model="model", listen_url=None, connect_timeout_s=5,
                                                 default_max_tokens=MAX_TOKENS))
-        self.store = self.faulty  # type: ignore[assignment]
+        self.store = self.faulty
         self._public: dict[int, uuid.UUID] = {}
 
     async def close(self) -> None:
         await self.conn.close()
         await self.pool.close()
-        dbserver.drop_database(self._server_url, self._name)
+        postgres_server.drop_database(self._server_url, self._name)
 
     async def add_pending(self, n: int) -> list[int]:
         ids = []

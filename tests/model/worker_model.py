@@ -16,7 +16,7 @@ After every step the invariants are checked:
   is never below what the provider billed.
 
 A ``World`` gives the machine its store and what it needs to check them; the
-recording store (tests/unit/recording_store.py) and the real one on Postgres
+recording store (tests/fakes/recording_worker_store.py) and the real one on Postgres
 (tests/model/test_worker_model_pg.py) are both worlds, so the fake cannot
 drift from the real store.
 """
@@ -100,7 +100,9 @@ class SentRequest:
 class World(Protocol):
     """A store for the coordinator, and what the invariants read of it."""
 
-    store: WorkerStore
+    # read-only, so that a world may hold a store of its own type that is a WorkerStore
+    @property
+    def store(self) -> WorkerStore: ...
 
     async def add_pending(self, n: int) -> list[int]: ...
 

@@ -16,7 +16,7 @@ import msgspec
 import pytest
 
 from shared import config
-from tests.helpers import REPO
+from tests.support.host import REPO
 from tools import cli
 
 PAGES = sorted([REPO / "README.md", *(REPO / "docs").glob("*.md")])

@@ -9,7 +9,7 @@ import pytest
 from playwright.sync_api import Browser, sync_playwright
 
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
-from tests.helpers import failed_in_call
+from tests.support.outcome import failed_in_call
 from tests.system.procs import System
 
 

@@ -14,7 +14,8 @@ from typing import Any
 
 import httpx
 
-from tests.helpers import REPO, free_port, wait_until_sync
+from tests.support.host import REPO, free_port
+from tests.support.waiting import wait_until_sync
 
 __all__ = ["REPO", "ApiProc", "Proc", "System", "free_port", "wait_while_running"]
 

@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from api.server import MAX_REQUEST_HEAD_BYTES
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system

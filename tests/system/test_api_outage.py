@@ -11,8 +11,9 @@ import httpx
 import psycopg
 import pytest
 
-from tests.dbserver import database_refused
-from tests.helpers import create_key_sync, wait_until_sync
+from tests.support.database import create_key_sync
+from tests.support.postgres_server import database_refused
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system

@@ -9,7 +9,7 @@ import httpx
 import psutil
 import pytest
 
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system

@@ -13,14 +13,15 @@ from typing import Any
 import psycopg
 import pytest
 
-from tests.dbserver import database_refused
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.postgres_server import database_refused
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-FAST_TIMINGS = {
+FAST_TIMINGS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 0.5,
     "HEARTBEAT_TIMEOUT_S": 2,
     "SWEEPER_INTERVAL_S": 0.5,
@@ -38,7 +39,7 @@ def _llm(fake_llm: FakeAnthropicServer) -> dict[str, Any]:
 
 def _enqueue_direct(database_url: str, prompts: list[str]) -> None:
     """Stores pending jobs as the api would (the api is not under test here)."""
-    from tests.helpers import client_id_of, enqueue
+    from tests.support.database import client_id_of, enqueue
 
     async def run() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
@@ -59,7 +60,7 @@ def _wait_all_finished(database_url: str, total: int, timeout: float) -> dict[st
         statuses = _statuses(database_url)
         return statuses.get("completed", 0) + statuses.get("failed", 0) == total
 
-    asyncio.run(wait_until(finished, timeout=timeout, what=f"all {total} jobs to finish", interval=0.2))
+    wait_until_sync(finished, timeout=timeout, what=f"all {total} jobs to finish", interval=0.2)
     return _statuses(database_url)
 
 
@@ -102,7 +103,7 @@ def test_chaos_kills_never_bill_a_job_twice(
         workers.append(system.worker(wait=False, **env))
     statuses = _wait_all_finished(database_url, total, timeout=90)
 
-    billed_per_job = Counter()
+    billed_per_job: Counter[int] = Counter()
     for call in fake_llm.fake.billed:
         for n in range(total):
             if _tag(n) in call.prompt:

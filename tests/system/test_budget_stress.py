@@ -16,7 +16,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system
@@ -90,7 +90,7 @@ def test_admissions_cancels_and_completions_under_budgets_never_deadlock(
     system.stop_all()  # a backend's statistics reach pg_stat_database at the latest when it exits
 
     with psycopg.connect(database_url, autocommit=True) as conn:
-        statuses = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "
+        statuses: dict[str, int] = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "
                                      "GROUP BY 1").fetchall())
     deadlocks = _deadlocks(database_url)
     server_errors = sum(count for status, count in answers.items() if status >= 500)

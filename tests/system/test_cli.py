@@ -14,7 +14,8 @@ import pytest
 from api import store as api_store
 from shared import console_store, keys, webhooks
 from shared.rows import Completion, Failure
-from tests.helpers import client_id_of, count, enqueue
+from shared.status import ErrorCode, LlmOutcome
+from tests.support.database import client_id_of, count, enqueue
 from tests.system.procs import REPO
 from worker import store as worker_store
 
@@ -43,8 +44,8 @@ def history(database_url: str) -> dict[str, str]:
                 prompt_version="bedtime-v1", input_tokens=1000, output_tokens=2000, cost_usd=Decimal("0.022"),
                 request_id="req_1")], claim_limit=0, provider="anthropic", model="claude-sonnet-5-5")
             await worker_store.job_fail_running(conn, worker_id="w-1", failures=[Failure(
-                job_id=ids[failed], attempt=1, error_code="llm_rejected", error_text="the provider said no",
-                call_outcome="rejected", billed=False)])
+                job_id=ids[failed], attempt=1, error_code=ErrorCode.LLM_REJECTED, error_text="the provider said no",
+                call_outcome=LlmOutcome.REJECTED, billed=False)])
             waiting = await enqueue(conn, client, "a story still waiting")
         return {"done": str(done), "failed": str(failed), "waiting": str(waiting)}
 
@@ -188,5 +189,5 @@ def test_keys_create_with_a_weight_sets_the_clients_share_and_refuses_a_bad_one(
     refused = storyjobs(database_url, "keys", "create", "zero", "--weight", "0")
     assert refused.returncode != 0 and "from 1 to 1000" in refused.stderr
     with psycopg.connect(database_url, autocommit=True) as conn:
-        weights = dict(conn.execute("SELECT name, weight FROM api_clients").fetchall())
+        weights: dict[str, int] = dict(conn.execute("SELECT name, weight FROM api_clients").fetchall())
     assert weights == {"acme": 3, "plain": 1}

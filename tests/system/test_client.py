@@ -7,7 +7,6 @@ then drops the connection instead of relaying the answer.
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import json
 import re
@@ -23,7 +22,8 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -215,8 +215,8 @@ def test_generate_wait_shows_progress_then_prints_the_story(
     client = start_client(tmp_path, api.base_url, key, PROMPT, "--wait", "--child-name", "Mia", "--age", "5",
                           "--length", "short", "--language", "fr")
     try:
-        asyncio.run(wait_until(lambda: re.search(r"^writing, \d+ %", client.stderr, re.M) is not None, timeout=60,
-                               what="the client to show how much is written"))
+        wait_until_sync(lambda: re.search(r"^writing, \d+ %", client.stderr, re.M) is not None, timeout=60,
+                        what="the client to show how much is written")
         hold.set()
         assert client.finish() == 0, client.stderr
     finally:
@@ -246,11 +246,11 @@ def test_generate_wait_survives_a_dropped_connection_while_polling(
     with FlakyProxy(api.port) as proxy:
         client = start_client(tmp_path, proxy.url, key, PROMPT, "--wait")
         try:
-            asyncio.run(wait_until(lambda: "writing" in client.stderr, timeout=60,
-                                   what="the client to see the job running"))
+            wait_until_sync(lambda: "writing" in client.stderr, timeout=60,
+                            what="the client to see the job running")
             proxy.cut()
-            asyncio.run(wait_until(lambda: proxy.turned_away >= 2, timeout=60,
-                                   what="the client to try again while cut off"))
+            wait_until_sync(lambda: proxy.turned_away >= 2, timeout=60,
+                            what="the client to try again while cut off")
             proxy.restore()
             hold.set()
             assert client.finish() == 0, client.stderr

@@ -28,11 +28,12 @@ import httpx
 import psycopg
 import pytest
 
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import AdminSampler, create_key_sync
-from tests.pgbouncer import PgBouncer
-from tests.system.procs import Proc, System, wait_while_running
+from tests.support import postgres_server
+from tests.support.database import AdminSampler, create_key_sync
+from tests.support.pgbouncer import PgBouncer
+from tests.support.waiting import wait_until
+from tests.system.procs import ApiProc, Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
 
@@ -100,15 +101,15 @@ def _load(api_url: str, key: str) -> list[int]:
             job_ids = await asyncio.gather(*(post(n) for n in range(JOBS)))
 
             async def follow(job_id: str) -> None:
-                while True:
+                async def ended() -> bool:
                     async with limit:
                         answer = await client.get(f"/stories/jobs/{job_id}")
                     statuses.append(answer.status_code)
-                    if answer.json()["status"] in ("completed", "failed"):
-                        return
-                    await asyncio.sleep(0.05)
+                    return bool(answer.json()["status"] in ("completed", "failed"))
 
-            await asyncio.wait_for(asyncio.gather(*(follow(job_id) for job_id in job_ids)), timeout=120)
+                await wait_until(ended, timeout=120, interval=0.05, what=f"job {job_id} to end")
+
+            await asyncio.gather(*(follow(job_id) for job_id in job_ids))
 
     asyncio.run(run())
     return statuses
@@ -118,7 +119,7 @@ def _start(system: System, fake_llm: FakeAnthropicServer, env: dict[str, Any]) -
     fake_llm.fake.default = Plan(chunks=5, duration_s=0.5)
     for n in range(JOBS):
         fake_llm.fake.queue_for(f"#{n}#", Plan(status=529, retry_after_ms=50))
-    llm = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
     return [
         system.api(QUEUE_MAX=1000, API_POOL_SIZE=API_POOL_SIZE, **env),
         system.worker(WORKER_CONCURRENCY=20, **env, **llm),
@@ -126,8 +127,15 @@ def _start(system: System, fake_llm: FakeAnthropicServer, env: dict[str, Any]) -
     ]
 
 
+def _api(procs: list[Proc]) -> ApiProc:
+    """The api of the processes _start started (it starts it first)."""
+    api = procs[0]
+    assert isinstance(api, ApiProc)
+    return api
+
+
 def _wait_listening(server_url: str, dbname: str, procs: list[Proc]) -> None:
-    with dbserver.admin(server_url) as conn:
+    with postgres_server.admin(server_url) as conn:
         wait_while_running(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
                                                 "AND application_name = 'storyjobs-worker-listen'",
                                                 (dbname,)).fetchone() == (1,),
@@ -150,7 +158,7 @@ def test_without_a_pooler_each_process_holds_at_most_its_stated_server_connectio
     procs = _start(system, fake_llm, TIMINGS)
     _wait_listening(server_url, database_name, procs)
     with ConnectionSampler(server_url, database_name) as sampler:
-        statuses = _load(procs[0].base_url, key)  # type: ignore[attr-defined]
+        statuses = _load(_api(procs).base_url, key)
     assert _completed(database_url) == JOBS
     assert set(statuses) == {200, 202}
     assert sampler.samples > 100
@@ -169,13 +177,13 @@ def test_behind_pgbouncer_each_process_holds_its_stated_client_connections_and_t
     and the worker's direct LISTEN connection, nothing more; at the pooler the api holds at most API_POOL_SIZE
     client connections, the worker 3 plus its webhooks' 1, the sweeper 1."""
     bouncer = pgbouncer_factory(default_pool_size=3)
-    env = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
+    env: dict[str, Any] = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
            "DATABASE_LISTEN_URL": database_url, **TIMINGS}
     key = create_key_sync(database_url, "budget")
     procs = _start(system, fake_llm, env)
     _wait_listening(server_url, database_name, procs)
     with ConnectionSampler(server_url, database_name, bouncer) as sampler:
-        statuses = _load(procs[0].base_url, key)  # type: ignore[attr-defined]
+        statuses = _load(_api(procs).base_url, key)
     assert _completed(database_url) == JOBS
     assert set(statuses) == {200, 202}
     assert sampler.samples > 100

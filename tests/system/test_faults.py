@@ -9,6 +9,7 @@ import signal
 import time
 import uuid
 from collections import Counter
+from typing import Any
 
 import httpx
 import psycopg
@@ -16,12 +17,13 @@ import pytest
 from psycopg import sql
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, rows_sync, wait_until_sync
+from tests.support.database import create_key_sync, rows_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import Proc, System
 
 pytestmark = pytest.mark.system
 
-TIMINGS = {
+TIMINGS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 1,
     "HEARTBEAT_TIMEOUT_S": 3,
     "SWEEPER_INTERVAL_S": 0.5,
@@ -56,7 +58,7 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
     finished job has an open ledger row, and nothing was billed twice."""
     fake = fake_llm.fake
     fake.default = Plan(chunks=10, duration_s=4)
-    llm = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url, **TIMINGS}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url, **TIMINGS}
     api = system.api(QUEUE_MAX=100)
     key = create_key_sync(database_url, "faults")
     workers = [system.worker(WORKER_CONCURRENCY=2, **llm) for _ in range(3)]
@@ -138,4 +140,4 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
 def _all_finished(database_url: str, job_ids: list[str]) -> bool:
     rows = rows_sync(database_url, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s::uuid[]) "
                                "AND status IN ('completed', 'failed')", job_ids)
-    return rows[0][0] == len(job_ids)
+    return bool(rows[0][0] == len(job_ids))

@@ -4,13 +4,15 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until_sync
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -23,7 +25,7 @@ def test_hundred_jobs_complete_with_one_provider_request_each(
     enqueued over HTTP all complete, each with exactly one request to the provider."""
     fake_llm.fake.default = Plan(chunks=4, duration_s=0.05)
     key = create_key_sync(database_url, "system")
-    llm = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
     api = system.api(QUEUE_MAX=200)
     for _ in range(3):
         system.worker(WORKER_CONCURRENCY=4, **llm)
@@ -43,7 +45,7 @@ def test_hundred_jobs_complete_with_one_provider_request_each(
     with psycopg.connect(database_url, autocommit=True) as conn:
         wait_until_sync(lambda: conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'")
                         .fetchone() == (100,), timeout=60, interval=0.2, what="the 100 jobs to complete")
-        statuses = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
+        statuses: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
         assert statuses == {"completed": 100}
         ledger = conn.execute(
             "SELECT count(*), count(DISTINCT job_id), count(DISTINCT request_id) FROM llm_calls WHERE billed"
@@ -51,7 +53,7 @@ def test_hundred_jobs_complete_with_one_provider_request_each(
     assert ledger == (100, 100, 100)
     # the provider's own count: one billed request per job, never two
     assert len(fake_llm.fake.billed) == 100
-    per_prompt = {}
+    per_prompt: dict[str, int] = {}
     for call in fake_llm.fake.billed:
         per_prompt[call.prompt] = per_prompt.get(call.prompt, 0) + 1
     assert len(per_prompt) == 100 and set(per_prompt.values()) == {1}

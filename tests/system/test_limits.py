@@ -4,7 +4,6 @@ budget holds across api replicas."""
 
 from __future__ import annotations
 
-import asyncio
 import threading
 import uuid
 from concurrent.futures import ThreadPoolExecutor
@@ -19,7 +18,8 @@ from api.admission import admission
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system
@@ -47,7 +47,7 @@ def _wait_finished(database_url: str, total: int, timeout: float) -> None:
         statuses = _statuses(database_url)
         return statuses.get("completed", 0) + statuses.get("failed", 0) == total
 
-    asyncio.run(wait_until(finished, timeout=timeout, what=f"{total} jobs to finish", interval=0.2))
+    wait_until_sync(finished, timeout=timeout, what=f"{total} jobs to finish", interval=0.2)
 
 
 def test_workers_sharing_the_configured_limit_drain_without_a_429(

@@ -6,13 +6,15 @@ from __future__ import annotations
 import re
 import uuid
 from collections import defaultdict
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until_sync
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System, free_port
 
 pytestmark = pytest.mark.system
@@ -52,7 +54,7 @@ def test_metrics_of_every_process_agree_with_the_database(
                                 headers={"Idempotency-Key": "cancel-me"}).json()["job_id"]
         assert client.delete(f"/stories/jobs/{cancelled}").status_code == 200
         worker_ports = [free_port(), free_port()]
-        llm = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+        llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url}
         workers = [system.worker(METRICS_PORT=port, **llm) for port in worker_ports]
         sweeper_port = free_port()
         system.sweeper(METRICS_PORT=sweeper_port, SWEEPER_INTERVAL_S=0.5)
@@ -70,7 +72,7 @@ def test_metrics_of_every_process_agree_with_the_database(
             wait_until_sync(lambda: conn.execute("SELECT count(*) FILTER (WHERE status IN ('pending', 'running')) "
                                                  "FROM story_jobs").fetchone() == (0,),
                             timeout=60, interval=0.2, what="the jobs to finish")
-            jobs = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "
+            jobs: dict[str, int] = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "
                                      "GROUP BY 1").fetchall())
             claimed = conn.execute("SELECT count(*) FROM story_jobs WHERE started_at IS NOT NULL").fetchone()
             ledger = conn.execute(

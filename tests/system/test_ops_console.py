@@ -22,8 +22,8 @@ from api.page import CONTENT_SECURITY_POLICY
 from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
 from sweeper import store as sweeper_store
-from tests import ops_seed as seed
-from tests.helpers import sweeper_settings
+from tests.support import ops_seed as seed
+from tests.support.settings import sweeper_settings
 from tests.system.procs import ApiProc, System
 from tests.system.screens import capture
 
@@ -40,7 +40,7 @@ HOSTILE = '<img src=x onerror="window.__pwned=1"><script>window.__pwned=2</scrip
 
 def rows_of(database_url: str, query: str, *params: Any) -> list[tuple[Any, ...]]:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        return conn.execute(query, params).fetchall()  # type: ignore[arg-type]
+        return conn.execute(query, params).fetchall()
 
 
 def scalar(database_url: str, query: str, *params: Any) -> Any:

@@ -12,8 +12,9 @@ import schemathesis
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
+from schemathesis.core.result import Err
 
-from tests import ops_seed as seed
+from tests.support import ops_seed as seed
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
@@ -33,7 +34,7 @@ def test_the_console_endpoints_answer_as_the_openapi_document_says(system: Syste
         acme, key = await seed.client(conn, "acme")
         jobs = await seed.insert_jobs(conn, [seed.completed(acme, 600), seed.failed(acme, 300, "llm_error"),
                                              seed.running(acme, 60), seed.pending(acme, 10)])
-        known = {"job_id": [str(job.public_id) for job in jobs], "client_id": [acme],
+        known: dict[str, list[Any]] = {"job_id": [str(job.public_id) for job in jobs], "client_id": [acme],
                  "key_prefix": [key.split("_")[1]]}
         return await seed.operator_key(conn), known
 
@@ -47,6 +48,8 @@ def test_the_console_endpoints_answer_as_the_openapi_document_says(system: Syste
     schema = schemathesis.openapi.from_url(f"{api.base_url}/schema/openapi.json", config=config)
     sent: dict[str, int] = {}
     for result in schema.include(tag="ops").get_all_operations():
+        if isinstance(result, Err):
+            raise result.err()
         operation = result.ok()
         for mode in GenerationMode:
             strategies = [operation.as_strategy(generation_mode=mode)]
@@ -59,7 +62,7 @@ def test_the_console_endpoints_answer_as_the_openapi_document_says(system: Syste
             @settings(max_examples=EXAMPLES, derandomize=True, database=None, deadline=None,
                       suppress_health_check=list(HealthCheck))
             @given(case=st.one_of(strategies))
-            def call(case: schemathesis.Case) -> None:
+            def call(case: schemathesis.Case[Any]) -> None:
                 nonlocal count
                 count += 1
                 case.call_and_validate(base_url=api.base_url, timeout=10)

@@ -4,7 +4,6 @@ worker host whose clock is 10 minutes fast changes nothing."""
 
 from __future__ import annotations
 
-import asyncio
 import glob
 import threading
 from typing import Any
@@ -13,12 +12,12 @@ import psycopg
 import pytest
 
 from tests.fakes.anthropic_server import Call, FakeAnthropic, FakeAnthropicServer, Plan
-from tests.helpers import wait_until
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-TIMINGS = {"HEARTBEAT_INTERVAL_S": 1, "HEARTBEAT_TIMEOUT_S": 5, "LLM_TIMEOUT_S": 60, "JOB_TIMEOUT_S": 120,
+TIMINGS: dict[str, Any] = {"HEARTBEAT_INTERVAL_S": 1, "HEARTBEAT_TIMEOUT_S": 5, "LLM_TIMEOUT_S": 60, "JOB_TIMEOUT_S": 120,
            "LLM_RETRY_ATTEMPTS": 20, "LLM_RETRY_DEADLINE_S": 110, "LLM_MAX_TOKENS": 800}
 LIBFAKETIME = sorted(glob.glob("/usr/lib/*/faketime/libfaketime.so.1"))
 
@@ -41,7 +40,7 @@ def _wait_completed(database_url: str, jobs: int, timeout: float) -> None:
             row = conn.execute("SELECT count(*) FROM story_jobs WHERE status = 'completed'").fetchone()
         return row is not None and row[0] == jobs
 
-    asyncio.run(wait_until(completed, timeout=timeout, what=f"{jobs} jobs to complete", interval=0.2))
+    wait_until_sync(completed, timeout=timeout, what=f"{jobs} jobs to complete", interval=0.2)
 
 
 def _served(fake: FakeAnthropic) -> list[Call]:
@@ -119,7 +118,7 @@ def test_a_worker_whose_clock_is_ten_minutes_fast_pauses_nobody(
     sampler.start()
     try:
         with FakeAnthropicServer(fake) as server:
-            env = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": server.base_url, "WORKER_CONCURRENCY": 2,
+            env: dict[str, Any] = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": server.base_url, "WORKER_CONCURRENCY": 2,
                    **TIMINGS}
             system.worker(LD_PRELOAD=LIBFAKETIME[0], FAKETIME="+10m", FAKETIME_DONT_FAKE_MONOTONIC="1", **env)
             system.worker(**env)

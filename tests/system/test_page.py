@@ -19,7 +19,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response
 
 from api.page import CONTENT_SECURITY_POLICY
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import System
 from tests.system.screens import capture
 

@@ -15,8 +15,8 @@ import pytest
 from playwright.sync_api import Browser, Page, Route, expect, sync_playwright
 
 from shared import keys
-from tests import ops_seed as seed
-from tests.helpers import create_key_sync
+from tests.support import ops_seed as seed
+from tests.support.database import create_key_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system

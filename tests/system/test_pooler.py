@@ -17,10 +17,11 @@ import psycopg
 import pytest
 from psycopg import sql
 
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, wait_until
-from tests.pgbouncer import PgBouncer
+from tests.support import postgres_server
+from tests.support.database import create_key_sync
+from tests.support.pgbouncer import PgBouncer
+from tests.support.waiting import wait_until
 from tests.system.procs import REPO, Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
@@ -33,7 +34,7 @@ POLL_S = 300
 
 def _scalar(database_url: str, query: str, *params: Any) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(query, params).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query, params).fetchone()
     assert row is not None
     return row[0]
 
@@ -57,9 +58,9 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     job, idle workers are woken by NOTIFY long before their poll, a DELETE stops a running stream, and 100 jobs
     all complete with one billed request each; no answer is a 5xx and no process meets a database error."""
     bouncer = pgbouncer_factory(default_pool_size=3)
-    pooled = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
+    pooled: dict[str, Any] = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
               "DATABASE_LISTEN_URL": database_url, **TIMINGS}
-    llm = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test-key", "ANTHROPIC_BASE_URL": fake_llm.base_url}
     fake_llm.fake.default = Plan(chunks=4, duration_s=0.2)
     key = create_key_sync(database_url, "pooled")
     api = system.api(QUEUE_MAX=20, API_POOL_SIZE=4, **pooled)
@@ -139,8 +140,11 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
         async with client() as c:
             async def until_accepted(n: int) -> None:
                 idempotency_key = str(uuid.uuid4())
-                while (await post(c, f"story {n}", idempotency_key)).status_code == 429:
-                    await asyncio.sleep(0.2)
+
+                async def accepted() -> bool:
+                    return (await post(c, f"story {n}", idempotency_key)).status_code != 429
+
+                await wait_until(accepted, timeout=180, interval=0.2, what=f"story {n} to be accepted")
 
             await asyncio.gather(*(until_accepted(n) for n in range(count)))
 
@@ -148,7 +152,7 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     _wait(lambda: _scalar(database_url, "SELECT count(*) FROM story_jobs WHERE status IN ('pending', 'running')")
           == 0, "every job to finish", procs)
     with psycopg.connect(database_url, autocommit=True) as conn:
-        by_status = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
+        by_status: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
         ledger = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM llm_calls WHERE billed").fetchone()
         locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
     assert by_status == {"completed": 100, "failed": 1}
@@ -170,10 +174,10 @@ def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess[str]:
 def empty_database(server_url: str) -> Iterator[str]:
     """A database with nothing in it, dropped at the end."""
     name = f"storyjobs_empty_{uuid.uuid4().hex[:12]}"
-    with dbserver.admin(server_url) as conn:
+    with postgres_server.admin(server_url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
     yield name
-    dbserver.drop_database(server_url, name)
+    postgres_server.drop_database(server_url, name)
 
 
 def test_migrate_behind_a_pooler_runs_on_the_listen_url_and_refuses_without_one(
@@ -181,7 +185,7 @@ def test_migrate_behind_a_pooler_runs_on_the_listen_url_and_refuses_without_one(
 ) -> None:
     """storyjobs migrate with DATABASE_POOLER=transaction exits with one line naming DATABASE_LISTEN_URL when it is
     unset (its advisory lock needs a session), and migrates over it when set, leaving no lock behind."""
-    direct = dbserver.with_dbname(server_url, empty_database)
+    direct = postgres_server.with_dbname(server_url, empty_database)
     env = {"DATABASE_URL": pgbouncer.url(empty_database), "DATABASE_POOLER": "transaction"}
     refused = _cli(env, "migrate")
     assert refused.returncode == 2

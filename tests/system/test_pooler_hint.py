@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 
 from shared import db
-from tests.api_helpers import api_client, assert_problem
-from tests.pgbouncer import PgBouncer
+from tests.support.api_client import api_client, assert_problem
+from tests.support.pgbouncer import PgBouncer
 from tests.system.procs import System, free_port
 
 pytestmark = pytest.mark.system

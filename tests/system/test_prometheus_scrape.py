@@ -15,7 +15,9 @@ import httpx
 import pytest
 import yaml
 
-from tests.helpers import create_key_sync, failed_in_call, wait_until_sync
+from tests.support.database import create_key_sync
+from tests.support.outcome import failed_in_call
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import REPO, System, free_port
 
 PROMETHEUS = shutil.which("prometheus")

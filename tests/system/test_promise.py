@@ -7,19 +7,21 @@ from __future__ import annotations
 
 import time
 import uuid
+from typing import Any
 
 import httpx
 import psycopg
 import pytest
 
-from tests import dbserver
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
-from tests.helpers import create_key_sync, rows_sync, wait_until_sync
+from tests.support import postgres_server
+from tests.support.database import create_key_sync, rows_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 
 pytestmark = pytest.mark.system
 
-TIMINGS = {
+TIMINGS: dict[str, Any] = {
     "HEARTBEAT_INTERVAL_S": 1,
     "HEARTBEAT_TIMEOUT_S": 30,
     "JOB_TIMEOUT_S": 120,
@@ -98,7 +100,7 @@ def test_a_database_outage_during_a_429s_wait_keeps_the_job_and_bills_once(
     worker = system.worker(ANTHROPIC_API_KEY="test", ANTHROPIC_BASE_URL=fake_llm.base_url, **TIMINGS)
     job_id = _post(api.base_url, key, "a moonlit lake")
     wait_until_sync(lambda: any(c.status == 429 for c in fake.calls), what="the 429", timeout=30)
-    with dbserver.database_refused(server_url, database_name):
+    with postgres_server.database_refused(server_url, database_name):
         wait_until_sync(lambda: any(e["event"] == "worker.database_error" for e in worker.events()),
                         what="the worker to meet it", timeout=15)
         # the outage itself: the 429's retry-after passes while it lasts

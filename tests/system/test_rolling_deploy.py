@@ -11,7 +11,7 @@ import httpx
 import psycopg
 import pytest
 
-from tests.helpers import create_key_sync
+from tests.support.database import create_key_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system

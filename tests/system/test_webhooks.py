@@ -4,7 +4,6 @@ package, and nothing is lost when the receiver is down or a worker is killed."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from collections.abc import Callable, Iterator
 from typing import Any
@@ -15,13 +14,14 @@ import pytest
 from standardwebhooks.webhooks import Webhook
 
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.helpers import create_key_sync, wait_until
+from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system
 
 # fast and permissive: the receiver listens on 127.0.0.1
-WORKER = {"OFFLINE_DELAY_S": 0, "WORKER_CONCURRENCY": 4, "WEBHOOK_ALLOW_PRIVATE": "true",
+WORKER: dict[str, Any] = {"OFFLINE_DELAY_S": 0, "WORKER_CONCURRENCY": 4, "WEBHOOK_ALLOW_PRIVATE": "true",
           "WEBHOOK_POLL_INTERVAL_S": 0.1, "WEBHOOK_CONCURRENCY": 4}
 
 
@@ -54,12 +54,12 @@ def _enqueue(client: httpx.Client, n: int) -> list[str]:
 
 
 def _wait(check: Callable[[], bool], what: str, timeout: float = 60.0) -> None:
-    asyncio.run(wait_until(check, timeout=timeout, what=what, interval=0.05))
+    wait_until_sync(check, timeout=timeout, what=what, interval=0.05)
 
 
 def _scalar(database_url: str, query: str) -> Any:
     with psycopg.connect(database_url, autocommit=True) as conn:
-        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+        row = conn.execute(query).fetchone()
     assert row is not None
     return row[0]
 

@@ -9,13 +9,13 @@ from litestar.routes import HTTPRoute
 from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
-from tests.helpers import api_settings
+from tests.support.settings import api_settings
 
 
 def _batches() -> dict[tuple[str, str], list[set[str]]]:
     """{(method, path): the names of each batch of dependencies, in order} of every route."""
     app = create_app(api_settings(), AsyncConnectionPool("", open=False))
-    found = {}
+    found: dict[tuple[str, str], list[set[str]]] = {}
     for route in app.routes:
         if not isinstance(route, HTTPRoute):
             continue

@@ -7,7 +7,7 @@ from __future__ import annotations
 import io
 import itertools
 import json
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator, MutableMapping
 from typing import Any
 
 import httpx
@@ -33,7 +33,8 @@ class ScriptedApi:
         self.answers = list(answers)
         self.requests: list[dict[str, Any]] = []
 
-    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+    async def __call__(self, scope: MutableMapping[str, Any], receive: Any,
+                       send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         assert scope["type"] == "http"
         self.requests.append({"method": scope["method"], "path": scope["path"],
                               "headers": {k.decode(): v.decode() for k, v in scope["headers"]}})
@@ -57,7 +58,7 @@ def _client(api: ScriptedApi) -> httpx.AsyncClient:
 
 
 PROBLEM_503 = (503, {"title": "Service Unavailable", "status": 503}, {"retry-after": "1"})
-ACCEPTED = (202, {"job_id": "j1", "status": "pending"}, {})
+ACCEPTED: tuple[int, dict[str, Any], dict[str, str]] = (202, {"job_id": "j1", "status": "pending"}, {})
 
 
 async def test_a_post_is_retried_through_503s_with_the_same_idempotency_key() -> None:

@@ -9,7 +9,7 @@ from decimal import Decimal
 import pytest
 
 from shared.config import ApiSettings, ConfigError, SweeperSettings, WorkerSettings, load
-from tests.helpers import REPO
+from tests.support.host import REPO
 
 
 def test_defaults_follow_the_design() -> None:

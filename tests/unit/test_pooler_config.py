@@ -3,6 +3,8 @@ change in how connections are made."""
 
 from __future__ import annotations
 
+from typing import Any
+
 import pytest
 
 from shared import db
@@ -81,10 +83,10 @@ def test_a_pooled_connection_sends_no_options_and_prepares_no_statements() -> No
 def test_only_a_pool_behind_a_pooler_keeps_its_statement_timeout_on_the_client() -> None:
     """The pool of DATABASE_POOLER=transaction makes DeadlineConnections bounded by its statement timeout; the
     direct pool makes plain connections, whose timeout the server keeps."""
-    common = {"application_name": "storyjobs-api", "connect_timeout_s": 5, "statement_timeout_s": 5,
+    common: dict[str, Any] = {"application_name": "storyjobs-api", "connect_timeout_s": 5, "statement_timeout_s": 5,
               "min_size": 1, "max_size": 2, "wait_timeout_s": 1}
-    pooled = db.make_pool(POOLER, pooler="transaction", **common)  # type: ignore[arg-type]
+    pooled = db.make_pool(POOLER, pooler="transaction", **common)
     assert issubclass(pooled.connection_class, db.DeadlineConnection)
     assert pooled.connection_class.statement_timeout_s == 5
-    direct = db.make_pool(DIRECT, **common)  # type: ignore[arg-type]
+    direct = db.make_pool(DIRECT, **common)
     assert not issubclass(direct.connection_class, db.DeadlineConnection)

@@ -18,7 +18,7 @@ from shared.rows import QueueGauges
 from shared.status import ErrorCode
 from sweeper.__main__ import run
 from sweeper.sweep import Sweeper
-from tests.unit.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
+from tests.fakes.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
 
 
 class FakeClock:

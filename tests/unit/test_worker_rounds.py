@@ -19,7 +19,7 @@ from shared.ratelimit import LimiterState
 from shared.rows import Draft
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 from shared.story_request import StoryRequest
-from tests.unit.recording_store import RecordingStore
+from tests.fakes.recording_worker_store import RecordingStore
 from worker.coordinator import SHUTDOWN_FLUSH_S, Coordinator, WorkerCrashed
 from worker.executor import BACKOFF_MAX_S
 from worker.writing import FREE, JobCall

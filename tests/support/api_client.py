@@ -13,7 +13,10 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
-from tests.helpers import api_settings, count, running_worker, wait_until, worker_settings
+from tests.support.database import count
+from tests.support.settings import api_settings, worker_settings
+from tests.support.waiting import wait_until
+from tests.support.workers import running_worker
 from worker.offline import OfflineWriter
 
 
@@ -27,8 +30,9 @@ async def api_client(pool: AsyncConnectionPool, api_key: str | None = None,
     runs: requests would queue, and a pool of this loop could not grow.)"""
     app = create_app(api_settings(**settings), pool)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
-    async with httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://storyjobs.test",
-                                 headers=headers) as client:
+    # Litestar types the ASGI scope narrower than httpx does; the app is the same ASGI app
+    transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
+    async with httpx.AsyncClient(transport=transport, base_url="http://storyjobs.test", headers=headers) as client:
         yield client
 
 

@@ -56,6 +56,7 @@ def imports(path: Path) -> Iterator[tuple[str, bool]]:
     tree = ast.parse(path.read_text(), filename=str(path))
 
     def visit(node: ast.AST, optional: bool) -> Iterator[tuple[str, bool]]:
+        child: ast.AST
         if isinstance(node, ast.Import):
             for alias in node.names:
                 yield alias.name.partition(".")[0], optional

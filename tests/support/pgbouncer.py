@@ -30,7 +30,8 @@ from typing import Any
 import psycopg
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
-from tests.helpers import free_port, wait_until_sync
+from tests.support.host import free_port
+from tests.support.waiting import wait_until_sync
 
 # where Debian puts it; a non-login PATH may lack /usr/sbin
 _DEBIAN_BINARY = "/usr/sbin/pgbouncer"

@@ -1,0 +1,43 @@
+"""A worker coordinator on the test's pool, built as ``python -m worker``
+builds one, and run in the test's event loop."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+
+from psycopg_pool import AsyncConnectionPool
+
+from shared.config import WorkerSettings
+from shared.ratelimit import RateLimits
+from worker.coordinator import Coordinator, new_worker_id
+from worker.store import PgWorkerStore
+from worker.writing import StoryWriter
+
+
+def worker_on(
+    settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
+    worker_id: str | None = None,
+) -> Coordinator:
+    """A worker coordinator on the test's pool, as python -m worker builds one."""
+    store = PgWorkerStore(pool, worker_id=worker_id or new_worker_id(), provider=writer.provider,
+                          model=writer.model, listen_url=listen_url, connect_timeout_s=5,
+                          limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens)
+    return Coordinator(settings, store, writer, listen=listen_url is not None)
+
+
+@contextlib.asynccontextmanager
+
+
+async def running_worker(
+    settings: WorkerSettings, pool: AsyncConnectionPool, writer: StoryWriter, *, listen_url: str | None,
+) -> AsyncIterator[Coordinator]:
+    """A worker coordinator running in this event loop; stopped (gracefully) on exit."""
+    worker = worker_on(settings, pool, writer, listen_url=listen_url)
+    task = asyncio.create_task(worker.run())
+    try:
+        yield worker
+    finally:
+        worker.stop()
+        await asyncio.wait_for(task, timeout=30)

@@ -1,0 +1,63 @@
+"""The named blocks of the callers' sql/*.sql files (shared/queries.py):
+parsed without their descriptions, includes put in place, mistakes refused at
+import."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.queries import QUERIES, parse
+
+
+def test_named_queries_are_parsed_without_their_descriptions() -> None:
+    """Each block becomes one statement named by its header, the comment lines after the header dropped."""
+    parsed = parse("-- name: one\n-- what it does\nSELECT 1;\n\n-- name: two\nSELECT\n  -- inline\n  2;\n")
+    assert parsed == {"one": "SELECT 1", "two": "SELECT\n  -- inline\n  2"}
+    assert all(statement and not statement.startswith("--") for statement in QUERIES.values())
+
+
+def test_a_query_defined_twice_is_refused() -> None:
+    """Two blocks with one name are a mistake, not an override."""
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n-- name: a\nSELECT 2;\n")
+
+
+def test_a_query_defined_in_two_files_is_refused() -> None:
+    """The callers' files share one set of names: a second file cannot redefine a query of the first."""
+    with pytest.raises(ValueError, match="twice"):
+        parse("-- name: a\nSELECT 1;\n", "-- name: a\nSELECT 2;\n")
+
+
+def test_an_include_may_name_a_block_of_another_file() -> None:
+    """A block is included by its name wherever it is defined, before or after the including file."""
+    part = "-- name: part\nb AS (SELECT 2)\n"
+    whole = "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
+    expected = "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
+    assert parse(part, whole)["whole"] == parse(whole, part)["whole"] == expected
+
+
+def test_every_caller_has_its_file_of_queries() -> None:
+    """The queries come from each caller's file: the worker's round, the api's admission, the sweeper's rules,
+    the console's lists and the common migrations' ledger are all loaded."""
+    assert {"job_settle_and_claim", "job_insert_if_admitted", "job_fail_stale", "ops_job_list",
+            "schema_migrations_create"} <= QUERIES.keys()
+
+
+def test_an_included_block_stands_in_for_its_include_line() -> None:
+    """A statement's `-- include: NAME` line becomes that block's statement, so shared parts exist once."""
+    queries = parse(
+        "-- name: part\n-- a shared part\nb AS (SELECT 2)\n"
+        "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
+    )
+    assert queries["whole"] == "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
+    assert "include" not in QUERIES["job_settle_and_claim"] + QUERIES["job_settle_and_claim_limited"]
+
+
+@pytest.mark.parametrize(("text", "error"), [
+    ("-- name: a\nSELECT\n-- include: a\n", "includes itself"),
+    ("-- name: a\nSELECT\n-- include: b\n", "not defined"),
+])
+def test_an_include_of_itself_or_of_nothing_is_refused(text: str, error: str) -> None:
+    """A loop of includes, or an include of a block that does not exist, fails at import, naming it."""
+    with pytest.raises(ValueError, match=error):
+        parse(text)
