@@ -688,16 +688,25 @@ taken AS MATERIALIZED (
 ),
 bucket_left AS MATERIALIZED (
     SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
-           b.output_tokens - t.output_tokens AS output_tokens
+           b.output_tokens - t.output_tokens AS output_tokens,
+           -- held back (paused, or a job looked at and not chosen) with a
+           -- slot still free: this worker would wake for the bucket
+           %(claim_limit)s > t.requests
+           AND (coalesce(b.paused_until > now(), false)
+                OR EXISTS (SELECT 1 FROM claimable c WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))))
+               AS would_wake
     FROM bucket_now b, taken t
 ),
 bucket_written AS (
     INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
                                        held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
-                                       output_tokens_per_minute)
+                                       output_tokens_per_minute, waker, waker_until)
     SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
            h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
-           %(output_tokens_rate)s::float8 * 60
+           %(output_tokens_rate)s::float8 * 60,
+           CASE WHEN l.would_wake THEN %(worker_id)s END,
+           CASE WHEN l.would_wake
+                THEN greatest(l.paused_until, now()) + make_interval(secs => %(burst_s)s::float8) END
     FROM bucket_left l LEFT JOIN held h ON true
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
@@ -708,7 +717,14 @@ bucket_written AS (
         output_tokens_per_minute = excluded.output_tokens_per_minute,
         -- a round that looked at no job (paused, or no slot) leaves them as they are
         held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
-        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
+        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END,
+        -- the role is taken when it is free, ours or overdue, and given up
+        -- by its holder when it no longer would wake
+        waker = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+                     THEN excluded.waker ELSE b.waker END,
+        waker_until = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+                           THEN excluded.waker_until ELSE b.waker_until END
+    RETURNING b.waker, b.waker_until
 )
 SELECT
 -- include: job_settle_and_claim_answer
@@ -717,8 +733,13 @@ SELECT
 (SELECT json_build_object(
     'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
     'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
-    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
+    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need,
+    -- whether this worker wakes for the bucket, and else when the waker's
+    -- role ends: until then another worker wakes for it
+    'waker', coalesce(w.waker = %(worker_id)s, false),
+    'waker_in_s', greatest(coalesce(extract(epoch FROM w.waker_until - now()), 0), 0))
  FROM bucket_left l
+ CROSS JOIN bucket_written w
  LEFT JOIN LATERAL (
      SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
      WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
