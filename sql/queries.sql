@@ -609,21 +609,23 @@ bucket AS MATERIALIZED (
 ),
 bucket_now AS MATERIALIZED (
     SELECT
-        -- greatest() passes over NULLs: no row, no pause
+        -- greatest() passes over NULLs: no row, no pause. A kind the row
+        -- holds nothing for (a pause wrote it before its rate was known)
+        -- was empty when written: the provider had just said so.
         greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
-             ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
+             ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed,
                         coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
         CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(input_tokens_capacity)s::float8,
-                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
+                        coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
                         coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
         CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(output_tokens_capacity)s::float8,
-                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
+                        coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
                         coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
     FROM given_back g
     LEFT JOIN bucket b ON true
@@ -875,17 +877,18 @@ WITH owned AS MATERIALIZED (
 bucket AS MATERIALIZED (
     SELECT b.model,
            greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
-           -- a row no limited claim has written yet (a pause's) is full
+           -- a kind no limited claim has written yet (a row a pause wrote
+           -- before its rate was known) was empty when written: the
+           -- provider had just said nothing was left
            CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
-                ELSE least(%(requests_capacity)s::float8,
-                           coalesce(b.requests + %(requests_rate)s::float8 * r.elapsed, 'infinity')) END
-               AS requests,
-           CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
-                ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)
-           END AS input_tokens,
-           CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
+                ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed)
+           END AS requests,
+           CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN b.input_tokens
+                ELSE least(%(input_tokens_capacity)s::float8,
+                           coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed) END AS input_tokens,
+           CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN b.output_tokens
                 ELSE least(%(output_tokens_capacity)s::float8,
-                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+                           coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
            -- the job's max_tokens, which the provider takes again from its
            -- own bucket when the retry arrives
            (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8
