@@ -213,6 +213,11 @@ class LimiterState(msgspec.Struct, frozen=True):
     requests_per_minute: float | None = None
     input_tokens_per_minute: float | None = None
     output_tokens_per_minute: float | None = None
+    # whether this worker wakes for the bucket when it held jobs back, and
+    # else in how long the worker that does is overdue (the round without a
+    # limit answers neither: every worker wakes for itself)
+    waker: bool = True
+    waker_in_s: float = 0.0
 
     def announced(self) -> dict[str, float | None]:
         return {kind: getattr(self, f"{kind}_per_minute") for kind in KINDS}
@@ -232,6 +237,13 @@ class LimiterState(msgspec.Struct, frozen=True):
         wait = max(waits)
         # held back, the round must not come straight back
         return max(wait, _LEAST_WAIT_S) if math.isfinite(wait) else _LEAST_WAIT_S
+
+    def claim_again_in_s(self, limits: RateLimits) -> float:
+        """When a worker whose claim was held back claims again: when the
+        bucket covers the next job if it is the bucket's waker, else when the
+        waker is overdue (one worker wakes, not all of them)."""
+        wait = self.wait_s(limits)
+        return wait if self.waker else max(wait, self.waker_in_s)
 
 
 _LEAST_WAIT_S = 0.05

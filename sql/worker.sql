@@ -185,21 +185,23 @@ bucket AS MATERIALIZED (
 ),
 bucket_now AS MATERIALIZED (
     SELECT
-        -- greatest() passes over NULLs: no row, no pause
+        -- greatest() passes over NULLs: no row, no pause. A kind the row
+        -- holds nothing for (a pause wrote it before its rate was known)
+        -- was empty when written: the provider had just said so.
         greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
-             ELSE least(%(requests_capacity)s::float8, b.requests + %(requests_rate)s::float8 * r.elapsed,
+             ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed,
                         coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
         CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(input_tokens_capacity)s::float8,
-                        b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
+                        coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
                         coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
         CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(%(output_tokens_capacity)s::float8,
-                        b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
+                        coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
                         coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
     FROM given_back g
     LEFT JOIN bucket b ON true
@@ -264,16 +266,25 @@ taken AS MATERIALIZED (
 ),
 bucket_left AS MATERIALIZED (
     SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
-           b.output_tokens - t.output_tokens AS output_tokens
+           b.output_tokens - t.output_tokens AS output_tokens,
+           -- held back (paused, or a job looked at and not chosen) with a
+           -- slot still free: this worker would wake for the bucket
+           %(claim_limit)s > t.requests
+           AND (coalesce(b.paused_until > now(), false)
+                OR EXISTS (SELECT 1 FROM claimable c WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))))
+               AS would_wake
     FROM bucket_now b, taken t
 ),
 bucket_written AS (
     INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
                                        held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
-                                       output_tokens_per_minute)
+                                       output_tokens_per_minute, waker, waker_until)
     SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
            h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
-           %(output_tokens_rate)s::float8 * 60
+           %(output_tokens_rate)s::float8 * 60,
+           CASE WHEN l.would_wake THEN %(worker_id)s END,
+           CASE WHEN l.would_wake
+                THEN greatest(l.paused_until, now()) + make_interval(secs => %(burst_s)s::float8) END
     FROM bucket_left l LEFT JOIN held h ON true
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
@@ -284,7 +295,14 @@ bucket_written AS (
         output_tokens_per_minute = excluded.output_tokens_per_minute,
         -- a round that looked at no job (paused, or no slot) leaves them as they are
         held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
-        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END
+        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END,
+        -- the role is taken when it is free, ours or overdue, and given up
+        -- by its holder when it no longer would wake
+        waker = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+                     THEN excluded.waker ELSE b.waker END,
+        waker_until = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+                           THEN excluded.waker_until ELSE b.waker_until END
+    RETURNING b.waker, b.waker_until
 )
 SELECT
 -- include: job_settle_and_claim_answer
@@ -293,8 +311,13 @@ SELECT
 (SELECT json_build_object(
     'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
     'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
-    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need)
+    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need,
+    -- whether this worker wakes for the bucket, and else when the waker's
+    -- role ends: until then another worker wakes for it
+    'waker', coalesce(w.waker = %(worker_id)s, false),
+    'waker_in_s', greatest(coalesce(extract(epoch FROM w.waker_until - now()), 0), 0))
  FROM bucket_left l
+ CROSS JOIN bucket_written w
  LEFT JOIN LATERAL (
      SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
      WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
@@ -430,17 +453,18 @@ WITH owned AS MATERIALIZED (
 bucket AS MATERIALIZED (
     SELECT b.model,
            greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
-           -- a row no limited claim has written yet (a pause's) is full
+           -- a kind no limited claim has written yet (a row a pause wrote
+           -- before its rate was known) was empty when written: the
+           -- provider had just said nothing was left
            CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
-                ELSE least(%(requests_capacity)s::float8,
-                           coalesce(b.requests + %(requests_rate)s::float8 * r.elapsed, 'infinity')) END
-               AS requests,
-           CASE WHEN %(input_tokens_rate)s::float8 IS NULL OR b.input_tokens IS NULL THEN b.input_tokens
-                ELSE least(%(input_tokens_capacity)s::float8, b.input_tokens + %(input_tokens_rate)s::float8 * r.elapsed)
-           END AS input_tokens,
-           CASE WHEN %(output_tokens_rate)s::float8 IS NULL OR b.output_tokens IS NULL THEN b.output_tokens
+                ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed)
+           END AS requests,
+           CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN b.input_tokens
+                ELSE least(%(input_tokens_capacity)s::float8,
+                           coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed) END AS input_tokens,
+           CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN b.output_tokens
                 ELSE least(%(output_tokens_capacity)s::float8,
-                           b.output_tokens + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+                           coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
            -- the job's max_tokens, which the provider takes again from its
            -- own bucket when the retry arrives
            (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8

@@ -593,7 +593,7 @@ class Coordinator:
         held_back = claim_limit > 0 and (limiter.paused_s > 0 or limiter.next_output_tokens is not None)
         if held_back:
             metrics.LLM_RATELIMIT_WAITS.inc()
-            self._claiming.not_before = self._clock() + limiter.wait_s(self._limits)
+            self._claiming.not_before = self._clock() + limiter.claim_again_in_s(self._limits)
         elif claimed < claim_limit:
             self._claiming.work_may_wait = False
 

@@ -34,6 +34,8 @@ for _key, _rpm, _otpm in LIMITS:
         SPECS[f"{_key}_{_mode}_429s"] = FigureSpec(f"{_what}, limit {_mode}: 429s at the provider", "")
         SPECS[f"{_key}_{_mode}_late_429s"] = FigureSpec(
             f"{_what}, limit {_mode}: 429s after the first burst's pause", "")
+        SPECS[f"{_key}_{_mode}_herd"] = FigureSpec(
+            f"{_what}, limit {_mode}: most 429s in a row after the first burst's pause", "")
 PROVIDER_BURST_S = 5
 # a short story's max_tokens, and what each story uses of it (159 chunks of 5 words)
 MAX_TOKENS, USED_TOKENS = 800, 795
@@ -49,17 +51,18 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
     for run_number in range(1, ctx.runs + 1):
         for key, rpm, otpm in LIMITS:
             for mode in MODES:
-                fraction, limited, late = _drain(ctx, rpm=rpm, otpm=otpm, configured=mode == "configured",
+                fraction, limited, late, herd = _drain(ctx, rpm=rpm, otpm=otpm, configured=mode == "configured",
                                                  seconds=seconds)
                 result.add(f"{key}_{mode}_of_limit", fraction)
                 result.add(f"{key}_{mode}_429s", limited)
                 result.add(f"{key}_{mode}_late_429s", late)
+                result.add(f"{key}_{mode}_herd", herd)
                 ctx.progress(f"provider_limit run {run_number}/{ctx.runs}: {key} {mode}: {fraction:.2f} of the "
-                             f"limit, {limited} 429s ({late} after the first pause)")
+                             f"limit, {limited} 429s ({late} after the first pause, at most {herd} in a row)")
 
 
 def _drain(ctx: BenchContext, *, rpm: int | None, otpm: int | None, configured: bool,
-           seconds: float) -> tuple[float, int, int]:
+           seconds: float) -> tuple[float, int, int, int]:
     per_job = 1.0 if rpm else USED_TOKENS
     jobs_per_minute = rpm if rpm else (otpm or 0) / USED_TOKENS
     burst = math.floor(jobs_per_minute / 60 * PROVIDER_BURST_S)
@@ -92,13 +95,22 @@ def _drain(ctx: BenchContext, *, rpm: int | None, otpm: int | None, configured: 
     achieved = (len(steady) - 1) * per_job / span_s * 60
     limit = rpm if rpm else otpm
     assert limit is not None
-    return achieved / limit, len(fake.rate_limited), _late_429s(calls)
+    late = _after_first_pause(calls)
+    return achieved / limit, len(fake.rate_limited), sum(call.limited for call in late), _longest_run_limited(late)
 
 
-def _late_429s(calls: list[Call]) -> int:
-    """429s answered after the first burst's pause: from the first request served after the first 429."""
+def _after_first_pause(calls: list[Call]) -> list[Call]:
+    """The calls from the first request served after the first 429 on (none if no 429)."""
     first = next((n for n, call in enumerate(calls) if call.limited), None)
     if first is None:
-        return 0
-    resumed = next((n for n in range(first, len(calls)) if not calls[n].limited), len(calls))
-    return sum(call.limited for call in calls[resumed:])
+        return []
+    return calls[next((n for n in range(first, len(calls)) if not calls[n].limited), len(calls)):]
+
+
+def _longest_run_limited(calls: list[Call]) -> int:
+    """The most 429s answered in a row: a herd after a pause is several."""
+    longest = run = 0
+    for call in calls:
+        run = run + 1 if call.limited else 0
+        longest = max(longest, run)
+    return longest

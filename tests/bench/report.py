@@ -84,6 +84,9 @@ TARGETS: dict[tuple[str, str], Target] = {
     **{("provider_limit", f"{key}_configured_of_limit"): at_least(0.95) for key in ("rpm30", "rpm45", "otpm24k")},
     **{("provider_limit", f"{key}_configured_429s"): exactly(0) for key in ("rpm30", "rpm45", "otpm24k")},
     **{("provider_limit", f"{key}_learned_of_limit"): at_least(0.9) for key in ("rpm30", "rpm45", "otpm24k")},
+    # a pause ends with at most one request refused, not a herd of them
+    **{("provider_limit", f"{key}_{mode}_herd"): at_most(1) for key in ("rpm30", "rpm45", "otpm24k")
+       for mode in ("configured", "learned")},
 }
 
 # drain figures set against the ceiling: (drain figure, ceiling figure, label)

@@ -212,3 +212,44 @@ async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
                        (MODEL,))
     assert (await retry())[0] == 2
     assert (await _bucket(conn))[1] == pytest.approx(400, abs=50)
+
+
+async def _held_back(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int) -> tuple[int, bool, float]:
+    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+                                                     provider="anthropic", model=MODEL, limiter=_limiter())
+    return len(result.claimed), result.limiter.waker, result.limiter.waker_in_s
+
+
+async def test_of_the_workers_held_back_one_wakes_for_the_bucket_and_the_others_after_its_role_ends(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """The first worker held back with a slot still free becomes the bucket's waker for the bucket's
+    burst (5 s); a second one held back is told when that role ends and that it is not the waker;
+    the waker keeps the role round after round, and once the role is overdue the second takes it."""
+    claimed, waker, waker_in_s = await _held_back(conn, "w1", 10)
+    assert (claimed, waker) == (5, True) and waker_in_s == pytest.approx(5.0, abs=0.5)
+    claimed, waker, waker_in_s = await _held_back(conn, "w2", 3)
+    assert (claimed, waker) == (0, False) and 4.0 < waker_in_s <= 5.0
+    assert (await _held_back(conn, "w1", 3))[1] is True
+    await conn.execute("UPDATE llm_rate_buckets SET waker_until = now() - interval '1 ms' WHERE model = %s", (MODEL,))
+    assert (await _held_back(conn, "w2", 3))[1] is True
+    assert (await _held_back(conn, "w1", 3))[:2] == (0, False)
+
+
+async def test_a_waker_that_takes_its_last_free_slot_gives_the_role_up(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """A waker whose claim fills its last slot would not come back for the bucket: it leaves the role
+    free, and the next worker held back takes it at once."""
+    assert (await _held_back(conn, "w1", 10))[1] is True
+    await conn.execute("UPDATE llm_rate_buckets SET requests = 2, output_tokens = 3200, refilled_at = now() "
+                       "WHERE model = %s", (MODEL,))
+    assert await _held_back(conn, "w1", 2) == (2, False, 0.0)
+    assert (await _held_back(conn, "w2", 3))[:2] == (0, True)
+
+
+async def test_a_worker_not_held_back_takes_no_role(conn: psycopg.AsyncConnection[Any], pending: int) -> None:
+    """A claim the bucket covers whole (its slots filled, nothing it wanted held back) leaves the role
+    free: only a worker that will come back for the bucket is its waker."""
+    assert (await _held_back(conn, "w1", 3))[:2] == (3, False)
+    assert (await _held_back(conn, "w2", 10))[:2] == (2, True)

@@ -526,6 +526,22 @@ async def test_a_claim_the_limiter_held_back_is_tried_again_when_the_bucket_cove
     assert (await worker.round_once()).claimed == 1
 
 
+async def test_a_claim_held_back_while_another_worker_wakes_for_the_bucket_waits_for_that_role_to_end() -> None:
+    """Held back with another worker the bucket's waker for 4.2 s more, a worker waits those 4.2 s
+    rather than the 1.6 s the bucket takes to cover the next job: one worker wakes for it, not all."""
+    store, clock = RecordingStore(), FakeClock()
+    worker = _worker(store, GatedWriter(), clock, worker_poll_interval_s=5.0, llm_requests_per_minute=30)
+    store.limiter = LimiterState(requests=0.2, next_input_tokens=100, next_output_tokens=800, waker=False,
+                                 waker_in_s=4.2)
+    assert (await worker.round_once()).claimed == 0
+    store.limiter = LimiterState(requests=0.0)
+    store.add_pending(1)
+    idle = await worker.round_once()
+    assert idle.claimed == 0 and idle.wait_s == pytest.approx(4.2)
+    clock.now += 4.2
+    assert (await worker.round_once()).claimed == 1
+
+
 async def test_a_claim_whose_session_the_server_ended_is_searched_for_once() -> None:
     """A claim lost because the server ended its session (57P01) cannot commit later: one search for its
     jobs settles it, and a stopping worker then exits at once instead of waiting out its grace."""

@@ -1,0 +1,11 @@
+-- 010: one worker wakes for the bucket, not all of them.
+--
+-- A claim the limiter held back is due again when the bucket covers the next
+-- job; every worker held back would wake at that same moment, and all but
+-- one would find the bucket taken. The first of them to be held back becomes
+-- the bucket's waker until waker_until (the end of any pause plus
+-- LLM_RATE_BURST_S, about what the bucket takes to fill): the others sleep
+-- until then, when the role is free again if the waker did not come back to
+-- renew it (stopped, full, or dead). A waker that claims its last free slot
+-- gives the role up.
+ALTER TABLE llm_rate_buckets ADD COLUMN waker text, ADD COLUMN waker_until timestamptz;
