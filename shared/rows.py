@@ -343,6 +343,7 @@ class OpsClient(msgspec.Struct, frozen=True):
     created_at: datetime
     keys: list[OpsClientKey]
     budget_usd_per_day: Decimal | None = None
+    weight: int = 1
 
 
 class OpsOverviewRow(msgspec.Struct, frozen=True):
@@ -503,7 +504,7 @@ class WebhookDeliveryRow(msgspec.Struct, frozen=True):
     delivered_at: datetime | None
 
 
-OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke"]
+OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke", "client_weight_set"]
 
 
 class OperatorActionRow(msgspec.Struct, frozen=True):

@@ -144,8 +144,10 @@ async def api_client_budget_set(conn: Conn, *, client_id: int, budget_usd_per_da
     await conn.execute(Q["api_client_budget_set"], {"client_id": client_id, "budget_usd_per_day": budget_usd_per_day})
 
 
-async def api_client_weight_set(conn: Conn, *, client_id: int, weight: int) -> None:
-    await conn.execute(Q["api_client_weight_set"], {"client_id": client_id, "weight": weight})
+async def api_client_weight_set(conn: Conn, *, client_id: int, weight: int) -> bool:
+    """False: no such client."""
+    cur = await conn.execute(Q["api_client_weight_set"], {"client_id": client_id, "weight": weight})
+    return await cur.fetchone() is not None
 
 
 async def api_key_insert(conn: Conn, *, client_id: int, key_prefix: str, key_hash: bytes) -> None:

@@ -71,7 +71,9 @@ UPDATE api_clients SET budget_usd_per_day = %(budget_usd_per_day)s WHERE id = %(
 -- name: api_client_weight_set
 -- `storyjobs keys create NAME --weight N`: the client's share of the workers
 -- (N jobs to a weight-1 client's one), taken by the jobs it sends from now on.
-UPDATE api_clients SET weight = %(weight)s WHERE id = %(client_id)s;
+-- Also the console's clients screen; no row: no such client.
+UPDATE api_clients SET weight = %(weight)s WHERE id = %(client_id)s
+RETURNING id;
 
 -- name: api_key_insert
 INSERT INTO api_keys (client_id, key_prefix, key_hash)

@@ -178,7 +178,7 @@ SELECT public_id FROM cancelled;
 -- name: ops_client_list
 -- The clients, for the console's filter and its keys screen, and `storyjobs
 -- keys list`.
-SELECT c.id AS client_id, c.name, c.created_at, c.budget_usd_per_day,
+SELECT c.id AS client_id, c.name, c.created_at, c.budget_usd_per_day, c.weight,
        coalesce(json_agg(json_build_object(
            'key_prefix', k.key_prefix, 'created_at', k.created_at, 'revoked_at', k.revoked_at)
            ORDER BY k.id) FILTER (WHERE k.id IS NOT NULL), '[]') AS keys

@@ -1,7 +1,7 @@
-"""The console's clients: each with its keys (by prefix) and today's jobs
-and spend; revoking a client's keys, or one key. Each revocation is recorded
-in operator_actions in its own transaction, and logged with the operator's
-name and key prefix."""
+"""The console's clients: each with its keys (by prefix), its weight, and
+today's jobs and spend; revoking a client's keys, or one key; setting a
+client's weight. Each action is recorded in operator_actions in its own
+transaction, and logged with the operator's name and key prefix."""
 
 from __future__ import annotations
 
@@ -10,17 +10,27 @@ from decimal import Decimal
 from typing import Annotated
 
 import structlog
-from litestar import get, post
+from litestar import get, post, put
 from litestar.di import NamedDependency
-from litestar.params import PathParameter
+from litestar.params import JSONBody, PathParameter
 
 from api.deps import ApiState
 from api.ops.guard import Operator
 from api.ops.params import NOT_FOUND
-from api.ops.schemas import BIGINT_MAX, Client, ClientDay, ClientKey, Clients, KeysRevoked, usd
+from api.ops.schemas import (
+    BIGINT_MAX,
+    Client,
+    ClientDay,
+    ClientKey,
+    Clients,
+    ClientWeight,
+    KeysRevoked,
+    usd,
+)
 from api.problems import ProblemError, problem_responses
 from shared import console_store as store
 from shared import keys
+from shared.store import api_client_weight_set
 
 log = structlog.get_logger()
 
@@ -49,7 +59,7 @@ async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependen
         Client(client_id=row.client_id, name=row.name, created_at=row.created_at,
                keys=[ClientKey(key_prefix=key.key_prefix, created_at=key.created_at, revoked_at=key.revoked_at)
                      for key in row.keys],
-               today=today(row.client_id, row.budget_usd_per_day))
+               today=today(row.client_id, row.budget_usd_per_day), weight=row.weight)
         for row in rows
     ])
 
@@ -75,6 +85,29 @@ async def revoke_client_keys(
         raise ProblemError(404, "Not Found", "no such client")
     log.info("ops.client_keys_revoked", client_id=client_id, key_prefixes=revoked, **operator.log_fields())
     return KeysRevoked(revoked=revoked)
+
+
+@put(
+    "/clients/{client_id:int}/weight",
+    summary="Set a client's weight: its share of the workers",
+    description="Taken by the jobs the client sends from now on; its jobs already pending keep their turns.",
+    responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
+)
+async def set_client_weight(
+    conn: NamedDependency[store.Conn],
+    operator: NamedDependency[Operator],
+    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
+    data: JSONBody[ClientWeight],
+) -> ClientWeight:
+    async with conn.transaction():
+        found = await api_client_weight_set(conn, client_id=client_id, weight=data.weight)
+        if found:
+            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="client_weight_set",
+                                               filter={"client_id": client_id, "weight": data.weight}, touched=1)
+    if not found:
+        raise ProblemError(404, "Not Found", "no such client")
+    log.info("ops.client_weight_set", client_id=client_id, weight=data.weight, **operator.log_fields())
+    return data
 
 
 @post(

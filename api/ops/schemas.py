@@ -323,10 +323,19 @@ class Client(msgspec.Struct, frozen=True):
     created_at: datetime
     keys: list[ClientKey]
     today: ClientDay | None = None
+    weight: Annotated[int, msgspec.Meta(
+        description="The client's share of the workers: its jobs are claimed `weight` to a weight-1 client's one "
+                    "while both have jobs pending.")] = 1
 
 
 class Clients(msgspec.Struct, frozen=True):
     clients: list[Client]
+
+
+class ClientWeight(msgspec.Struct, frozen=True):
+    weight: Annotated[int, msgspec.Meta(ge=1, le=1000, description=(
+        "The client's share of the workers, 1 to 1,000: its jobs are claimed `weight` to a weight-1 client's one "
+        "while both have jobs pending; jobs it sends from now on take it."))]
 
 
 class KeysRevoked(msgspec.Struct, frozen=True):

@@ -1,6 +1,6 @@
 // The clients: today's spend against each one's budget, today's jobs and
-// failures, and their keys, which can be revoked; below them, the operators'
-// recent actions.
+// failures, their weight (their share of the workers), which can be set, and
+// their keys, which can be revoked; below them, the operators' recent actions.
 import { byId, count, h, query, usd, when } from "./format.js";
 import { actionsOpen, loadActions } from "./ops-actions.js";
 import { api, confirmAction, guard, showNotice } from "./ops-ui.js";
@@ -26,6 +26,17 @@ function spendCell(today) {
     h("meter", { min: 0, max: 1, high: 0.8, value: share.toFixed(3), "aria-label": "share of the budget used" })];
 }
 
+function weightCell(client) {
+  const input = h("input", { type: "number", min: 1, max: 1000, step: 1, value: client.weight, required: "",
+    "aria-label": `weight of ${client.name}`, class: "weight" });
+  const form = h("form", { class: "weight" }, input, " ", h("button", { type: "submit", class: "link" }, "Set"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    if (input.reportValidity()) guard(setWeight(client, Number(input.value)));
+  });
+  return form;
+}
+
 function renderClients(clients) {
   byId("clients-rows").replaceChildren(...clients.map((client) => {
     const active = client.keys.filter((key) => !key.revoked_at);
@@ -39,6 +50,7 @@ function renderClients(clients) {
       h("td", { "data-k": "spend" }, spendCell(today)),
       h("td", { class: "num", "data-k": "jobs" }, count(today.jobs)),
       h("td", { class: "num", "data-k": "failures" }, count(today.failed)),
+      h("td", { "data-k": "weight" }, weightCell(client)),
       h("td", { class: "wide" }, client.keys.length ? h("ul", { class: "keys" }, client.keys.map((key) => keyItem(client, key)))
         : h("span", { class: "muted" }, "no keys")),
       h("td", { class: "wide" }, all));
@@ -63,5 +75,13 @@ async function revokeKey(client, key) {
   if (!(await confirmAction(`Revoke key ${key.key_prefix} of ${client.name}? Its next request is refused.`, "Revoke"))) return;
   await api("POST", `/ops/api/keys/${encodeURIComponent(key.key_prefix)}/revoke`);
   showNotice(`Revoked key ${key.key_prefix} of ${client.name}.`);
+  await loadClients();
+}
+
+async function setWeight(client, weight) {
+  if (weight === client.weight) return;
+  await api("PUT", `/ops/api/clients/${encodeURIComponent(client.client_id)}/weight`, { weight });
+  showNotice(`${client.name} now has weight ${weight}: ${weight} of its jobs to one of a weight-1 client's, ` +
+    "for the jobs it sends from now on.");
   await loadClients();
 }

@@ -26,9 +26,9 @@ async def _recorded(conn: Conn) -> list[tuple[Any, ...]]:
 async def test_every_console_action_is_recorded_with_its_operator_target_and_count(
     pool: AsyncConnectionPool, conn: Conn
 ) -> None:
-    """Cancelling a job (and trying again), cancelling by filter, revoking a client's keys and one key each
-    write a row naming the operator's key, the job or the filter as sent, and what it changed; the endpoint
-    lists them newest first, in pages."""
+    """Cancelling a job (and trying again), cancelling by filter, revoking a client's keys and one key, and
+    setting a client's weight each write a row naming the operator's key, the job or the filter as sent, and
+    what it changed; the endpoint lists them newest first, in pages."""
     acme, _ = await seed.client(conn, "acme")
     globex, globex_key = await seed.client(conn, "globex")
     one, two, three = await seed.insert_jobs(conn, [seed.pending(acme, 30), seed.pending(acme, 20),
@@ -44,6 +44,7 @@ async def test_every_console_action_is_recorded_with_its_operator_target_and_cou
     async with api_client(pool, bob) as client:
         assert (await client.post(f"{OPS}/clients/{globex}/revoke-keys")).status_code == 200
         assert_problem(await client.post(f"{OPS}/keys/{keys.prefix_of(globex_key)}/revoke"), 404)
+        assert (await client.put(f"{OPS}/clients/{globex}/weight", json={"weight": 3})).json() == {"weight": 3}
         listed = (await client.get(f"{OPS}/actions")).json()["actions"]
         older = (await client.get(f"{OPS}/actions", params={"before_id": listed[1]["id"], "limit": 2})).json()
 
@@ -53,12 +54,13 @@ async def test_every_console_action_is_recorded_with_its_operator_target_and_cou
         ("ada", "pending_cancel", None, {"client_id": acme, "created_after": None, "created_before": None,
                                          "through": counted["through"]}, 1),
         ("bob", "client_keys_revoke", None, {"client_id": globex}, 1),
+        ("bob", "client_weight_set", None, {"client_id": globex, "weight": 3}, 1),
     ]
     assert [(a["operator"], a["action"], a["touched"]) for a in listed] == [
-        ("bob", "client_keys_revoke", 1), ("ada", "pending_cancel", 1), ("ada", "job_cancel", 0),
+        ("bob", "client_weight_set", 1), ("bob", "client_keys_revoke", 1), ("ada", "pending_cancel", 1), ("ada", "job_cancel", 0),
         ("ada", "job_cancel", 1)]
-    assert listed[0]["operator_key_prefix"] == keys.prefix_of(bob) and listed[0]["filter"] == {"client_id": globex}
-    assert listed[3]["job_id"] == str(one.public_id)
+    assert listed[1]["operator_key_prefix"] == keys.prefix_of(bob) and listed[1]["filter"] == {"client_id": globex}
+    assert listed[4]["job_id"] == str(one.public_id)
     assert [a["id"] for a in older["actions"]] == [listed[2]["id"], listed[3]["id"]]
     assert two and three
 

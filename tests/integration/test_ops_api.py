@@ -562,3 +562,23 @@ async def test_the_overview_shows_todays_budget_and_the_shared_rate_bucket(
     assert limiter["input_tokens"] is None
     assert limiter["requests"]["capacity"] == 5 and 3 <= limiter["requests"]["available"] < 5
     assert limiter["output_tokens"]["capacity"] == 5000 and 100 <= limiter["output_tokens"]["available"] < 1100
+
+
+async def test_an_operator_sets_a_clients_weight_and_the_list_shows_it(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A client's weight (1 by default) is set from the console and listed with the client; a weight outside
+    1 to 1,000 is a 400 and changes nothing, an unknown client a 404; the log names the operator."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.client(conn, "globex")
+    async with api_client(pool, await seed.operator_key(conn, "ada")) as client:
+        before = {c["name"]: c["weight"] for c in (await client.get(f"{OPS}/clients")).json()["clients"]}
+        with capture_logs() as logs:
+            assert (await client.put(f"{OPS}/clients/{acme}/weight", json={"weight": 4})).json() == {"weight": 4}
+        for refused in ({"weight": 0}, {"weight": 1001}, {"weight": 2.5}, {}):
+            assert_problem(await client.put(f"{OPS}/clients/{acme}/weight", json=refused), 400)
+        assert_problem(await client.put(f"{OPS}/clients/999999/weight", json={"weight": 2}), 404)
+        after = {c["name"]: c["weight"] for c in (await client.get(f"{OPS}/clients")).json()["clients"]}
+    assert before == {"acme": 1, "globex": 1} and after == {"acme": 4, "globex": 1}
+    (event,) = [e for e in logs if e["event"] == "ops.client_weight_set"]
+    assert (event["client_id"], event["weight"], event["operator"]) == (acme, 4, "ada")

@@ -703,3 +703,34 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
     expect(wide.locator(f'tr[data-delivery-id="{dead_id}"] [data-k="state"]')).to_have_text("pending", timeout=WAIT_MS)
     expect(wide.locator(f'tr[data-delivery-id="{dead_id}"] [data-k="last-attempt"]')).to_be_visible()
     capture(wide, "ops-webhooks-laptop")
+
+
+def test_an_operator_sets_a_clients_weight_from_the_clients_screen(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """Each client shows its weight (1 by default); setting acme's to 3 stores it, shows it, says what it does,
+    and the operator actions section records who set it on which client."""
+
+    async def clients(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int]:
+        acme_id, _ = await seed.client(conn, "acme")
+        await seed.client(conn, "globex")
+        return await seed.operator_key(conn, "ada"), acme_id
+
+    key, acme_id = seed.seeded(database_url, clients)
+    console = Console(browser, system.api(), LAPTOP)
+    page = console.open(key, "#/clients")
+    acme = page.locator("#clients-rows tr", has_text="acme")
+    weight = acme.locator('td[data-k="weight"] input')
+    expect(weight).to_have_value("1", timeout=WAIT_MS)
+    page.click("#actions-log summary")
+    weight.fill("3")
+    acme.locator('td[data-k="weight"] button').click()
+    expect(page.locator("#notice")).to_contain_text("acme now has weight 3", timeout=WAIT_MS)
+    expect(weight).to_have_value("3")
+    expect(page.locator("#clients-rows tr", has_text="globex").locator('td[data-k="weight"] input')).to_have_value("1")
+    expect(page.locator("#actions-rows tr").first.locator("td")).to_have_text(
+        [re.compile(r"^\d{4}-\d\d-\d\d "), f"ada ({key.split('_')[1]})", "client_weight_set",
+         f"client {acme_id}, weight 3", "1"], timeout=WAIT_MS)
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        assert conn.execute("SELECT name, weight FROM api_clients ORDER BY name").fetchall() == [
+            ("acme", 3), ("globex", 1)]
