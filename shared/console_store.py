@@ -15,6 +15,7 @@ from psycopg.rows import dict_row
 
 from shared.config import BaseSettings
 from shared.queries import QUERIES as Q
+from shared.ratelimit import RateLimits
 from shared.rows import (
     CancelResult,
     ClientToday,
@@ -153,8 +154,9 @@ async def ops_overview(conn: Conn, *, day_from_id: int) -> OpsOverviewRow:
     return row
 
 
-async def llm_rate_bucket_list(conn: Conn) -> list[RateBucketRow]:
-    return await fetch_all(conn, RateBucketRow, "llm_rate_bucket_list", {})
+async def llm_rate_bucket_list(conn: Conn, *, limits: RateLimits) -> list[RateBucketRow]:
+    """The buckets, refilled to now at these limits' rates (a kind without one: as stored)."""
+    return await fetch_all(conn, RateBucketRow, "llm_rate_bucket_list", msgspec.structs.asdict(limits))
 
 
 async def ops_history(conn: Conn, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:

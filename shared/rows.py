@@ -390,7 +390,6 @@ class RateBucketRow(msgspec.Struct, frozen=True):
     input_tokens: float | None
     output_tokens: float | None
     paused_s: float
-    since_refill_s: float
 
 
 # The wait and run time buckets' lower bounds, in seconds: a minute_rollup

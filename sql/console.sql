@@ -16,11 +16,20 @@ WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
 RETURNING key_prefix;
 
 -- name: llm_rate_bucket_list
--- The shared rate buckets, refilled to now at the rates the caller knows
--- (NULL rate: shown as stored): the console's overview, `storyjobs stats`.
-SELECT model, requests, input_tokens, output_tokens,
-       greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s,
-       greatest(extract(epoch FROM now() - refilled_at), 0)::float8 AS since_refill_s
+-- The shared rate buckets, refilled to now as a claim refills them
+-- (bucket_refilled, migration 012) at the rates the caller knows (NULL
+-- rate: as stored): the console's overview, `storyjobs stats`.
+SELECT model,
+       CASE WHEN %(requests_rate)s::float8 IS NULL THEN requests
+            ELSE bucket_refilled(requests, %(requests_rate)s::float8, %(requests_capacity)s::float8, refilled_at, 0)
+       END AS requests,
+       CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN input_tokens
+            ELSE bucket_refilled(input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
+                                 refilled_at, 0) END AS input_tokens,
+       CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN output_tokens
+            ELSE bucket_refilled(output_tokens, %(output_tokens_rate)s::float8, %(output_tokens_capacity)s::float8,
+                                 refilled_at, 0) END AS output_tokens,
+       greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s
 FROM llm_rate_buckets ORDER BY model;
 
 -- name: llm_call_list_for_job

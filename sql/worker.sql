@@ -185,27 +185,27 @@ bucket AS MATERIALIZED (
 ),
 bucket_now AS MATERIALIZED (
     SELECT
-        -- greatest() passes over NULLs: no row, no pause. A kind the row
-        -- holds nothing for (a pause wrote it before its rate was known)
-        -- was empty when written: the provider had just said so.
+        -- greatest() passes over NULLs: no row, no pause. Each kind refilled
+        -- (bucket_refilled, migration 012) and capped by what the provider
+        -- last said was left.
         greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
         CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
-             ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed,
+             ELSE least(bucket_refilled(b.requests, %(requests_rate)s::float8, %(requests_capacity)s::float8,
+                                        b.refilled_at, 0),
                         coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
         CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
-             ELSE least(%(input_tokens_capacity)s::float8,
-                        coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed + g.input_tokens,
+             ELSE least(bucket_refilled(b.input_tokens, %(input_tokens_rate)s::float8,
+                                        %(input_tokens_capacity)s::float8, b.refilled_at, g.input_tokens),
                         coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
         CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
-             ELSE least(%(output_tokens_capacity)s::float8,
-                        coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed + g.output_tokens,
+             ELSE least(bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
+                                        %(output_tokens_capacity)s::float8, b.refilled_at, g.output_tokens),
                         coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
     FROM given_back g
     LEFT JOIN bucket b ON true
-    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
 ),
 -- The next pending jobs in turn order, twice the slots to fill: a job the
 -- bucket does not cover now lets the ones behind it that it does cover go
@@ -453,25 +453,22 @@ WITH owned AS MATERIALIZED (
 bucket AS MATERIALIZED (
     SELECT b.model,
            greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
-           -- a kind no limited claim has written yet (a row a pause wrote
-           -- before its rate was known) was empty when written: the
-           -- provider had just said nothing was left
+           -- refilled as a claim refills it (bucket_refilled, migration 012)
            CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
-                ELSE least(%(requests_capacity)s::float8, coalesce(b.requests, 0) + %(requests_rate)s::float8 * r.elapsed)
-           END AS requests,
+                ELSE bucket_refilled(b.requests, %(requests_rate)s::float8, %(requests_capacity)s::float8,
+                                     b.refilled_at, 0) END AS requests,
            CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN b.input_tokens
-                ELSE least(%(input_tokens_capacity)s::float8,
-                           coalesce(b.input_tokens, 0) + %(input_tokens_rate)s::float8 * r.elapsed) END AS input_tokens,
+                ELSE bucket_refilled(b.input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
+                                     b.refilled_at, 0) END AS input_tokens,
            CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN b.output_tokens
-                ELSE least(%(output_tokens_capacity)s::float8,
-                           coalesce(b.output_tokens, 0) + %(output_tokens_rate)s::float8 * r.elapsed) END AS output_tokens,
+                ELSE bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
+                                     %(output_tokens_capacity)s::float8, b.refilled_at, 0) END AS output_tokens,
            -- the job's max_tokens, which the provider takes again from its
            -- own bucket when the retry arrives
            (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8
                AS output_tokens_need
     FROM llm_rate_buckets b
     CROSS JOIN (SELECT count(*) FROM owned) job_locked
-    CROSS JOIN LATERAL (SELECT greatest(extract(epoch FROM now() - b.refilled_at), 0)::float8 AS elapsed) r
     WHERE b.model = %(model)s
     FOR NO KEY UPDATE OF b
 ),

@@ -191,7 +191,7 @@ async def cmd_stats(_: argparse.Namespace) -> int:
             conn, created_after=console_store.finished_since(settings, timedelta(days=1)), created_before=None)
         stats = await console_store.ops_overview(conn, day_from_id=bounds.lo_id)
         budgets = await store.budget_days_today(conn)
-        buckets = await console_store.llm_rate_bucket_list(conn)
+        buckets = await console_store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
     _out(f"queue      {stats.pending} pending, {stats.running} running")
     _out("last hour")
     _out(f"  stories  {stats.hour_completed} written ({stats.hour_completed / 60:.1f}/min), "
@@ -216,18 +216,15 @@ async def cmd_stats(_: argparse.Namespace) -> int:
         _out("  no bucket: no limit configured, and no 429 heard")
     for bucket in buckets:
         paused = f"paused {bucket.paused_s:.1f} s; " if bucket.paused_s > 0 else ""
-        left = [f"{kind} {_refilled(getattr(bucket, kind), limits, kind, bucket.since_refill_s)}"
+        left = [f"{kind} {_refilled(getattr(bucket, kind), limits, kind)}"
                 for kind in KINDS if getattr(bucket, kind) is not None]
         _out(f"  {bucket.model}: {paused}{', '.join(left) or 'no configured limit'}")
     return 0
 
 
-def _refilled(stored: float, limits: RateLimits, kind: str, since_s: float) -> str:
-    rate = limits.rate(kind)
+def _refilled(refilled: float, limits: RateLimits, kind: str) -> str:
     capacity: float | None = getattr(limits, f"{kind}_capacity")
-    if rate is None or capacity is None:
-        return f"{stored:.0f}"
-    return f"{min(capacity, stored + rate * since_s):.0f} of {capacity:.0f}"
+    return f"{refilled:.0f}" if capacity is None else f"{refilled:.0f} of {capacity:.0f}"
 
 
 async def cmd_webhooks_endpoints(args: argparse.Namespace) -> int:

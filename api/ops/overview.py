@@ -33,18 +33,7 @@ from shared.config import ApiSettings
 from shared.ratelimit import RateLimits
 from shared.rows import BudgetDay, OpsOverviewRow, RateBucketRow
 
-# a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
-# the sweeper fails it at its next pass: this much later at worst, unless the
-# sweeper is stopped
-SWEEPER_LAG = timedelta(minutes=10)
 DAY = timedelta(days=1)
-
-
-def _finished_since(settings: ApiSettings, window: timedelta) -> datetime:
-    """The oldest creation time of a job that can have finished in the last
-    ``window``."""
-    longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
-    return datetime.now(UTC) - window - longest_life
 
 
 def _job_counts(completed: int, failed: int, cancelled: int) -> JobCounts:
@@ -71,9 +60,9 @@ def _limiter(buckets: list[RateBucketRow], settings: ApiSettings) -> Limiter:
         rate, capacity = limits.rate(name), getattr(limits, f"{name}_capacity")
         if rate is None or capacity is None:
             return None
-        stored: float | None = None if bucket is None else getattr(bucket, name)
-        since_s = 0.0 if bucket is None else bucket.since_refill_s
-        available = capacity if stored is None else min(capacity, stored + rate * since_s)
+        # refilled by the query; no row yet: a worker's start writes it full
+        refilled: float | None = None if bucket is None else getattr(bucket, name)
+        available = capacity if refilled is None else refilled
         return LimitKind(available=round(available, 3), capacity=capacity, per_minute=rate * 60)
 
     return Limiter(model=settings.llm_model, paused_s=round(bucket.paused_s, 3) if bucket else 0.0,
@@ -117,9 +106,9 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDa
 )
 async def get_overview(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Overview:
     settings = api_state.settings
-    bounds = await store.job_id_bounds(conn, created_after=_finished_since(settings, DAY), created_before=None)
+    bounds = await store.job_id_bounds(conn, created_after=store.finished_since(settings, DAY), created_before=None)
     row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
     budgets = await store.budget_days_today(conn)
-    buckets = await store.llm_rate_bucket_list(conn)
+    buckets = await store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
     writers = await store.ops_writers_recent(conn)
     return _overview(row, settings, budgets, buckets, writers)

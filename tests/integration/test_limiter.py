@@ -11,6 +11,7 @@ from typing import Any
 import psycopg
 import pytest
 
+from shared import console_store
 from shared.ratelimit import RateLimits, claim_params
 from shared.rows import Completion
 from shared.status import LlmOutcome
@@ -253,3 +254,17 @@ async def test_a_worker_not_held_back_takes_no_role(conn: psycopg.AsyncConnectio
     free: only a worker that will come back for the bucket is its waker."""
     assert (await _held_back(conn, "w1", 3))[:2] == (3, False)
     assert (await _held_back(conn, "w2", 10))[:2] == (2, True)
+
+
+async def test_the_console_reads_the_bucket_as_the_claim_refills_it(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """A bucket row a pause wrote 2 s ago, before its request rate was known (no requests stored), holds what 2 s
+    of refill give at one request a second: the console reads 2 of them, and a claim asking for 5 takes 2."""
+    limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
+                        output_tokens_rate=LIMITS.output_tokens_rate, output_tokens_capacity=LIMITS.output_tokens_capacity)
+    await conn.execute("UPDATE llm_rate_buckets SET requests = NULL, refilled_at = now() - interval '2 s' "
+                       "WHERE model = %s", (MODEL,))
+    (bucket,) = await console_store.llm_rate_bucket_list(conn, limits=limits)
+    assert bucket.requests == pytest.approx(2.0, abs=0.1)
+    assert len(await _claim(conn, "w", 5, requests_rate=1.0, requests_capacity=5.0)) == 2
