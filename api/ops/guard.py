@@ -56,12 +56,17 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
 
 async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Guard: a query parameter the endpoint does not take is a 400, so that a
-    misspelt filter is refused instead of listing, or cancelling, everything."""
+    misspelt filter is refused instead of listing, or cancelling, everything;
+    so is one given twice, rather than one of its values silently chosen."""
     taken = set(handler.parsed_fn_signature.parameters) - set(handler.resolve_dependencies())
     unknown = sorted(set(connection.query_params) - taken)
     if unknown:
         raise ProblemError(400, "Invalid request", f"unknown query parameter: {unknown[0]}",
                            errors=[FieldError(field=name, message="unknown query parameter") for name in unknown])
+    repeated = sorted(name for name in connection.query_params if len(connection.query_params.getall(name)) > 1)
+    if repeated:
+        raise ProblemError(400, "Invalid request", f"query parameter given more than once: {repeated[0]}",
+                           errors=[FieldError(field=name, message="given more than once") for name in repeated])
 
 
 def provide_operator(request: Request[Any, Any, Any]) -> Operator:

@@ -58,10 +58,11 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:
         operations = _operations((await client.get("/schema/openapi.json")).json())
-        assert len(operations) == 14, operations
+        assert len(operations) == 15, operations
         for method, path in operations:
             url = _concrete(path, job, client_id, prefix)
-            body = {"through": "x"} if method == "POST" and path.endswith("cancel-pending") else None
+            body = ({"through": "x"} if method == "POST" and path.endswith("cancel-pending")
+                    else {"weight": 5} if path.endswith("/weight") else None)
             answers = {}
             for name, key in (("client", client_key), ("revoked", revoked), ("unknown", unknown),
                               ("malformed", "sj_not_a_key")):
@@ -75,6 +76,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
             assert_problem(await client.request(method, url, json=body), 401)
     assert await _status(conn, job) == ("pending", None, None)
     assert await count(conn, "SELECT count(*) FROM api_keys WHERE revoked_at IS NULL") == 1
+    assert await count(conn, "SELECT weight FROM api_clients WHERE id = %s", client_id) == 1
 
 
 async def test_an_action_is_refused_unless_the_operator_key_is_in_the_authorization_header(
@@ -235,8 +237,8 @@ async def test_a_time_bound_becomes_an_id_bound_that_misses_no_job(conn: psycopg
 async def test_filters_and_cursors_the_api_did_not_make_are_refused_with_400(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """An unknown status or error code, a limit out of bounds, an id past a bigint, a misspelt parameter, or a
-    cursor that is not one the api gave is a 400 problem naming the field."""
+    """An unknown status or error code, a limit out of bounds, an id past a bigint, a misspelt parameter, a
+    parameter given twice, or a cursor that is not one the api gave is a 400 problem naming the field."""
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
         for params, field in (({"status": "lost"}, "status"), ({"error_code": "oops"}, "error_code"),
@@ -252,6 +254,10 @@ async def test_filters_and_cursors_the_api_did_not_make_are_refused_with_400(
         # a filter the cancel does not take is refused, not ignored: it must not cancel more than asked
         body = assert_problem(await client.get(f"{OPS}/cancel-pending", params={"status": "failed"}), 400)
         assert body["detail"] == "unknown query parameter: status"
+        # nor is one of two values chosen for a filter given twice
+        body = assert_problem(await client.get(f"{OPS}/cancel-pending",
+                                               params=[("created_before", "junk"), ("created_before", "53419")]), 400)
+        assert body["detail"] == "query parameter given more than once: created_before"
         assert_problem(await client.get(f"{OPS}/overview", params={"window": "week"}), 400)
 
 
