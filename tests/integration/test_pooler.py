@@ -49,7 +49,9 @@ async def pooled(bouncer: PgBouncer, database_name: str, *, max_size: int = 10,
 
 
 async def _advisory_locks(conn: psycopg.AsyncConnection[Any]) -> int:
-    return await count(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'")
+    # this database's only: other databases on the server are other tests'
+    return await count(conn, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                             "(SELECT oid FROM pg_database WHERE datname = current_database())")
 
 
 async def test_a_connection_with_session_options_is_refused_by_the_pooler_and_a_pooled_one_is_not(

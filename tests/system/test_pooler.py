@@ -30,6 +30,9 @@ TIMINGS = {"HEARTBEAT_INTERVAL_S": 0.5, "HEARTBEAT_TIMEOUT_S": 5, "SWEEPER_INTER
            "JOB_TIMEOUT_S": 120, "LLM_TIMEOUT_S": 60, "LLM_READ_TIMEOUT_S": 30, "PENDING_TIMEOUT_S": 600}
 # far longer than the test: a job picked up in time was woken by a NOTIFY
 POLL_S = 300
+# other databases on the server are other tests'
+THIS_DATABASES_ADVISORY_LOCKS = ("locktype = 'advisory' AND "
+                                 "database = (SELECT oid FROM pg_database WHERE datname = current_database())")
 
 
 def _scalar(database_url: str, query: str, *params: Any) -> Any:
@@ -154,7 +157,7 @@ def test_api_workers_and_sweeper_behind_pgbouncer_keep_every_guarantee(
     with psycopg.connect(database_url, autocommit=True) as conn:
         by_status: dict[str, int] = dict(conn.execute("SELECT status::text, count(*) FROM story_jobs GROUP BY 1").fetchall())
         ledger = conn.execute("SELECT count(*), count(DISTINCT job_id) FROM llm_calls WHERE billed").fetchone()
-        locks = conn.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'").fetchone()
+        locks = conn.execute(f"SELECT count(*) FROM pg_locks WHERE {THIS_DATABASES_ADVISORY_LOCKS}").fetchone()
     assert by_status == {"completed": 100, "failed": 1}
     assert ledger == (101, 101)
     assert len(fake_llm.fake.billed) == 101
@@ -193,7 +196,7 @@ def test_migrate_behind_a_pooler_runs_on_the_listen_url_and_refuses_without_one(
     done = _cli({**env, "DATABASE_LISTEN_URL": direct}, "migrate")
     assert done.returncode == 0, done.stderr
     assert "applied 001_" in done.stdout
-    assert _scalar(direct, "SELECT count(*) FROM pg_locks WHERE locktype = 'advisory'") == 0
+    assert _scalar(direct, f"SELECT count(*) FROM pg_locks WHERE {THIS_DATABASES_ADVISORY_LOCKS}") == 0
     # the other commands go through the pooler
     listed = _cli(env, "jobs", "list")
     assert listed.returncode == 0, listed.stderr
