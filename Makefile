@@ -17,9 +17,10 @@ $(VENV)/.installed: pyproject.toml
 run: install
 	$(BIN)/python -m tools.devrun
 
-# the whole suite on a real Postgres (TEST_DATABASE_URL, else Docker, else embedded)
+# the whole suite on a real Postgres (TEST_DATABASE_URL, else Docker, else
+# embedded), in two processes: most of its time is spent waiting on processes
 test: install
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -n 2
 
 # the benchmarks, pgqueuer and procrastinate beside storyjobs; results under tests/bench/results/
 bench: $(VENV)/.installed-bench

@@ -555,19 +555,27 @@ async def test_the_overview_shows_todays_budget_and_the_shared_rate_bucket(
     (refilled to now, capped at its capacity) and how long it is paused, are the tables' own figures."""
     await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
                        "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.25, 0.75)")
+    # refilled_at ahead of now: nothing refills while the test runs, however slow the machine
     await conn.execute("INSERT INTO llm_rate_buckets (model, requests, output_tokens, refilled_at, paused_until) "
-                       "VALUES ('claude-sonnet-5-5', 3, 100, now(), now() + interval '20 seconds')")
+                       "VALUES ('claude-sonnet-5-5', 3, 100, now() + interval '1 hour', now() + interval '20 seconds')")
     key = await seed.operator_key(conn)
     async with api_client(pool, key, budget_usd_per_day=Decimal("5"), llm_requests_per_minute=60,
                           llm_output_tokens_per_minute=60_000) as client:
         overview = (await client.get(f"{OPS}/overview")).json()
+        await conn.execute("UPDATE llm_rate_buckets SET refilled_at = now() - interval '1 second'")
+        refilled = (await client.get(f"{OPS}/overview")).json()["provider"]["limiter"]
+        await conn.execute("UPDATE llm_rate_buckets SET refilled_at = now() - interval '1 hour'")
+        full = (await client.get(f"{OPS}/overview")).json()["provider"]["limiter"]
     assert overview["spend"]["today"] == {"spent_usd": "1.250000", "reserved_usd": "0.750000",
                                           "budget_usd": "5.000000", "left_usd": "3.000000"}
     limiter = overview["provider"]["limiter"]
     assert limiter["model"] == "claude-sonnet-5-5" and 15 < limiter["paused_s"] <= 20
     assert limiter["input_tokens"] is None
-    assert limiter["requests"]["capacity"] == 5 and 3 <= limiter["requests"]["available"] < 5
-    assert limiter["output_tokens"]["capacity"] == 5000 and 100 <= limiter["output_tokens"]["available"] < 1100
+    assert limiter["requests"] == {"available": 3.0, "capacity": 5.0, "per_minute": 60.0}
+    assert limiter["output_tokens"] == {"available": 100.0, "capacity": 5000.0, "per_minute": 60_000.0}
+    # a second and more of refill at 1 request and 1,000 tokens a second; an hour's, capped at capacity
+    assert refilled["requests"]["available"] >= 4 and refilled["output_tokens"]["available"] >= 1100
+    assert full["requests"]["available"] == 5 and full["output_tokens"]["available"] == 5000
 
 
 async def test_an_operator_sets_a_clients_weight_and_the_list_shows_it(
