@@ -250,7 +250,7 @@ async def get_job(
     headers = dict(_NO_STORE)
     remaining = None
     if view.status in (JobStatus.PENDING, JobStatus.RUNNING):
-        stats = await api_state.drain_stats.get()
+        stats = await api_state.drain_stats.get(conn)
         remaining = pacing.seconds_remaining(
             stats, status=view.status, queue_position=view.queue_position, started_at=view.started_at,
             fraction=pacing.fraction_done(view.progress, view.max_tokens), now=view.now or datetime.now(UTC),

@@ -1,5 +1,5 @@
-"""What operators read and do, from the console (api/ops.py, the operator
-routes of api/webhooks.py) and from the ``storyjobs`` command (tools/cli.py):
+"""What operators read and do, from the console (api/ops/, its webhooks
+screen in api/ops/webhooks.py) and from the ``storyjobs`` command (tools/cli.py):
 one small typed function per query of sql/console.sql, so that the two
 answer each question with one query and one row type."""
 

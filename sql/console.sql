@@ -1,5 +1,5 @@
--- What operators read and do, from the console at /ops/ (api/ops.py,
--- api/webhooks.py's operator routes) and from the `storyjobs` command
+-- What operators read and do, from the console at /ops/ (api/ops/,
+-- its webhooks screen in api/ops/webhooks.py) and from the `storyjobs` command
 -- (tools/cli.py): both run these through shared/console_store.py. The
 -- conventions are in common.sql.
 --
@@ -388,7 +388,7 @@ enabled AS (
 SELECT id FROM retried;
 
 -- name: operator_action_insert
--- An operator's action, recorded in the action's own transaction (api/ops.py
+-- An operator's action, recorded in the action's own transaction (api/ops/
 -- runs both in one): who (the key's id), what, on what, and how many jobs
 -- or keys it changed.
 INSERT INTO operator_actions (operator_key_id, action, job_id, filter, touched)

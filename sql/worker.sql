@@ -297,10 +297,13 @@ bucket_written AS (
         held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
         held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END,
         -- the role is taken when it is free, ours or overdue, and given up
-        -- by its holder when it no longer would wake
-        waker = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+        -- by its holder when it no longer would wake; a round that only
+        -- settles (no slot to claim with) leaves it as it is
+        waker = CASE WHEN %(claim_limit)s = 0 THEN b.waker
+                     WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
                      THEN excluded.waker ELSE b.waker END,
-        waker_until = CASE WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
+        waker_until = CASE WHEN %(claim_limit)s = 0 THEN b.waker_until
+                           WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
                            THEN excluded.waker_until ELSE b.waker_until END
     RETURNING b.waker, b.waker_until
 )

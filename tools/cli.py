@@ -194,8 +194,9 @@ async def cmd_stats(_: argparse.Namespace) -> int:
         buckets = await console_store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
     _out(f"queue      {stats.pending} pending, {stats.running} running")
     _out("last hour")
+    # hour_failed counts cancellations too: the console shows them apart
     _out(f"  stories  {stats.hour_completed} written ({stats.hour_completed / 60:.1f}/min), "
-         f"{stats.hour_failed} jobs failed")
+         f"{stats.hour_failed - stats.hour_cancelled} jobs failed, {stats.hour_cancelled} cancelled")
     _out(f"  billed   {stats.hour_billed_calls} requests, {stats.hour_input_tokens} input + "
          f"{stats.hour_output_tokens} output tokens")
     _out(f"  spend    ${stats.hour_spend_usd}")

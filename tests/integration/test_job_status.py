@@ -12,6 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from api.pacing import DrainStatsCache
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.support.api_client import api_client
 from tests.support.database import count, job_rows
@@ -129,3 +130,13 @@ async def test_a_completed_job_links_its_story(
     story = (await client.get(body["story_url"])).json()
     assert story["text"] == body["story"]["text"] and story["job_id"] == job_id
     assert "a kind giant" in story["text"]
+
+
+async def test_a_poll_reads_the_drain_statistics_on_its_own_connection(
+    database_url: str, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A poll holds its request's connection; the statistics behind its estimate are read on that connection,
+    never on a second one from the same pool (a pool never opened here: any connection taken from it fails)."""
+    unopened = AsyncConnectionPool(database_url, open=False)
+    cache = DrainStatsCache(unopened, timeout_s=0.5)
+    assert await cache.get(conn) is not None

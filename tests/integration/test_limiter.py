@@ -237,6 +237,16 @@ async def test_of_the_workers_held_back_one_wakes_for_the_bucket_and_the_others_
     assert (await _held_back(conn, "w1", 3))[:2] == (0, False)
 
 
+async def test_a_round_that_only_settles_leaves_the_waker_its_role(
+    conn: psycopg.AsyncConnection[Any], pending: int
+) -> None:
+    """The waker's own rounds with no slot to claim with (it settles finished stories while it waits for the
+    bucket) keep its role: the next worker held back is still told to wait for it."""
+    assert (await _held_back(conn, "w1", 10))[1] is True
+    assert (await _held_back(conn, "w1", 0))[:2] == (0, True)
+    assert (await _held_back(conn, "w2", 3))[:2] == (0, False)
+
+
 async def test_a_waker_that_takes_its_last_free_slot_gives_the_role_up(
     conn: psycopg.AsyncConnection[Any], pending: int
 ) -> None:
