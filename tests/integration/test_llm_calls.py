@@ -241,3 +241,17 @@ async def test_a_swept_job_has_its_stream_closed_at_the_next_heartbeat(
 
 async def _no_jobs_held(worker: Coordinator) -> bool:
     return not worker.held_job_ids
+
+
+@pytest.mark.parametrize("plan", [Plan(status=500), Plan(chunks=8, drop_after=3)], ids=["500", "dropped"])
+async def test_a_billed_call_that_did_not_succeed_keeps_the_providers_request_id(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+    provider: FakeAnthropicServer, plan: Plan,
+) -> None:
+    """A 500 before the stream and a stream the connection dropped may both have been billed: their ledger row
+    keeps the provider's request id, the one an operator takes up with the provider."""
+    provider.fake.queue(plan)
+    await _run_one(conn, pool, database_url, _settings(provider, llm_retry_attempts=1))
+    ledger = await _ledger(conn)
+    first = provider.fake.calls[0]
+    assert ledger[0][2] is True and ledger[0][4] == first.request_id, (ledger, first.request_id)
