@@ -89,8 +89,10 @@ def _load(api_url: str, key: str) -> list[int]:
 
     async def run() -> None:
         limit = asyncio.Semaphore(30)
+        # connections idle for less than uvicorn's keep-alive (5 s, httpx's default expiry too): a
+        # connection reused just as the server closes it is a ReadError that says nothing of the api
         async with httpx.AsyncClient(base_url=api_url, timeout=20, headers={"Authorization": f"Bearer {key}"},
-                                     limits=httpx.Limits(max_connections=40)) as client:
+                                     limits=httpx.Limits(max_connections=40, keepalive_expiry=2.0)) as client:
             async def post(n: int) -> str:
                 async with limit:
                     answer = await client.post("/stories/generate", json={"prompt": f"budget #{n}#"},
