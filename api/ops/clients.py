@@ -16,9 +16,8 @@ from litestar.params import JSONBody, PathParameter
 
 from api.deps import ApiState
 from api.ops.guard import Operator
-from api.ops.params import NOT_FOUND
+from api.ops.params import NOT_FOUND, ClientIdPath
 from api.ops.schemas import (
-    BIGINT_MAX,
     Client,
     ClientDay,
     ClientKey,
@@ -74,7 +73,7 @@ async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependen
 async def revoke_client_keys(
     conn: NamedDependency[store.Conn],
     operator: NamedDependency[Operator],
-    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
+    client_id: ClientIdPath,
 ) -> KeysRevoked:
     async with conn.transaction():
         revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
@@ -96,7 +95,7 @@ async def revoke_client_keys(
 async def set_client_weight(
     conn: NamedDependency[store.Conn],
     operator: NamedDependency[Operator],
-    client_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")],
+    client_id: ClientIdPath,
     data: JSONBody[ClientWeight],
 ) -> ClientWeight:
     async with conn.transaction():

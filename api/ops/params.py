@@ -20,6 +20,7 @@ AfterParam = Annotated[datetime | None,
                        Parameter(description="Only jobs created at or after this time (UTC if no zone).")]
 BeforeParam = Annotated[datetime | None, Parameter(description="Only jobs created before this time (UTC if no zone).")]
 JobIdParam = Annotated[str, PathParameter(description="The job's job_id.", schema_extra={"format": OpenAPIFormat.UUID})]
+ClientIdPath = Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="`client_id` of /ops/api/clients.")]
 
 NOT_FOUND = {404: "No such job, client or key."}
 
