@@ -119,8 +119,10 @@ def test_a_worker_killed_during_deliveries_loses_none(system: System, database_u
     """SIGKILL while the receiver holds its requests: another worker sends them all after their leases."""
     key = create_key_sync(database_url, "hooked")
     api = system.api(QUEUE_MAX=100, WEBHOOK_ALLOW_PRIVATE="true")
-    # a lease of WEBHOOK_TIMEOUT_S + 5 s
-    settings = {**WORKER, "WEBHOOK_TIMEOUT_S": 2}
+    # A timeout longer than the jobs take to complete, so the four held
+    # deliveries are still in flight at the kill (a shorter one times them out
+    # and pushes their retries minutes away); their lease is that + 5 s.
+    settings = {**WORKER, "WEBHOOK_TIMEOUT_S": 10}
     worker = system.worker(**settings)
     receiver.answer("hang")
     with _client(api, key) as client:
@@ -131,8 +133,9 @@ def test_a_worker_killed_during_deliveries_loses_none(system: System, database_u
           "the jobs completed")
     _wait(lambda: receiver.hanging == 4, "four deliveries in flight")
     worker.kill()
-    receiver.answer("ok")
+    # checked before the held requests are let go: the receiver then answers them 204, to no one
     assert receiver.deliveries() == []
+    receiver.answer("ok")
     system.worker(**settings)
     _wait(lambda: _scalar(database_url, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'") == 12,
           "every delivery, the leased ones after their lease")
