@@ -28,6 +28,14 @@ log = structlog.get_logger()
 KINDS = ("requests", "input_tokens", "output_tokens")
 
 
+# Requests claimed one after another reach the provider up to about this
+# long out of order (the round's commit, the ledger row, the connection):
+# the bucket holds this much less refill than the provider's, so that the
+# provider's, drained in step with ours, still has it to cover two requests
+# arriving closer together than they were claimed.
+IN_FLIGHT_S = 0.25
+
+
 class RateLimits(msgspec.Struct, frozen=True):
     """Per kind (requests, input tokens, output tokens): the refill rate per
     second and the capacity, or None where no limit is configured."""
@@ -45,23 +53,32 @@ class RateLimits(msgspec.Struct, frozen=True):
     @classmethod
     def from_settings(cls, settings: BaseSettings) -> RateLimits:
         """A minute's limit refills continuously; the bucket holds at most
-        LLM_RATE_BURST_S of refill, since the provider enforces the limit over
+        LLM_RATE_BURST_S of refill (less IN_FLIGHT_S), since the provider enforces the limit over
         shorter intervals too (60 a minute may mean one a second), but never
         less than the largest single job the api accepts needs (up to the
         minute's limit: more is refused at admission, see over_limit), or
         that job could never start."""
-        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX,
-                        "output_tokens": settings.llm_max_tokens}
+        return cls.paced({"requests": settings.llm_requests_per_minute,
+                          "input_tokens": settings.llm_input_tokens_per_minute,
+                          "output_tokens": settings.llm_output_tokens_per_minute},
+                         burst_s=settings.llm_rate_burst_s, max_tokens=settings.llm_max_tokens)
+
+    @classmethod
+    def paced(cls, per_minute_by_kind: Mapping[str, float | None], *, burst_s: float,
+              max_tokens: int) -> RateLimits:
+        """The bucket of each kind with a limit per minute: its rate, and a
+        capacity of ``burst_s`` of refill less IN_FLIGHT_S, though never less
+        than the largest single job needs (up to the minute's limit)."""
+        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX, "output_tokens": max_tokens}
         values: dict[str, float | None] = {}
-        for kind, per_minute in (("requests", settings.llm_requests_per_minute),
-                                 ("input_tokens", settings.llm_input_tokens_per_minute),
-                                 ("output_tokens", settings.llm_output_tokens_per_minute)):
+        for kind in KINDS:
+            per_minute = per_minute_by_kind.get(kind)
             rate = None if per_minute is None else per_minute / 60.0
             values[f"{kind}_rate"] = rate
             values[f"{kind}_capacity"] = (
                 None if per_minute is None or rate is None
-                else max(rate * settings.llm_rate_burst_s, float(min(largest_need[kind], per_minute))))
-        return cls(**values, burst_s=settings.llm_rate_burst_s)
+                else max(rate * (burst_s - IN_FLIGHT_S), float(min(largest_need[kind], per_minute))))
+        return cls(**values, burst_s=burst_s)
 
     def learned(self, view: ProviderView | None, *, max_tokens: int) -> RateLimits:
         """Without a configured limit, the limits the provider's headers
@@ -77,16 +94,7 @@ class RateLimits(msgspec.Struct, frozen=True):
         (per minute, by kind), those."""
         if self.limited or not any(per_minute_by_kind.get(kind) for kind in KINDS):
             return self
-        largest_need = {"requests": 1, "input_tokens": INPUT_TOKENS_ESTIMATE_MAX, "output_tokens": max_tokens}
-        values: dict[str, float | None] = {}
-        for kind in KINDS:
-            per_minute = per_minute_by_kind.get(kind)
-            rate = None if per_minute is None else per_minute / 60.0
-            values[f"{kind}_rate"] = rate
-            values[f"{kind}_capacity"] = (
-                None if per_minute is None or rate is None
-                else max(rate * self.burst_s, float(min(largest_need[kind], per_minute))))
-        return RateLimits(**values, burst_s=self.burst_s)
+        return RateLimits.paced(per_minute_by_kind, burst_s=self.burst_s, max_tokens=max_tokens)
 
     @property
     def limited(self) -> bool:

@@ -571,11 +571,12 @@ async def test_the_overview_shows_todays_budget_and_the_shared_rate_bucket(
     limiter = overview["provider"]["limiter"]
     assert limiter["model"] == "claude-sonnet-5-5" and 15 < limiter["paused_s"] <= 20
     assert limiter["input_tokens"] is None
-    assert limiter["requests"] == {"available": 3.0, "capacity": 5.0, "per_minute": 60.0}
-    assert limiter["output_tokens"] == {"available": 100.0, "capacity": 5000.0, "per_minute": 60_000.0}
+    # capacity: LLM_RATE_BURST_S (5 s) of refill less IN_FLIGHT_S (a quarter second)
+    assert limiter["requests"] == {"available": 3.0, "capacity": 4.75, "per_minute": 60.0}
+    assert limiter["output_tokens"] == {"available": 100.0, "capacity": 4750.0, "per_minute": 60_000.0}
     # a second and more of refill at 1 request and 1,000 tokens a second; an hour's, capped at capacity
     assert refilled["requests"]["available"] >= 4 and refilled["output_tokens"]["available"] >= 1100
-    assert full["requests"]["available"] == 5 and full["output_tokens"]["available"] == 5000
+    assert full["requests"]["available"] == 4.75 and full["output_tokens"]["available"] == 4750
 
 
 async def test_an_operator_sets_a_clients_weight_and_the_list_shows_it(

@@ -146,7 +146,8 @@ def test_the_overview_shows_what_the_database_holds(
     assert page.locator("#budget-today").inner_text() == "$1.50 spent + $0.2500 reserved of $4.00: $2.25 left"
     assert page.locator("#writers-now").inner_text() == "anthropic"
     expect(page.locator("#offline-note")).to_be_hidden()
-    assert page.locator("#limiter-now").inner_text() == "claude-sonnet-5-5: requests 5 of 5 (60/min)"
+    # whole requests of a bucket of 4.75 s of refill (5 s less the quarter second kept for requests in flight)
+    assert page.locator("#limiter-now").inner_text() == "claude-sonnet-5-5: requests 4 of 4 (60/min)"
 
     def finished(status: str, interval: str, extra: str = "") -> int:
         return int(scalar(database_url, f"SELECT count(*) FROM story_jobs WHERE status = '{status}' {extra} "  # noqa: S608

@@ -13,10 +13,10 @@ from shared.ratelimit import LimiterState, ProviderView, RateLimits, claim_param
 
 
 def test_a_minutes_limit_becomes_a_rate_and_a_burst_of_a_few_seconds() -> None:
-    """120 requests a minute refill at 2 a second into a bucket of LLM_RATE_BURST_S (5 s) of them; an
-    unset limit is none."""
+    """120 requests a minute refill at 2 a second into a bucket of LLM_RATE_BURST_S (5 s) of them, less
+    the quarter second kept for requests in flight; an unset limit is none."""
     limits = RateLimits.from_settings(WorkerSettings(llm_requests_per_minute=120, metrics_port=0))
-    assert (limits.requests_rate, limits.requests_capacity) == (2.0, 10.0)
+    assert (limits.requests_rate, limits.requests_capacity) == (2.0, 9.5)
     assert limits.output_tokens_rate is None and limits.output_tokens_capacity is None
     assert limits.limited and not RateLimits.from_settings(WorkerSettings(metrics_port=0)).limited
 
