@@ -23,10 +23,7 @@ class KeyAuth(msgspec.Struct, frozen=True):
     revoked: bool
 
 
-class IdempotentLookup(msgspec.Struct, frozen=True):
-    client_id: int
-    key_hash: bytes
-    revoked: bool
+class IdempotentLookup(KeyAuth, frozen=True):
     public_id: uuid.UUID | None
     status: JobStatus | None
     request_fingerprint: bytes | None
@@ -79,12 +76,9 @@ class StoryRow(msgspec.Struct, frozen=True):
     created_at: datetime
 
 
-class JobView(msgspec.Struct, frozen=True):
+class JobView(KeyAuth, frozen=True):
     """GET /stories/jobs/{id}: the key's client and, if it is theirs, the job."""
 
-    client_id: int
-    key_hash: bytes
-    revoked: bool
     public_id: uuid.UUID | None
     status: JobStatus | None
     error_code: ErrorCode | None
@@ -105,12 +99,9 @@ class CancelResult(msgspec.Struct, frozen=True):
     cancelled: bool
 
 
-class StoryView(msgspec.Struct, frozen=True):
+class StoryView(KeyAuth, frozen=True):
     """GET /stories/{id}: the key's client and, if it is theirs, the story."""
 
-    client_id: int
-    key_hash: bytes
-    revoked: bool
     story: StoryRow | None
 
 
@@ -487,10 +478,12 @@ class WebhookEndpointAdminRow(msgspec.Struct, frozen=True):
 
 
 class WebhookDeliveryRow(msgspec.Struct, frozen=True):
+    """A delivery and its last attempt (CLI, console)."""
+
     id: int
     endpoint_id: uuid.UUID
     url: str
-    job_public_id: uuid.UUID
+    job_id: uuid.UUID
     job_status: str
     error_code: str | None
     state: str

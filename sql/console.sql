@@ -362,7 +362,7 @@ ORDER BY c.name, e.created_at, e.id;
 -- name: webhook_delivery_list
 -- `storyjobs webhooks deliveries` and the console: the last deliveries,
 -- newest first, of one endpoint or all, in one state or any.
-SELECT d.id, d.endpoint_id, e.url, d.job_public_id, d.job_status::text AS job_status, d.error_code,
+SELECT d.id, d.endpoint_id, e.url, d.job_public_id AS job_id, d.job_status::text AS job_status, d.error_code,
        d.state, d.attempts, d.created_at, d.next_attempt_at, d.last_attempt_at, d.last_status_code,
        d.last_error, d.delivered_at
 FROM webhook_deliveries d JOIN webhook_endpoints e ON e.id = d.endpoint_id

@@ -252,7 +252,7 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
          "ERROR")
     for row in rows:
         event = webhooks.event_of(row.job_status, row.error_code)
-        _out(f"{row.id:>8}  {row.job_public_id!s:<36}  {event:<13} {row.state:<9} {row.attempts:>5} "
+        _out(f"{row.id:>8}  {row.job_id!s:<36}  {event:<13} {row.state:<9} {row.attempts:>5} "
              f"{row.last_status_code or '-':>4} {_when(row.last_attempt_at):<25} {row.last_error or '-'}")
     return 0
 

@@ -20,7 +20,6 @@ from api.ops.params import NOT_FOUND, ClientIdPath
 from api.ops.schemas import (
     Client,
     ClientDay,
-    ClientKey,
     Clients,
     ClientWeight,
     KeysRevoked,
@@ -56,8 +55,7 @@ async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependen
 
     return Clients(clients=[
         Client(client_id=row.client_id, name=row.name, created_at=row.created_at,
-               keys=[ClientKey(key_prefix=key.key_prefix, created_at=key.created_at, revoked_at=key.revoked_at)
-                     for key in row.keys],
+               keys=row.keys,
                today=today(row.client_id, row.budget_usd_per_day), weight=row.weight)
         for row in rows
     ])

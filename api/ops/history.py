@@ -73,12 +73,15 @@ def _history(rows: list[RollupMinuteRow], range_: str, now: datetime) -> History
         buckets=[HistoryBucket(
             at=start, completed=b["completed"], failed=b["failed"], cancelled=b["cancelled"], spend_usd=usd(b["spend"]),
             rate_limited=b["rate_limited"], pending_max=b["pending_max"], running_max=b["running_max"],
-            wait_p50_s=_percentile(b["wait"], 0.5), wait_p95_s=_percentile(b["wait"], 0.95),
-            run_p50_s=_percentile(b["run"], 0.5), run_p95_s=_percentile(b["run"], 0.95),
+            **_percentiles(b["wait"], b["run"]),
         ) for start, b in zip(starts, sums, strict=True)],
-        totals=Percentiles(wait_p50_s=_percentile(wait_all, 0.5), wait_p95_s=_percentile(wait_all, 0.95),
-                           run_p50_s=_percentile(run_all, 0.5), run_p95_s=_percentile(run_all, 0.95)),
+        totals=Percentiles(**_percentiles(wait_all, run_all)),
     )
+
+
+def _percentiles(wait_counts: list[int], run_counts: list[int]) -> dict[str, float | None]:
+    return {"wait_p50_s": _percentile(wait_counts, 0.5), "wait_p95_s": _percentile(wait_counts, 0.95),
+            "run_p50_s": _percentile(run_counts, 0.5), "run_p95_s": _percentile(run_counts, 0.95)}
 
 
 @get(

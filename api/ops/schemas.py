@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from shared.rows import LlmCallRow
+from shared.rows import LlmCallRow, OpsClientKey, WebhookDeliveryRow, WebhookEndpointAdminRow
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
 _MICRO_USD = Decimal("0.000001")
@@ -144,7 +144,16 @@ class Overview(msgspec.Struct, frozen=True):
                     "built-in offline writer, whose stories are demo text and cost nothing.")] = []
 
 
-class HistoryBucket(msgspec.Struct, frozen=True):
+class Percentiles(msgspec.Struct, frozen=True):
+    """Wait and run time percentiles, each to the upper bound of its rollup bucket; null: no job."""
+
+    wait_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs claimed: time from creation to claim.")] | None
+    wait_p95_s: float | None
+    run_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs completed: time from claim to end.")] | None
+    run_p95_s: float | None
+
+
+class HistoryBucket(Percentiles, frozen=True):
     """A stretch of the history (bucket_minutes long) from the sweeper's rollup."""
 
     at: Annotated[datetime, msgspec.Meta(description="Its start.")]
@@ -155,18 +164,6 @@ class HistoryBucket(msgspec.Struct, frozen=True):
     rate_limited: Annotated[int, msgspec.Meta(ge=0, description="The provider's 429 answers.")]
     pending_max: Annotated[int, msgspec.Meta(ge=0, description="The most pending jobs a sweeper pass saw.")]
     running_max: Count
-    wait_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs claimed: time from creation to claim, "
-                                                          "to the upper bound of its bucket.")] | None
-    wait_p95_s: float | None
-    run_p50_s: Annotated[float, msgspec.Meta(description="Of the jobs completed: time from claim to end.")] | None
-    run_p95_s: float | None
-
-
-class Percentiles(msgspec.Struct, frozen=True):
-    wait_p50_s: float | None
-    wait_p95_s: float | None
-    run_p50_s: float | None
-    run_p95_s: float | None
 
 
 class History(msgspec.Struct, frozen=True):
@@ -300,12 +297,6 @@ class PendingCancelled(msgspec.Struct, frozen=True):
     job_ids: list[uuid.UUID]
 
 
-class ClientKey(msgspec.Struct, frozen=True):
-    key_prefix: str
-    created_at: datetime
-    revoked_at: datetime | None
-
-
 class ClientDay(msgspec.Struct, frozen=True):
     """A client's day (UTC): its spend against its budget, its jobs created today and their failures."""
 
@@ -321,7 +312,7 @@ class Client(msgspec.Struct, frozen=True):
     client_id: int
     name: str
     created_at: datetime
-    keys: list[ClientKey]
+    keys: list[OpsClientKey]
     today: ClientDay | None = None
     weight: Annotated[int, msgspec.Meta(
         description="The client's share of the workers: its jobs are claimed `weight` to a weight-1 client's one "
@@ -369,33 +360,13 @@ class OperatorActions(msgspec.Struct, frozen=True):
 # -- webhooks ------------------------------------------------------------------------
 
 
-class OpsDelivery(msgspec.Struct, frozen=True):
-    id: int
-    job_id: uuid.UUID
-    job_status: str
-    error_code: str | None
-    # pending (waiting or in flight), delivered, dead
-    state: str
-    attempts: int
-    created_at: datetime
-    next_attempt_at: datetime
-    last_attempt_at: datetime | None
-    last_status_code: int | None
-    last_error: str | None
-    delivered_at: datetime | None
+class OpsDelivery(WebhookDeliveryRow, frozen=True):
+    """A delivery: pending (waiting or in flight), delivered or dead."""
 
 
-class OpsEndpoint(msgspec.Struct, frozen=True):
-    id: uuid.UUID
-    client_id: int
-    client_name: str
-    url: str
-    events: list[str]
-    created_at: datetime
-    disabled_at: datetime | None
-    failing_since: datetime | None
-    pending: int
-    dead: int
+class OpsEndpoint(WebhookEndpointAdminRow, frozen=True):
+    """An endpoint, its deliveries by state, and its last deliveries."""
+
     last_deliveries: list[OpsDelivery]
 
 

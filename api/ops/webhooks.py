@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated
 
+import msgspec
 import structlog
 from litestar import get, post
 from litestar.di import NamedDependency
@@ -30,15 +31,8 @@ async def ops_list_endpoints(conn: NamedDependency[store.Conn], client_id: Clien
     found = []
     for row in rows:
         deliveries = await store.webhook_delivery_list(conn, endpoint_id=row.id, limit=LAST_DELIVERIES)
-        found.append(OpsEndpoint(
-            id=row.id, client_id=row.client_id, client_name=row.client_name, url=row.url, events=row.events,
-            created_at=row.created_at, disabled_at=row.disabled_at, failing_since=row.failing_since,
-            pending=row.pending, dead=row.dead,
-            last_deliveries=[OpsDelivery(
-                id=d.id, job_id=d.job_public_id, job_status=d.job_status, error_code=d.error_code,
-                state=d.state, attempts=d.attempts, created_at=d.created_at, next_attempt_at=d.next_attempt_at,
-                last_attempt_at=d.last_attempt_at, last_status_code=d.last_status_code,
-                last_error=d.last_error, delivered_at=d.delivered_at) for d in deliveries]))
+        found.append(OpsEndpoint(**msgspec.structs.asdict(row), last_deliveries=[
+            OpsDelivery(**msgspec.structs.asdict(d)) for d in deliveries]))
     return OpsEndpoints(endpoints=found)
 
 
