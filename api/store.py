@@ -13,7 +13,6 @@ import msgspec
 from shared.queries import QUERIES as Q
 from shared.rows import (
     Admission,
-    CancelResult,
     DrainStats,
     EnqueueResult,
     IdempotentLookup,
@@ -23,13 +22,15 @@ from shared.rows import (
 )
 from shared.store import (
     Conn,
-    cancel_with_ledger,
     fetch_all,
     fetch_one,
     fetch_scalars,
     jsonb,
     struct_row,
 )
+
+# the cancellation is one statement for the client's DELETE and the console's
+from shared.store import job_cancel as job_cancel
 
 # pg_advisory_xact_lock key for admissions: any constant unique to storyjobs
 ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
@@ -84,13 +85,6 @@ async def job_insert_if_admitted(
 
 async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
     return await fetch_one(conn, JobView, "job_get_for_key", {"key_prefix": key_prefix, "job_id": job_id})
-
-
-async def job_cancel(conn: Conn, *, client_id: int, job_id: uuid.UUID) -> CancelResult | None:
-    """pending or running -> failed (cancelled), and the ledger row of a call
-    left open closed, in one transaction sent as one round trip. None: no
-    such job for this client."""
-    return await cancel_with_ledger(conn, "job_cancel", {"client_id": client_id, "job_id": job_id})
 
 
 async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:

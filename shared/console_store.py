@@ -42,7 +42,7 @@ from shared.rows import (
 # runs.
 from shared.store import Conn as Conn
 from shared.store import budget_days_today as budget_days_today
-from shared.store import cancel_with_ledger, fetch_all, fetch_one, fetch_scalars, jsonb
+from shared.store import fetch_all, fetch_one, fetch_scalars, job_cancel, jsonb
 from shared.store import job_id_bounds as job_id_bounds
 
 # a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
@@ -121,7 +121,7 @@ async def ops_job_cancel(conn: Conn, *, job_id: uuid.UUID) -> CancelResult | Non
     """An operator's cancellation, whoever's the job: as job_cancel, the
     ledger row of a call left open closed in the same transaction. None: no
     such job."""
-    return await cancel_with_ledger(conn, "ops_job_cancel", {"job_id": job_id, "client_id": None})
+    return await job_cancel(conn, client_id=None, job_id=job_id)
 
 
 async def ops_job_count_pending(conn: Conn, *, filters: JobFilter) -> PendingCount:

@@ -17,6 +17,7 @@ race, which the caller logs and counts, never raises.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 from decimal import Decimal
@@ -85,14 +86,15 @@ def jsonb(value: object) -> Jsonb:
     return Jsonb(value, dumps=_json_encoder.encode)
 
 
-async def cancel_with_ledger(conn: Conn, query: str, params: dict[str, Any]) -> CancelResult | None:
-    """Runs a cancellation (a client's or an operator's) and closes the ledger
-    row of a call the job left open, in one transaction sent as one round
-    trip."""
+async def job_cancel(conn: Conn, *, client_id: int | None, job_id: uuid.UUID) -> CancelResult | None:
+    """A cancellation, a client's (its client_id) or an operator's (None,
+    whoever's the job): pending or running -> failed (cancelled), and the
+    ledger row of a call the job left open closed, in one transaction sent as
+    one round trip. None: no such job (for this client)."""
     async with conn.pipeline(), conn.transaction():
         cur = conn.cursor(row_factory=struct_row(CancelResult))
-        await cur.execute(Q[query], params)
-        await conn.execute(Q["llm_call_close_for_cancelled_job"], params)
+        await cur.execute(Q["job_cancel"], {"client_id": client_id, "job_id": job_id})
+        await conn.execute(Q["llm_call_close_for_ended_jobs"], {"client_id": client_id, "job_ids": [job_id]})
     return await cur.fetchone()
 
 

@@ -265,28 +265,6 @@ LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
 WHERE k.key_prefix = %(key_prefix)s;
 
--- name: job_cancel
--- DELETE /stories/jobs/{job_id}: pending or running -> failed (cancelled).
--- A running job's worker sees the change at its next heartbeat and closes
--- its stream. The snapshot row tells the caller why nothing changed.
-WITH job AS (
-    SELECT id, status FROM story_jobs
-    WHERE public_id = %(job_id)s AND client_id = %(client_id)s
-),
-cancelled AS (
-    UPDATE story_jobs j
-    SET status = 'failed', error_code = 'cancelled',
-        error_text = 'cancelled by the client', completed_at = now(),
-        -- a running job's call may have cost up to its worst case; its worker
-        -- brings the charge down to the real cost when it closes the stream
-        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
-    FROM job
-    WHERE j.id = job.id AND j.status IN ('pending', 'running')
-    RETURNING j.id
-)
-SELECT job.status AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
-FROM job;
-
 -- name: story_get_for_key
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        CASE WHEN s.id IS NOT NULL THEN json_build_object(

@@ -85,19 +85,48 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked
 FROM api_keys k
 WHERE k.key_prefix = %(key_prefix)s;
 
--- name: llm_call_close_for_cancelled_job
--- Second statement of a cancellation (a client's, or an operator's with no
--- client_id), in its transaction: closes the ledger
--- row of a call that was open when the job was cancelled, as interrupted
--- (assumed billed; a live worker overwrites it with what it knows when it
--- closes the stream). A statement of its own, because its snapshot must see
--- a retry's row opened while the cancellation waited for the job's row lock
--- (llm_call_start holds it while it opens one).
+-- name: job_cancel
+-- A cancellation: DELETE /stories/jobs/{job_id} (the client's own job,
+-- %(client_id)s) or an operator's (NULL: whoever's the job). pending or
+-- running -> failed (cancelled). A running job's call may have cost up to
+-- its worst case: it is charged that, and its worker, which sees the change
+-- at its next heartbeat and closes its stream, brings the charge down to the
+-- real cost. The snapshot row tells the caller why nothing changed; no row:
+-- no such job (for this client).
+WITH job AS (
+    SELECT id, status FROM story_jobs
+    WHERE public_id = %(job_id)s AND (%(client_id)s::bigint IS NULL OR client_id = %(client_id)s::bigint)
+),
+cancelled AS (
+    UPDATE story_jobs j
+    SET status = 'failed', error_code = 'cancelled', completed_at = now(),
+        error_text = CASE WHEN %(client_id)s::bigint IS NULL THEN 'cancelled by an operator'
+                          ELSE 'cancelled by the client' END,
+        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
+    FROM job
+    WHERE j.id = job.id AND j.status IN ('pending', 'running')
+    RETURNING j.id
+)
+SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job;
+
+-- name: llm_call_close_for_ended_jobs
+-- Second statement of a cancellation (job_cancel) or of a sweep batch
+-- (job_fail_stale), in its transaction: the ledger row of a call that was
+-- open when the job was ended by someone else than its worker is closed as
+-- interrupted, and keeps counting as billed, since it may have been. A live
+-- worker overwrites it with what it knows when it closes the stream; a dead
+-- one never reports. A statement of its own, because its snapshot must see
+-- a retry's row opened while the ending statement waited for the job's row
+-- lock (llm_call_start holds it while it opens one). %(client_id)s: the
+-- cancelling client's, so that it reaches no other client's job; NULL for
+-- an operator or the sweeper.
 UPDATE llm_calls c
 SET finished_at = now(), outcome = 'interrupted',
-    error_text = 'the job was cancelled while this call was open'
+    error_text = CASE j.error_code WHEN 'cancelled' THEN 'the job was cancelled while this call was open'
+                 ELSE 'the job was failed by the sweeper (' || j.error_code || ') while this call was open' END
 FROM story_jobs j
-WHERE j.public_id = %(job_id)s AND j.status = 'failed'
+WHERE j.public_id = ANY (%(job_ids)s::uuid[]) AND j.status = 'failed'
   AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
   AND c.job_id = j.id AND c.outcome = 'started';
 

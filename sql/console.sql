@@ -127,26 +127,6 @@ LEFT JOIN api_clients c ON c.id = j.client_id
 LEFT JOIN stories s ON s.job_id = j.id
 WHERE j.public_id = %(job_id)s;
 
--- name: ops_job_cancel
--- An operator cancels one job, whoever's it is: pending or running ->
--- failed (cancelled), guarded like the client's DELETE. A running job's
--- worker sees the change at its next heartbeat and closes its stream. The
--- snapshot row tells the caller why nothing changed; no row: no such job.
-WITH job AS (
-    SELECT id, status FROM story_jobs WHERE public_id = %(job_id)s
-),
-cancelled AS (
-    UPDATE story_jobs j
-    SET status = 'failed', error_code = 'cancelled',
-        error_text = 'cancelled by an operator', completed_at = now(),
-        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
-    FROM job
-    WHERE j.id = job.id AND j.status IN ('pending', 'running')
-    RETURNING j.id
-)
-SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
-FROM job;
-
 -- name: ops_job_count_pending
 -- What cancelling the pending jobs matching a filter would cancel: how many,
 -- and the highest id among them, which the operator's confirmation carries

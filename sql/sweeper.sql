@@ -55,19 +55,6 @@ FROM stale, now_
 WHERE j.id = stale.id AND j.status IN ('pending', 'running')
 RETURNING j.id, j.public_id, stale.reason, j.worker_id;
 
--- name: llm_call_close_for_swept_jobs
--- Second statement of a sweep batch, in its transaction: a call whose worker
--- died never reports how it ended, so close it as interrupted and keep
--- counting it as billed, since it may have been. A live worker that lost its
--- job this way overwrites this with what it knows. A statement of its own, so
--- that its snapshot sees a retry's row opened while the sweep waited.
-UPDATE llm_calls c
-SET finished_at = now(), outcome = 'interrupted',
-    error_text = 'the job was failed by the sweeper (' || j.error_code || ') while this call was open'
-FROM story_jobs j
-WHERE j.id = ANY (%(job_ids)s::bigint[]) AND j.status = 'failed'
-  AND c.job_id = j.id AND c.outcome = 'started';
-
 -- name: transaction_lock_timeout_set
 -- How long the statements of this transaction may wait for a lock before
 -- they fail (SET LOCAL: nothing outlives the transaction, so this is safe on

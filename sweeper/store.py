@@ -62,7 +62,8 @@ async def job_fail_stale(
             },
         )
         if swept:
-            await conn.execute(Q["llm_call_close_for_swept_jobs"], {"job_ids": [job.id for job in swept]})
+            await conn.execute(Q["llm_call_close_for_ended_jobs"],
+                               {"job_ids": [job.public_id for job in swept], "client_id": None})
     return swept
 
 
