@@ -1,7 +1,7 @@
 """How Litestar resolves the api's dependencies: the ``conn`` dependency
 enters its deadline (an asyncio.timeout, bound to the task that enters it) in
 the request's own task, never in a task group beside another dependency; and
-the poll resolves without a task group at all (one costs a fifth of it)."""
+the poll resolves none at all (they cost a fifth of it)."""
 
 from __future__ import annotations
 
@@ -34,6 +34,6 @@ def test_conn_is_resolved_alone_in_its_batch_on_every_route() -> None:
     assert shared == {}
 
 
-def test_the_poll_resolves_its_dependencies_one_after_the_other() -> None:
-    """GET /stories/jobs/{job_id} resolves api_state, api_key and conn in a chain, with no task group."""
-    assert _batches()[("GET", "/stories/jobs/{job_id:str}")] == [{"api_state"}, {"api_key"}, {"conn"}]
+def test_the_poll_resolves_no_dependency() -> None:
+    """GET /stories/jobs/{job_id} opens its connection itself: no dependency, no task group, no cleanup group."""
+    assert _batches()[("GET", "/stories/jobs/{job_id:str}")] == []
