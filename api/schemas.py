@@ -22,17 +22,22 @@ class JobError(msgspec.Struct, frozen=True):
     message: str
 
 
-class Story(msgspec.Struct, frozen=True):
-    """A written story: in a completed job's state, and at GET /stories/{story_id}."""
+class WrittenStory(msgspec.Struct, frozen=True):
+    """A story as it was written: its text and what writing it took."""
 
     story_id: uuid.UUID
-    job_id: uuid.UUID
     title: str
     text: str
     model: str
     prompt_version: str
     input_tokens: int
     output_tokens: int
+
+
+class Story(WrittenStory, frozen=True):
+    """A written story: in a completed job's state, and at GET /stories/{story_id}."""
+
+    job_id: uuid.UUID
     cost_usd: Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
     created_at: datetime
 

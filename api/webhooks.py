@@ -55,20 +55,12 @@ class EndpointCreate(msgspec.Struct, frozen=True, forbid_unknown_fields=True):
     events: Annotated[list[Event], msgspec.Meta(min_length=1, max_length=len(webhooks.EVENTS))] | None = None
 
 
-class Endpoint(msgspec.Struct, frozen=True):
-    id: uuid.UUID
-    url: str
-    events: list[str]
-    created_at: datetime
-    # it answered 410 Gone: nothing more is sent to it
-    disabled_at: datetime | None
-    # a delivery ran out of retries; cleared by the next success
-    failing_since: datetime | None
+class Endpoint(WebhookEndpointRow, frozen=True):
+    """A webhook endpoint, without its secret."""
 
     @classmethod
     def of(cls, row: WebhookEndpointRow) -> Endpoint:
-        return cls(id=row.id, url=row.url, events=row.events, created_at=row.created_at,
-                   disabled_at=row.disabled_at, failing_since=row.failing_since)
+        return cls(**msgspec.structs.asdict(row))
 
 
 class EndpointWithSecret(msgspec.Struct, frozen=True):

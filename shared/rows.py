@@ -431,7 +431,9 @@ class WebhookEndpointRow(msgspec.Struct, frozen=True):
     url: str
     events: list[str]
     created_at: datetime
+    # it answered 410 Gone: nothing more is sent to it
     disabled_at: datetime | None
+    # a delivery ran out of retries; cleared by the next success
     failing_since: datetime | None
 
 
@@ -462,17 +464,11 @@ class WebhookDeliveryGauges(msgspec.Struct, frozen=True):
     oldest_undelivered_age_seconds: float
 
 
-class WebhookEndpointAdminRow(msgspec.Struct, frozen=True):
+class WebhookEndpointAdminRow(WebhookEndpointRow, frozen=True):
     """An endpoint with its client and its deliveries by state (CLI, console)."""
 
-    id: uuid.UUID
     client_id: int
     client_name: str
-    url: str
-    events: list[str]
-    created_at: datetime
-    disabled_at: datetime | None
-    failing_since: datetime | None
     pending: int
     dead: int
 

@@ -16,6 +16,7 @@ from typing import Annotated, Any
 
 import msgspec
 
+from api.schemas import WrittenStory
 from shared.rows import LlmCallRow, OpsClientKey, WebhookDeliveryRow, WebhookEndpointAdminRow
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
@@ -235,14 +236,7 @@ class JobErrorDetail(msgspec.Struct, frozen=True):
     message: str
 
 
-class JobStory(msgspec.Struct, frozen=True):
-    story_id: uuid.UUID
-    title: str
-    text: str
-    model: str
-    prompt_version: str
-    input_tokens: int
-    output_tokens: int
+class JobStory(WrittenStory, frozen=True):
     cost_usd: Usd
     delivered: Annotated[bool, msgspec.Meta(
         description="False when the job failed after the story was written (and paid for).")]
