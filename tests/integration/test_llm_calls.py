@@ -233,8 +233,10 @@ async def test_a_swept_job_has_its_stream_closed_at_the_next_heartbeat(
     assert provider.fake.calls[0].chunks_sent < 200
     (job,) = await job_rows(conn)
     assert job.status == "failed" and job.story_id is None
-    ((attempt, outcome, billed, output_tokens, _),) = await _ledger(conn)
+    ((attempt, outcome, billed, output_tokens, request_id),) = await _ledger(conn)
     assert (attempt, outcome, billed) == (1, "stopped", True) and output_tokens > 0
+    # the stream was stopped, not answered: its request id is still the one to take up with the provider
+    assert request_id == provider.fake.calls[0].request_id
     assert any(e["event"] == "job.lost_ownership" for e in logs)
     assert not any(e["event"] in ("job.completed", "job.lost_race") for e in logs)
 
@@ -243,15 +245,17 @@ async def _no_jobs_held(worker: Coordinator) -> bool:
     return not worker.held_job_ids
 
 
-@pytest.mark.parametrize("plan", [Plan(status=500), Plan(chunks=8, drop_after=3)], ids=["500", "dropped"])
+@pytest.mark.parametrize("plan", [Plan(status=500), Plan(chunks=8, drop_after=3),
+                                  Plan(chunks=6, stall_after=2, stall_s=30)], ids=["500", "dropped", "stalled"])
 async def test_a_billed_call_that_did_not_succeed_keeps_the_providers_request_id(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
     provider: FakeAnthropicServer, plan: Plan,
 ) -> None:
-    """A 500 before the stream and a stream the connection dropped may both have been billed: their ledger row
-    keeps the provider's request id, the one an operator takes up with the provider."""
+    """A 500 before the stream, a stream the connection dropped and one that stalled past the read timeout
+    may all have been billed: their ledger row keeps the provider's request id, the one an operator takes up
+    with the provider."""
     provider.fake.queue(plan)
-    await _run_one(conn, pool, database_url, _settings(provider, llm_retry_attempts=1))
+    await _run_one(conn, pool, database_url, _settings(provider, llm_retry_attempts=1, llm_read_timeout_s=0.5))
     ledger = await _ledger(conn)
     first = provider.fake.calls[0]
     assert ledger[0][2] is True and ledger[0][4] == first.request_id, (ledger, first.request_id)
