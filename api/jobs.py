@@ -248,8 +248,8 @@ def _job_state(view: JobView, remaining_s: float | None) -> JobState:
 async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
     # The hottest path takes no dependency: it opens its connection itself,
     # under the same deadline (api.deps.database), since Litestar's generator
-    # dependency and the copy of the app's state it resolves cost about a
-    # fifth of a poll (tests/bench/poll.py).
+    # dependency and the copy of the app's state it resolves cost 40 of the
+    # 300 us of CPU a poll took (measured in-process, min of 30 x 500 polls).
     api_state = provide_api_state(request.app.state)
     api_key = provide_api_key(request, api_state)
     async with database(api_state) as conn:
