@@ -8,62 +8,101 @@
 -- name: job_settle_ctes
 -- The first half of the worker's round statement (job_settle_and_claim and
 -- job_settle_and_claim_limited include it): complete the jobs whose stories
--- are written (story insert, ledger update and running -> completed, guarded
--- by status and worker_id).
+-- are written, through job_end_ctes, their stories inserted.
 --
 -- A story is inserted even when its job lost the race to the sweeper: it was
--- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless.
+-- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless:
+-- a story already there was inserted by the earlier commit of this
+-- statement, which also ended its job (a job's story is written nowhere
+-- else, and a job that is no longer running never runs again), so the job
+-- is not running and job_end_ctes leaves it, and the id made here for the
+-- story not inserted, as they are.
 --
 -- The written stories arrive as one JSON array: one parameter to encode,
--- however many stories the round carries. Rows are reached by id through
--- `id = ANY (ARRAY(...))`, an index lookup whatever the planner guesses of
--- how many there are: the statement is prepared once and runs on a generic
--- plan, and a guess of "10 % of the table" must not turn a lookup into a scan.
--- `done` is sorted by job id: every statement that waits for several job
--- rows (this one, job_fail_running, job_heartbeat, the console's bulk cancel)
--- locks them in ascending id order, so that two of them (a worker's heartbeat
--- and its round, on two pooled connections) queue instead of deadlocking.
-done AS MATERIALIZED (
-    SELECT * FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
+-- however many stories the round carries.
+ending AS MATERIALIZED (
+    SELECT d.job_id, d.attempt, 'completed'::job_status AS status, gen_random_uuid() AS story_id,
+           NULL::text AS error_code, NULL::text AS error_text, 'succeeded' AS call_outcome, true AS billed,
+           d.input_tokens, d.output_tokens, d.cost_usd, d.request_id,
+           d.client_id, d.title, d.body, d.model, d.prompt_version
+    FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
         job_id bigint, client_id bigint, attempt smallint, title text, body text, model text,
         prompt_version text, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
-    ORDER BY job_id
+    ORDER BY d.job_id
 ),
 stories_inserted AS (
-    INSERT INTO stories (job_id, client_id, title, body, model, prompt_version,
+    INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version,
                          input_tokens, output_tokens, cost_usd)
-    SELECT job_id, client_id, title, body, model, prompt_version,
+    SELECT story_id, job_id, client_id, title, body, model, prompt_version,
            input_tokens, output_tokens, cost_usd
-    FROM done
+    FROM ending
     ON CONFLICT (job_id) DO NOTHING
-    RETURNING id, job_id
 ),
-calls_finished AS (
+-- include: job_end_ctes
+
+-- name: job_end_ctes
+-- The one definition of how a worker ends the jobs it holds, for the round's
+-- completions (job_settle_ctes) and for its failures (job_fail_running):
+-- from `ending` (one row a job, sorted by job id: the attempt it sent last,
+-- the status it goes to, its story or its error, what the call cost and
+-- whether it was billed), the ledger rows closed, the job running ->
+-- completed or failed, guarded by status and worker_id, and what the claim
+-- reserved and the call did not use, for the rate bucket.
+--
+-- The attempt named is the last one the worker could have sent (it sends an
+-- attempt only once its row is open): a later row, opened by a retry whose
+-- answer was lost, is closed as not sent. The ledger row is closed even when
+-- the job lost the race to the sweeper or a cancel: it records what was sent.
+--
+-- Rows are reached by id through `id = ANY (ARRAY(...))`, an index lookup
+-- whatever the planner guesses of how many there are: these statements are
+-- prepared once and run on a generic plan, and a guess of "10 % of the
+-- table" must not turn a lookup into a scan. Every statement that waits for
+-- several job rows (these, job_heartbeat, the console's bulk cancel) locks
+-- them in ascending id order, so that two of them (a worker's heartbeat and
+-- its round, on two pooled connections) queue instead of deadlocking.
+calls_closed AS (
     UPDATE llm_calls c
-    SET finished_at = now(), outcome = 'succeeded',
-        input_tokens = done.input_tokens, output_tokens = done.output_tokens,
-        cost_usd = done.cost_usd, request_id = done.request_id
-    FROM done
-    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM done))
-      AND c.job_id = done.job_id AND c.attempt = done.attempt
+    SET finished_at = now(),
+        outcome = CASE WHEN c.attempt = ending.attempt THEN ending.call_outcome ELSE 'not_sent' END,
+        billed = c.attempt = ending.attempt AND ending.billed,
+        input_tokens = CASE WHEN c.attempt = ending.attempt THEN ending.input_tokens ELSE 0 END,
+        output_tokens = CASE WHEN c.attempt = ending.attempt THEN ending.output_tokens ELSE 0 END,
+        cost_usd = CASE WHEN c.attempt = ending.attempt THEN ending.cost_usd ELSE 0 END,
+        request_id = CASE WHEN c.attempt = ending.attempt THEN coalesce(ending.request_id, c.request_id) END,
+        error_text = ending.error_text
+    FROM ending
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM ending))
+      AND c.job_id = ending.job_id
+      AND (c.attempt = ending.attempt OR (c.attempt > ending.attempt AND c.outcome IN ('started', 'interrupted')))
 ),
-completed AS (
+ended AS (
     UPDATE story_jobs j
-    SET status = 'completed', completed_at = now(), story_id = s.id,
-        progress = done.output_tokens, charged_usd = done.cost_usd
-    FROM done JOIN stories_inserted s ON s.job_id = done.job_id
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done)) AND j.id = done.job_id
+    SET status = ending.status, completed_at = now(), story_id = ending.story_id,
+        error_code = ending.error_code, error_text = ending.error_text, progress = ending.output_tokens,
+        charged_usd = CASE WHEN ending.billed THEN ending.cost_usd ELSE 0 END
+    FROM ending
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending)) AND j.id = ending.job_id
       AND j.status = 'running' AND j.worker_id = %(worker_id)s
     RETURNING j.id,
-              -- what the claim reserved and the call did not use, given back
-              coalesce(j.input_tokens_estimate, 0) - done.input_tokens AS input_tokens_back,
-              coalesce(j.max_tokens, 0) - done.output_tokens AS output_tokens_back
+              coalesce(j.input_tokens_estimate, 0) - ending.input_tokens AS input_tokens_back,
+              coalesce(j.max_tokens, 0) - ending.output_tokens AS output_tokens_back
+),
+-- What the ended jobs' claims reserved and their calls did not use, in all.
+-- (Evaluated only by a statement that gives it back: a CTE nobody reads
+-- does not run.)
+given_back AS MATERIALIZED (
+    SELECT coalesce(sum(input_tokens_back), 0)::float8 AS input_tokens,
+           coalesce(sum(output_tokens_back), 0)::float8 AS output_tokens
+    FROM ended
 )
 
 -- name: job_claim_ctes
 -- The claim of the round statement: the jobs in `chosen` (locked by the
 -- including statement) go pending -> running, and each gets its first ledger
--- row before its LLM call can start.
+-- row before its LLM call can start. Nothing reads first_calls: a
+-- data-modifying CTE runs to completion whether it is read or not, and a
+-- failed insert fails the whole statement, claim included.
 claimed AS (
     UPDATE story_jobs j
     SET status = 'running', started_at = now(), heartbeat_at = now(),
@@ -75,7 +114,6 @@ claimed AS (
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
     SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
-    RETURNING job_id
 )
 
 -- name: job_settle_and_claim_answer
@@ -91,14 +129,14 @@ coalesce((
         -- as text: exact
         'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text)
         ORDER BY c.id)
-    FROM claimed c JOIN first_calls f ON f.job_id = c.id
+    FROM claimed c
 )::text, '[]') AS claimed,
--- done jobs: completed now, or (after an ambiguous commit) already completed
--- by this worker; the caller treats every other done job as a lost race
-coalesce((SELECT array_agg(id) FROM completed), '{}') AS completed_ids,
+-- the round's completions: completed now, or (after an ambiguous commit) already completed
+-- by this worker; the caller treats every other one as a lost race
+coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
 coalesce((
     SELECT array_agg(j.id) FROM story_jobs j
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM done))
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending))
       AND j.status = 'completed' AND j.worker_id = %(worker_id)s
 ), '{}') AS already_completed_ids
 
@@ -168,12 +206,6 @@ SELECT
 WITH
 -- include: job_settle_ctes
 ,
--- What the completed calls did not use, given back below.
-given_back AS MATERIALIZED (
-    SELECT coalesce(sum(input_tokens_back), 0)::float8 AS input_tokens,
-           coalesce(sum(output_tokens_back), 0)::float8 AS output_tokens
-    FROM completed
-),
 -- The bucket as it stands now, one row (a missing row covers nothing this
 -- round and is recreated below). Locked after the completed jobs, as every
 -- statement takes it after the job rows it waits for: a statement holding
@@ -329,55 +361,26 @@ SELECT
 
 -- name: job_fail_running
 -- The worker gives up on jobs it owns (LLM error, rejected request): running ->
--- failed, guarded by status and worker_id, with the ledger row closed in the
--- same statement, the job charged what its billed call cost, and the rate
--- bucket given back what the claim reserved and the call did not use.
--- Returns the jobs that were still ours. Rows are reached by id as in
--- job_settle_and_claim, to keep a good generic plan, and locked in ascending
--- id order like theirs.
-WITH failing AS MATERIALIZED (
-    SELECT * FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
+-- failed through job_end_ctes, the job charged what its billed call cost,
+-- and the rate bucket given back what the claims reserved and the calls did
+-- not use. Returns the jobs that were still ours.
+WITH ending AS MATERIALIZED (
+    SELECT f.job_id, f.attempt, 'failed'::job_status AS status, NULL::uuid AS story_id, f.error_code, f.error_text,
+           f.call_outcome, f.billed, f.input_tokens, f.output_tokens, f.cost_usd, f.request_id
+    FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
         job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
         billed boolean, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
-    ORDER BY job_id
+    ORDER BY f.job_id
 ),
--- The attempt named is the last one the worker could have sent (it sends an
--- attempt only once its row is open): a later row, opened by a retry whose
--- answer was lost, is closed as not sent.
-calls_finished AS (
-    UPDATE llm_calls c
-    SET finished_at = now(),
-        outcome = CASE WHEN c.attempt = failing.attempt THEN failing.call_outcome ELSE 'not_sent' END,
-        billed = c.attempt = failing.attempt AND failing.billed,
-        input_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.input_tokens ELSE 0 END,
-        output_tokens = CASE WHEN c.attempt = failing.attempt THEN failing.output_tokens ELSE 0 END,
-        cost_usd = CASE WHEN c.attempt = failing.attempt THEN failing.cost_usd ELSE 0 END,
-        request_id = CASE WHEN c.attempt = failing.attempt THEN coalesce(failing.request_id, c.request_id) END,
-        error_text = failing.error_text
-    FROM failing
-    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM failing))
-      AND c.job_id = failing.job_id
-      AND (c.attempt = failing.attempt OR (c.attempt > failing.attempt AND c.outcome IN ('started', 'interrupted')))
-),
-failed AS (
-    UPDATE story_jobs j
-    SET status = 'failed', completed_at = now(), error_code = failing.error_code,
-        error_text = failing.error_text, progress = failing.output_tokens,
-        charged_usd = CASE WHEN failing.billed THEN failing.cost_usd ELSE 0 END
-    FROM failing
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM failing)) AND j.id = failing.job_id
-      AND j.status = 'running' AND j.worker_id = %(worker_id)s
-    RETURNING j.id,
-              coalesce(j.input_tokens_estimate, 0) - failing.input_tokens AS input_tokens_back,
-              coalesce(j.max_tokens, 0) - failing.output_tokens AS output_tokens_back
-),
+-- include: job_end_ctes
+,
 bucket_given_back AS (
     UPDATE llm_rate_buckets b
-    SET input_tokens = b.input_tokens + (SELECT sum(input_tokens_back) FROM failed),
-        output_tokens = b.output_tokens + (SELECT sum(output_tokens_back) FROM failed)
-    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM failed)
+    SET input_tokens = b.input_tokens + g.input_tokens, output_tokens = b.output_tokens + g.output_tokens
+    FROM given_back g
+    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM ended)
 )
-SELECT coalesce((SELECT array_agg(id) FROM failed), '{}') AS failed_ids;
+SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids;
 
 -- name: job_heartbeat
 -- Every few seconds, one statement for all jobs a worker process holds:
