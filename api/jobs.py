@@ -17,7 +17,6 @@ import asyncio
 import math
 import re
 import uuid
-from datetime import UTC, datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
@@ -44,7 +43,7 @@ from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
 from shared.ratelimit import over_limit
-from shared.rows import JobView
+from shared.rows import JobRead
 from shared.status import JobStatus
 from shared.story_request import (
     InvalidStoryRequest,
@@ -218,24 +217,23 @@ def _per_s(per_minute: int | None) -> float | None:
     return None if per_minute is None else per_minute / 60.0
 
 
-def _job_state(view: JobView, remaining_s: float | None) -> JobState:
-    assert view.public_id is not None and view.status is not None and view.created_at is not None
-    fraction = pacing.fraction_done(view.progress, view.max_tokens)
-    story = Story.of(view.story) if view.status is JobStatus.COMPLETED and view.story is not None else None
+def _job_state(job: JobRead, remaining_s: float | None) -> JobState:
+    fraction = pacing.fraction_done(job.progress, job.max_tokens)
+    story = Story.of(job.story) if job.status is JobStatus.COMPLETED and job.story is not None else None
     return JobState(
-        job_id=view.public_id,
-        status=view.status,
-        created_at=view.created_at,
-        started_at=view.started_at,
-        completed_at=view.completed_at,
-        queue_position=view.queue_position if view.status is JobStatus.PENDING else None,
-        progress=view.progress if view.status is JobStatus.RUNNING else None,
-        percent_done=pacing.percent_done(view.status, fraction),
+        job_id=job.public_id,
+        status=job.status,
+        created_at=job.created_at,
+        started_at=job.started_at,
+        completed_at=job.completed_at,
+        queue_position=job.queue_position if job.status is JobStatus.PENDING else None,
+        progress=job.progress if job.status is JobStatus.RUNNING else None,
+        percent_done=pacing.percent_done(job.status, fraction),
         estimated_seconds_remaining=None if remaining_s is None else round(remaining_s, 1),
         story=story,
         story_url=f"/stories/{story.story_id}" if story is not None else None,
-        error=JobError(code=view.error_code or "unknown", message=view.error_text or "")
-        if view.status is JobStatus.FAILED else None,
+        error=JobError(code=job.error_code or "unknown", message=job.error_text or "")
+        if job.status is JobStatus.FAILED else None,
     )
 
 
@@ -256,20 +254,21 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
         view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
         verify(view, api_key)
         assert view is not None
-        if view.public_id is None:
+        job = view.job
+        if job is None:
             raise ProblemError(404, "Not Found", "no such job")
         stats = (await api_state.drain_stats.get(conn)
-                 if view.status in (JobStatus.PENDING, JobStatus.RUNNING) else None)
+                 if job.status in (JobStatus.PENDING, JobStatus.RUNNING) else None)
     headers = dict(_NO_STORE)
     remaining = None
-    if view.status in (JobStatus.PENDING, JobStatus.RUNNING):
+    if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
         remaining = pacing.seconds_remaining(
-            stats, status=view.status, queue_position=view.queue_position, started_at=view.started_at,
-            fraction=pacing.fraction_done(view.progress, view.max_tokens), now=view.now or datetime.now(UTC),
+            stats, status=job.status, queue_position=job.queue_position, started_at=job.started_at,
+            fraction=pacing.fraction_done(job.progress, job.max_tokens), now=job.now,
             requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
         )
-        headers[_RETRY_AFTER] = str(pacing.retry_after(view.status, remaining))
-    return Response(_job_state(view, remaining), headers=headers)
+        headers[_RETRY_AFTER] = str(pacing.retry_after(job.status, remaining))
+    return Response(_job_state(job, remaining), headers=headers)
 
 
 @delete(
@@ -293,10 +292,10 @@ async def cancel_job(
     if not result.cancelled:
         raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
     view = await api_store.job_get_for_key(conn, key_prefix=client.key_prefix, job_id=public_id)
-    assert view is not None
+    assert view is not None and view.job is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
              key_prefix=client.key_prefix)
-    return Response(_job_state(view, None), headers=_NO_STORE)
+    return Response(_job_state(view.job, None), headers=_NO_STORE)
 
 
 @get(

@@ -16,6 +16,7 @@ from shared.rows import (
     DrainStats,
     EnqueueResult,
     IdempotentLookup,
+    JobRead,
     JobView,
     StoryView,
     WebhookEndpointRow,
@@ -83,8 +84,20 @@ async def job_insert_if_admitted(
     return await cur.fetchall()
 
 
+_job_read = msgspec.json.Decoder(JobRead)
+
+
 async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
-    return await fetch_one(conn, JobView, "job_get_for_key", {"key_prefix": key_prefix, "job_id": job_id})
+    """The key's client and, if it is theirs, the job; None: no such key.
+    Read as a tuple, the job decoded from the JSON the statement sends."""
+    async with conn.cursor() as cur:
+        await cur.execute(Q["job_get_for_key"], {"key_prefix": key_prefix, "job_id": job_id})
+        row = await cur.fetchone()
+    if row is None:
+        return None
+    client_id, key_hash, revoked, job = row
+    return JobView(client_id=client_id, key_hash=key_hash, revoked=revoked,
+                   job=None if job is None else _job_read.decode(job))
 
 
 async def story_get_for_key(conn: Conn, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:

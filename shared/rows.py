@@ -76,22 +76,29 @@ class StoryRow(msgspec.Struct, frozen=True):
     created_at: datetime
 
 
-class JobView(KeyAuth, frozen=True):
-    """GET /stories/jobs/{id}: the key's client and, if it is theirs, the job."""
+class JobRead(msgspec.Struct, frozen=True):
+    """A job as its client reads it (job_get_for_key)."""
 
-    public_id: uuid.UUID | None
-    status: JobStatus | None
+    public_id: uuid.UUID
+    status: JobStatus
     error_code: ErrorCode | None
     error_text: str | None
     progress: int | None
-    created_at: datetime | None
+    created_at: datetime
     started_at: datetime | None
     completed_at: datetime | None
     queue_position: int | None
     story: StoryRow | None
-    max_tokens: int | None = None
+    max_tokens: int | None
     # the database's clock when it answered
-    now: datetime | None = None
+    now: datetime
+
+
+class JobView(KeyAuth, frozen=True):
+    """GET /stories/jobs/{id}: the key's client and, if it is theirs, the job
+    (sent as JSON: see job_get_for_key)."""
+
+    job: JobRead | None
 
 
 class CancelResult(msgspec.Struct, frozen=True):

@@ -244,22 +244,30 @@ ORDER BY r.ord;
 -- the job (if it is this client's) with its queue position or story.
 -- queue_position counts pending jobs ahead of this one in the claim's order
 -- (turns: the client's share), on the claim's index.
+--
+-- The job comes as one JSON text, decoded by msgspec straight into its
+-- Struct: psycopg sets up a loader for every column of a result, on every
+-- statement, and with the job's dozen columns that was the largest part of
+-- the poll's Python time (docs/performance.md). NULL: no such job for this
+-- client.
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
-       j.public_id, j.status, j.error_code, j.error_text, j.progress,
-       j.created_at, j.started_at, j.completed_at,
-       CASE WHEN j.status = 'pending' THEN
-           (SELECT count(*) + 1 FROM story_jobs p
-            WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
-       END AS queue_position,
-       -- one shape for a story, here and in story_get_for_key (cost as text: exact)
-       CASE WHEN s.id IS NOT NULL THEN json_build_object(
-           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
-           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
-           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story,
-       -- how far along a running job is: its progress against what its length allows
-       j.max_tokens,
-       -- the database's clock, which started_at was written by
-       now() AS now
+       CASE WHEN j.id IS NOT NULL THEN json_build_object(
+           'public_id', j.public_id, 'status', j.status, 'error_code', j.error_code, 'error_text', j.error_text,
+           'progress', j.progress, 'created_at', j.created_at, 'started_at', j.started_at,
+           'completed_at', j.completed_at,
+           'queue_position', CASE WHEN j.status = 'pending' THEN
+               (SELECT count(*) + 1 FROM story_jobs p
+                WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
+           END,
+           -- one shape for a story, here and in story_get_for_key (cost as text: exact)
+           'story', CASE WHEN s.id IS NOT NULL THEN json_build_object(
+               'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+               'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+               'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END,
+           -- how far along a running job is: its progress against what its length allows
+           'max_tokens', j.max_tokens,
+           -- the database's clock, which started_at was written by
+           'now', now())::text END AS job
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
