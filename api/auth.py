@@ -26,7 +26,7 @@ from litestar.di import NamedDependency, Provide
 from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Scope
 
-from api.deps import ApiState, database
+from api.deps import ApiState, deadline
 from api.problems import unauthorized
 from shared import keys, store
 
@@ -122,10 +122,10 @@ async def provide_client_connection(
     request: Request[Any, Any, Any], api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey]
 ) -> AsyncIterator[store.Conn]:
     """The ``conn`` of a route that acts for the client: the connection
-    (api.deps.database), once the key is checked on it, else 401. The key is
+    (under api.deps.deadline), once the key is checked on it, else 401. The key is
     checked here, inside the connection's deadline, rather than in a
     dependency of its own resolved after ``conn`` (see api/deps.py)."""
-    async with database(api_state) as conn:
+    async with deadline(api_state), api_state.pool.connection() as conn:
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None

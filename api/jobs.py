@@ -38,7 +38,7 @@ from api.auth import (
     provide_api_key,
     verify,
 )
-from api.deps import ApiState, database, parse_public_id, provide_api_state
+from api.deps import ApiState, deadline, parse_public_id, provide_api_state
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
@@ -245,12 +245,12 @@ def _job_state(job: JobRead, remaining_s: float | None) -> JobState:
 )
 async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
     # The hottest path takes no dependency: it opens its connection itself,
-    # under the same deadline (api.deps.database), since Litestar's generator
+    # under the same deadline (api.deps.deadline), since Litestar's generator
     # dependency and the copy of the app's state it resolves cost 40 of the
     # 300 us of CPU a poll took (measured in-process, min of 30 x 500 polls).
     api_state = provide_api_state(request.app.state)
     api_key = provide_api_key(request, api_state)
-    async with database(api_state) as conn:
+    async with deadline(api_state), api_state.pool.connection() as conn:
         view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
         verify(view, api_key)
         assert view is not None

@@ -18,7 +18,7 @@ from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
 from api.auth import ApiKey, require_bearer_key, verify
-from api.deps import ApiState, database
+from api.deps import ApiState, deadline
 from api.problems import FieldError, ProblemError
 from shared import console_store as store
 
@@ -47,7 +47,7 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
     await require_bearer_key(connection, handler)
     api_key: ApiKey = connection.state.api_key
     api_state: ApiState = connection.app.state.storyjobs
-    async with database(api_state) as conn:
+    async with deadline(api_state), api_state.pool.connection() as conn:
         record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
     verify(record, api_key)
     assert record is not None
