@@ -39,7 +39,7 @@ from psycopg_pool import AsyncConnectionPool
 from api import docs_pages, metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
 from api.auth import provide_api_key
-from api.deps import ApiState, provide_api_state, provide_connection
+from api.deps import ApiState, ConnectionSlots, provide_api_state, provide_connection
 from api.jobs import ROUTES
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
@@ -191,6 +191,7 @@ def create_app(
     app.state.storyjobs = ApiState(
         settings=settings,
         pool=pool,
+        connection_slots=ConnectionSlots(pool.max_size, settings.api_db_wait_s),
         drain_stats=pacing.DrainStatsCache(pool, model=settings.llm_model),
         admissions=AdmissionBatcher(
             pool, queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max,

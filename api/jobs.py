@@ -13,7 +13,6 @@ is looked up like any other, so it is the same 404 as an unknown id.
 
 from __future__ import annotations
 
-import asyncio
 import math
 import re
 import uuid
@@ -170,8 +169,8 @@ async def generate_story(
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
     # not the ``conn`` dependency: the admission batch takes a connection of
     # its own from the same pool, so this one is given back before it
-    async with asyncio.timeout(api_state.settings.api_request_timeout_s):
-        async with api_state.pool.connection() as conn:
+    async with deadline(api_state):
+        async with api_state.connection_slots, api_state.pool.connection() as conn:
             found = await api_store.job_get_by_idempotency_key_for_key(
                 conn, key_prefix=api_key.prefix, idempotency_key=key
             )
@@ -250,14 +249,19 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     # 300 us of CPU a poll took (measured in-process, min of 30 x 500 polls).
     api_state = provide_api_state(request.app.state)
     api_key = provide_api_key(request, api_state)
-    async with deadline(api_state), api_state.pool.connection() as conn:
-        view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
+    # The connection is held for the one statement only: under load every
+    # poll waits for one, and each moment a poll holds it longer is paid by
+    # the polls queued behind it.
+    async with deadline(api_state):
+        async with api_state.connection_slots, api_state.pool.connection() as conn:
+            view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix,
+                                                   job_id=parse_public_id(job_id))
         verify(view, api_key)
         assert view is not None
         job = view.job
         if job is None:
             raise ProblemError(404, "Not Found", "no such job")
-        stats = (await api_state.drain_stats.get(conn)
+        stats = (await api_state.drain_stats.get()
                  if job.status in (JobStatus.PENDING, JobStatus.RUNNING) else None)
     headers = dict(_NO_STORE)
     remaining = None
