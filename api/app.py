@@ -191,7 +191,7 @@ def create_app(
     app.state.storyjobs = ApiState(
         settings=settings,
         pool=pool,
-        connection_slots=ConnectionSlots(pool.max_size, settings.api_db_wait_s),
+        connection_slots=ConnectionSlots(pool, settings.api_db_wait_s),
         drain_stats=pacing.DrainStatsCache(pool, model=settings.llm_model),
         admissions=AdmissionBatcher(
             pool, queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max,

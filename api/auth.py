@@ -125,7 +125,7 @@ async def provide_client_connection(
     (under api.deps.deadline), once the key is checked on it, else 401. The key is
     checked here, inside the connection's deadline, rather than in a
     dependency of its own resolved after ``conn`` (see api/deps.py)."""
-    async with deadline(api_state), api_state.connection_slots, api_state.pool.connection() as conn:
+    async with deadline(api_state), api_state.connection_slots.connection() as conn:
         record = await store.api_key_get(conn, key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None

@@ -27,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import AbstractAsyncContextManager
 from dataclasses import dataclass
 from typing import Any
 
@@ -43,10 +44,10 @@ _NO_SUCH_ID = uuid.UUID(int=0)
 
 
 class ConnectionSlots:
-    """Lets in to the pool as many requests at once as it has connections;
-    the others queue here, at most API_DB_WAIT_S, as they would in the pool
-    (then PoolTimeout: 503). Entered after ``deadline``, before the pool's
-    ``connection()``.
+    """The one way a handler takes a pooled connection (``connection()``):
+    as many requests at once as the pool has connections, the others queued
+    here, at most API_DB_WAIT_S, as they would be in the pool (then
+    PoolTimeout: 503). Entered after ``deadline``.
 
     Why: psycopg_pool queues a request that finds no connection free with
     ``asyncio.wait_for``, a task of its own for every wait (Python 3.11), and
@@ -54,13 +55,18 @@ class ConnectionSlots:
     timer only while the slots are all taken: at 32 connections the poll
     served about a sixth more (docs/performance.md)."""
 
-    __slots__ = ("_semaphore", "_wait_s")
+    __slots__ = ("_pool", "_semaphore", "_wait_s")
 
-    def __init__(self, size: int, wait_s: float) -> None:
-        self._semaphore = asyncio.Semaphore(size)
+    def __init__(self, pool: AsyncConnectionPool, wait_s: float) -> None:
+        self._pool = pool
+        self._semaphore = asyncio.Semaphore(pool.max_size)
         self._wait_s = wait_s
 
-    async def __aenter__(self) -> None:
+    def connection(self) -> _SlotConnection:
+        """A connection of the pool, once a slot is free; both given back on exit."""
+        return _SlotConnection(self)
+
+    async def _take(self) -> None:
         if not self._semaphore.locked():
             await self._semaphore.acquire()
             return
@@ -70,8 +76,32 @@ class ConnectionSlots:
         except TimeoutError:
             raise PoolTimeout(f"no connection was free within {self._wait_s:g} s") from None
 
-    async def __aexit__(self, *exc_info: object) -> None:
-        self._semaphore.release()
+
+class _SlotConnection:
+    """ConnectionSlots.connection(): a class rather than a generator context
+    manager, which would cost every request about 8 us."""
+
+    __slots__ = ("_pooled", "_slots")
+
+    def __init__(self, slots: ConnectionSlots) -> None:
+        self._slots = slots
+        self._pooled: AbstractAsyncContextManager[store.Conn] | None = None
+
+    async def __aenter__(self) -> store.Conn:
+        await self._slots._take()
+        try:
+            self._pooled = self._slots._pool.connection()
+            return await self._pooled.__aenter__()
+        except BaseException:
+            self._slots._semaphore.release()
+            raise
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        assert self._pooled is not None
+        try:
+            return await self._pooled.__aexit__(*exc_info)
+        finally:
+            self._slots._semaphore.release()
 
 
 @dataclass(frozen=True)
@@ -92,11 +122,10 @@ def provide_api_state(state: State) -> ApiState:
 def deadline(api_state: ApiState) -> asyncio.Timeout:
     """The deadline on all database work of an answer, entered before its
     connection is taken (``async with deadline(api_state),
-    api_state.connection_slots, api_state.pool.connection() as conn``): an
-    outage or a hung network
-    answers TimeoutError (503), never a hang. The two are entered side by
-    side rather than wrapped in a context manager of our own: a generator
-    context manager around them costs every request about 8 us."""
+    api_state.connection_slots.connection() as conn``): an outage or a hung
+    network answers TimeoutError (503), never a hang. The two are entered
+    side by side rather than wrapped in a context manager of our own: a
+    generator context manager around them costs every request about 8 us."""
     return asyncio.timeout(api_state.settings.api_request_timeout_s)
 
 
@@ -107,7 +136,7 @@ async def provide_connection(
     handler's answer is built. It takes ``api_key`` (the request's bearer
     key, a client's or an operator's) only so that Litestar resolves the two
     one after the other, and ``conn`` in the request's own task."""
-    async with deadline(api_state), api_state.connection_slots, api_state.pool.connection() as conn:
+    async with deadline(api_state), api_state.connection_slots.connection() as conn:
         yield conn
 
 

@@ -170,7 +170,7 @@ async def generate_story(
     # not the ``conn`` dependency: the admission batch takes a connection of
     # its own from the same pool, so this one is given back before it
     async with deadline(api_state):
-        async with api_state.connection_slots, api_state.pool.connection() as conn:
+        async with api_state.connection_slots.connection() as conn:
             found = await api_store.job_get_by_idempotency_key_for_key(
                 conn, key_prefix=api_key.prefix, idempotency_key=key
             )
@@ -253,7 +253,7 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     # poll waits for one, and each moment a poll holds it longer is paid by
     # the polls queued behind it.
     async with deadline(api_state):
-        async with api_state.connection_slots, api_state.pool.connection() as conn:
+        async with api_state.connection_slots.connection() as conn:
             view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix,
                                                    job_id=parse_public_id(job_id))
         verify(view, api_key)

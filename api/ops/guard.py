@@ -47,7 +47,7 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
     await require_bearer_key(connection, handler)
     api_key: ApiKey = connection.state.api_key
     api_state: ApiState = connection.app.state.storyjobs
-    async with deadline(api_state), api_state.connection_slots, api_state.pool.connection() as conn:
+    async with deadline(api_state), api_state.connection_slots.connection() as conn:
         record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
     verify(record, api_key)
     assert record is not None
