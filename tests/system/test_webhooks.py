@@ -170,7 +170,10 @@ def test_retry_after_is_honoured(system: System, database_url: str, receiver: We
     with _client(api, key) as client:
         _register(client, receiver)
         _enqueue(client, 1)
-    _wait(lambda: len(receiver.deliveries(503)) == 1, "the first attempt")
+    # The receiver sees the 503 before the worker records it: until then the
+    # row holds the attempt's lease, so wait for the recorded answer.
+    _wait(lambda: _scalar(database_url, "SELECT count(*) FROM webhook_deliveries "
+                                        "WHERE last_status_code = 503") == 1, "the first attempt recorded")
     wait_s = _scalar(database_url, "SELECT extract(epoch FROM next_attempt_at - last_attempt_at)::float8 "
                                    "FROM webhook_deliveries")
     assert 0.9 <= wait_s <= 1.5, wait_s
