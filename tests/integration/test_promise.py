@@ -283,7 +283,9 @@ async def test_a_cancel_during_a_429s_wait_leaves_the_429_unbilled(
     with capture_logs() as logs:
         async with _worker(pool, database_url, provider, heartbeat_interval_s=0.2) as worker:
             public_id = await enqueue(conn, client, PROMPT)
-            await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
+            # the worker's answer to the 429, not the fake's record of the
+            # request: cancelled before that, the request counts as sent
+            await wait_until(lambda: _logged(logs, "llm.retryable") == 1, what="the 429 answered")
             cancelled = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
             assert cancelled is not None and cancelled.cancelled
             await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
@@ -301,8 +303,9 @@ async def test_llm_timeout_during_a_429s_wait_leaves_the_429_unbilled(
 ) -> None:
     """LLM_TIMEOUT_S running out while a 429's retry-after runs fails the job as llm_error with the 429's
     row rate_limited and not billed, and no second request is sent."""
-    provider.fake.queue(Plan(status=429, headers=(("retry-after", "3"),)))
-    async with _worker(pool, database_url, provider, llm_timeout_s=1.0) as worker:
+    # the deadline well past the 429's arrival and well before its retry-after
+    provider.fake.queue(Plan(status=429, headers=(("retry-after", "6"),)))
+    async with _worker(pool, database_url, provider, llm_timeout_s=2.5) as worker:
         public_id = await enqueue(conn, await client_id_of(conn), PROMPT)
         await wait_until(lambda: _ended(conn, public_id), timeout=20, what="the job to end")
         await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")

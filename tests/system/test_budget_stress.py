@@ -17,6 +17,7 @@ import psycopg
 import pytest
 
 from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import ApiProc, System
 
 pytestmark = pytest.mark.system
@@ -26,7 +27,13 @@ SESSIONS = 3
 
 
 def _deadlocks(database_url: str) -> int:
+    """The database's deadlock count, once every other backend on it has
+    exited: a backend's statistics reach pg_stat_database at the latest
+    when it exits, and a stopped process's backends exit a little after it."""
     with psycopg.connect(database_url, autocommit=True) as conn:
+        wait_until_sync(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                             "AND pid <> pg_backend_pid()").fetchone() == (0,),
+                        timeout=30, interval=0.1, what="the stopped processes' backends to exit")
         row = conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
         assert row is not None
         return int(row[0])
@@ -87,7 +94,7 @@ def test_admissions_cancels_and_completions_under_budgets_never_deadlock(
         thread.start()
     for thread in threads:
         thread.join()
-    system.stop_all()  # a backend's statistics reach pg_stat_database at the latest when it exits
+    system.stop_all()
 
     with psycopg.connect(database_url, autocommit=True) as conn:
         statuses: dict[str, int] = dict(conn.execute("SELECT coalesce(error_code, status::text), count(*) FROM story_jobs "

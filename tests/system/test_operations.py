@@ -100,7 +100,22 @@ def test_metrics_of_every_process_agree_with_the_database(
     assert api_metrics[
         'storyjobs_http_requests_total{method="POST",route="/stories/generate",status="202"}'] == 10
 
-    scrapes = [scrape(f"http://127.0.0.1:{port}/metrics") for port in worker_ports]
+    # a worker counts a job's end, and logs it, once its statement has
+    # committed: the database can be seen ahead of both
+    def worker_scrapes() -> list[dict[str, float]]:
+        return [scrape(f"http://127.0.0.1:{port}/metrics") for port in worker_ports]
+
+    def ends_counted() -> bool:
+        counted = worker_scrapes()
+        return (summed(counted, 'storyjobs_job_transitions_total{to="completed"}')
+                + summed(counted, 'storyjobs_job_transitions_total{to="failed"}') == 8
+                and summed(counted, "storyjobs_worker_busy") == 0)
+
+    wait_until_sync(ends_counted, interval=0.2, what="the workers to count the jobs' ends")
+    wait_until_sync(lambda: sum(1 for worker in workers for entry in worker.events()
+                                if entry.get("event") in ("job.completed", "job.failed")) >= 8,
+                    interval=0.2, what="the workers to log the jobs' ends")
+    scrapes = worker_scrapes()
     assert summed(scrapes, 'storyjobs_job_transitions_total{to="running"}') == claimed[0] == 8
     assert summed(scrapes, 'storyjobs_job_transitions_total{to="completed"}') == jobs["completed"]
     assert summed(scrapes, 'storyjobs_job_transitions_total{to="failed"}') == jobs["llm_rejected"]

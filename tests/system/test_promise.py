@@ -65,12 +65,12 @@ def test_an_end_the_database_refuses_is_kept_and_the_story_is_never_requested_ag
                            **TIMINGS)
     job_id = _post(api.base_url, key, "a sleepy owl")
     worker.wait_for_event("job.completion_unstorable", timeout=30)
-    # the failure that replaces the story is refused too (a round or two): then the connections are cut
-    time.sleep(1)
+    # the failure that replaces the story is refused too, in both its forms: then the connections are cut
+    worker.wait_for_event("job.end_refused", timeout=30)
     assert _cut_connections(database_url, database_name) >= 1
     worker.wait_for_event("worker.database_recovered", timeout=30)
     # the claim the cut broke is searched for by adoption, which must not take the held job: rounds
-    # go on meanwhile (the poll is 0.5 s), and none may send a second request
+    # go on meanwhile (the poll is 0.5 s), and none may send a second request: two seconds of them
     time.sleep(2)
     assert len(fake.calls) == 1
     assert rows_sync(database_url, "SELECT status FROM story_jobs WHERE public_id = %s", job_id) == [("running",)]
