@@ -255,7 +255,9 @@ async def test_a_billed_call_that_did_not_succeed_keeps_the_providers_request_id
     may all have been billed: their ledger row keeps the provider's request id, the one an operator takes up
     with the provider."""
     provider.fake.queue(plan)
-    await _run_one(conn, pool, database_url, _settings(provider, llm_retry_attempts=1, llm_read_timeout_s=0.5))
+    # the read timeout ends the stalled stream; long enough that the other
+    # two answer first on a slow machine
+    await _run_one(conn, pool, database_url, _settings(provider, llm_retry_attempts=1, llm_read_timeout_s=2.0))
     ledger = await _ledger(conn)
     first = provider.fake.calls[0]
     assert ledger[0][2] is True and ledger[0][4] == first.request_id, (ledger, first.request_id)

@@ -210,7 +210,7 @@ async def test_a_worker_on_the_pooler_wakes_at_once_through_its_direct_listen_co
     pgbouncer: PgBouncer, database_name: str, database_url: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """A worker whose pool goes through the pooler and whose LISTEN goes direct claims a job admitted through
-    the pooler within a second, with its fallback poll a minute away."""
+    the pooler within seconds, with its fallback poll a minute away."""
     settings = worker_settings(worker_poll_interval_s=60.0, database_pooler="transaction",
                                database_url=pgbouncer.url(database_name), database_listen_url=database_url)
     client = await client_id_of(conn)
@@ -221,9 +221,10 @@ async def test_a_worker_on_the_pooler_wakes_at_once_through_its_direct_listen_co
         await wait_until(lambda: _claimed_once(conn), what="the worker's first claim")
         async with pool.connection() as c:
             await enqueue(c, client, "a fox")
-        await wait_until(lambda: _completed(conn), what="the job to complete", timeout=5)
+        # well inside the poll's minute, with room for a slow machine
+        await wait_until(lambda: _completed(conn), what="the job to complete", timeout=30)
         assert worker.claims == 1
-    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE started_at - created_at < interval '1 s'") == 1
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE started_at - created_at < interval '10 s'") == 1
 
 
 async def _listening(conn: psycopg.AsyncConnection[Any]) -> bool:

@@ -86,9 +86,10 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
-    (first,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=0.2)
+    (first,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert first.attempts == 1 and first.job_status == "failed" and first.error_code == "cancelled"
-    assert await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=0.2) == []
+    assert await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60) == []
+    # the lease ends
     await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")
     (second,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert second.id == first.id and second.attempts == 2

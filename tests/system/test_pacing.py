@@ -75,7 +75,8 @@ def test_a_drain_at_the_configured_limit_never_waits_for_the_poll(
     arrivals = [call.received_at for call in _served(fake)][3:]
     gaps = [later - earlier for earlier, later in zip(arrivals, arrivals[1:], strict=False)]
     record_property("largest_gap_s", round(max(gaps), 2))
-    assert max(gaps) < 2.5, [round(gap, 2) for gap in gaps]
+    # a gap near the poll's 5 s would be a wait for the poll; 1.33 s is the pace
+    assert max(gaps) < 4.0, [round(gap, 2) for gap in gaps]
     assert fake.rate_limited == []
 
 
