@@ -11,6 +11,7 @@ of ``shared.db.DB_ERRORS``.
 
 from __future__ import annotations
 
+import uuid
 from collections.abc import AsyncIterator, Mapping, Sequence
 from decimal import Decimal
 from typing import Any, Protocol
@@ -217,6 +218,39 @@ _limiter_decoder = msgspec.json.Decoder(LimiterState)
 # -- claims and ledger ---------------------------------------------------------------
 
 
+class _CompletionRecord(msgspec.Struct, frozen=True):
+    """A completion's small fields, one record of the round's JSON; ``n`` is
+    the element of the titles, texts and story ids arrays that is its own."""
+
+    n: int
+    job_id: int
+    client_id: int
+    attempt: int
+    model: str
+    prompt_version: str
+    input_tokens: int
+    output_tokens: int
+    cost_usd: Decimal
+    request_id: str | None
+
+
+def completion_params(completions: Sequence[Completion]) -> dict[str, Any]:
+    """The round statement's completions: their small fields as one JSON
+    array, their titles and texts as text arrays the statement takes in
+    binary (sql/worker.sql, job_settle_ctes, says why), and an id for each
+    story, made here."""
+    return {
+        "completions": jsonb([
+            _CompletionRecord(n, c.job_id, c.client_id, c.attempt, c.model, c.prompt_version,
+                              c.input_tokens, c.output_tokens, c.cost_usd, c.request_id)
+            for n, c in enumerate(completions, 1)
+        ]),
+        "titles": [c.title for c in completions],
+        "bodies": [c.body for c in completions],
+        "story_ids": [uuid.uuid4() for _ in completions],
+    }
+
+
 def settle_and_claim_query(limiter: Mapping[str, Any]) -> str:
     """The round statement's name: without a configured rate limit, the one
     without the limiter's arithmetic."""
@@ -243,7 +277,7 @@ async def job_settle_and_claim(
         "claim_limit": claim_limit,
         "provider": provider,
         "model": model,
-        "completions": jsonb(completions),
+        **completion_params(completions),
     }
     cur = await conn.execute(Q[settle_and_claim_query(limiter)], params)
     row = await cur.fetchone()

@@ -23,11 +23,11 @@ import asyncio
 import time
 import uuid
 from collections import Counter
+from decimal import Decimal
 from typing import Any
 
 import msgspec
 import psycopg
-from psycopg.types.json import Jsonb
 
 from api import store as api_store
 from api.admission import admission
@@ -35,6 +35,7 @@ from shared import db
 from shared.config import ApiSettings
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED
+from shared.rows import Completion
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST,
@@ -45,6 +46,7 @@ from tests.bench.harness import (
     FigureSpec,
     percentile,
 )
+from worker import store as worker_store
 
 NAME = "fair_claim"
 SPECS = {
@@ -181,13 +183,13 @@ def _scale_fill(bench_db: BenchDatabase, *, clients: int, per_client: int) -> No
         conn.execute("VACUUM ANALYZE story_jobs")
 
 
-def _params(completions: list[dict[str, Any]], claim_limit: int, worker_id: str) -> dict[str, Any]:
+def _params(completions: list[Completion], claim_limit: int, worker_id: str) -> dict[str, Any]:
     """What worker.store.job_settle_and_claim sends without a rate limit."""
     return {**UNLIMITED, "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
-            "model": "offline-writer", "completions": Jsonb(completions)}
+            "model": "offline-writer", **worker_store.completion_params(completions)}
 
 
-async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: list[dict[str, Any]],
+async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: list[Completion],
                  claim_limit: int, worker_id: str = "bench-fair") -> list[dict[str, Any]]:
     cur = await conn.execute(query, _params(completions, claim_limit, worker_id))
     row = await cur.fetchone()
@@ -196,10 +198,10 @@ async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: li
     return claimed
 
 
-def _completion(job: dict[str, Any]) -> dict[str, Any]:
-    return {"job_id": job["id"], "client_id": job["client_id"], "attempt": 1, "title": "The Fox and the Moon",
-            "body": "Once upon a time, a small fox could not sleep.", "model": "m", "prompt_version": "v1",
-            "input_tokens": 100, "output_tokens": 180, "cost_usd": "0.0027", "request_id": "req_1"}
+def _completion(job: dict[str, Any]) -> Completion:
+    return Completion(job_id=job["id"], client_id=job["client_id"], attempt=1, title="The Fox and the Moon",
+                      body="Once upon a time, a small fox could not sleep.", model="m", prompt_version="v1",
+                      input_tokens=100, output_tokens=180, cost_usd=Decimal("0.0027"), request_id="req_1")
 
 
 async def _claim_latencies(url: str, claims: int) -> dict[str, list[float]]:

@@ -16,7 +16,7 @@ from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from worker import store as worker_store
 
 CLAIM_PARAMS = {**UNLIMITED, "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m",
-                "completions": "[]"}
+                **worker_store.completion_params([])}
 # the same claim with every kind of rate limit configured
 LIMITED_CLAIM_PARAMS = {**CLAIM_PARAMS, **claim_params(
     RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0, input_tokens_capacity=5000.0,

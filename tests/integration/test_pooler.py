@@ -281,11 +281,11 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     also with statistics taken when the table held ten rows."""
     running = await _fill_with_stale_statistics(conn)
     beats = json.dumps([{"id": job_id, "progress": 3} for job_id in running])
-    batch = json.dumps([_completion_record(job_id) for job_id in running])
     failures = json.dumps([{"job_id": job_id, "attempt": 1, "error_code": "llm_error", "error_text": "x",
                             "call_outcome": "failed", "billed": True, "input_tokens": 0, "output_tokens": 0,
                             "cost_usd": 0} for job_id in running])
-    claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m", "completions": batch}
+    claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m",
+             **worker_store.completion_params([story_written(job_id) for job_id in running])}
     limited = claim_params(RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0,
                                       input_tokens_capacity=5000.0, output_tokens_rate=1000.0,
                                       output_tokens_capacity=5000.0), None, default_max_tokens=1000)
@@ -306,8 +306,3 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
             scans = _scans(document[0]["Plan"])
             # index scans, or bitmap heap scans fed by an index: never a walk of the table
             assert scans and not any(s.startswith("Seq Scan") for s in scans), (name, scans)
-
-
-def _completion_record(job_id: int) -> dict[str, Any]:
-    return {"job_id": job_id, "client_id": 1, "attempt": 1, "title": "T", "body": "B", "model": "m",
-            "prompt_version": "v", "input_tokens": 1, "output_tokens": 2, "cost_usd": 0.01, "request_id": None}

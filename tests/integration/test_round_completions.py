@@ -1,0 +1,43 @@
+"""The round statement's completions: each written story reaches its own job,
+whatever order the worker lists them in and whatever they hold."""
+
+from __future__ import annotations
+
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+
+from shared.rows import Completion
+from tests.support.database import client_id_of, enqueue
+from worker import store as worker_store
+
+# a title and a text with what a JSON or an array literal would have to escape
+_ODD = 'quote " backslash \\ brace { comma , newline \n tab \t emoji \N{OWL} accent é'
+
+
+async def test_each_completion_of_a_round_is_stored_with_its_own_job(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Five completions in one round, listed in descending job id order (the statement sorts them): each
+    job gets its own title, text, figures and request id, and points at its own story."""
+    client = await client_id_of(conn)
+    for n in range(5):
+        await enqueue(conn, client, f"story {n}")
+    claimed = (await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=5,
+                                                       provider="offline", model="offline-writer")).claimed
+    written = [Completion(job_id=job.id, client_id=client, attempt=1, title=f"Title {job.id} {_ODD}",
+                          body=f"Text of job {job.id}. {_ODD} " * (job.id % 3 + 1), model="m", prompt_version="v",
+                          input_tokens=10 + job.id, output_tokens=20 + job.id,
+                          cost_usd=Decimal(job.id) / 1000, request_id=f"req_{job.id}")
+               for job in sorted(claimed, key=lambda job: job.id, reverse=True)]
+    settled = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=written, claim_limit=0,
+                                                      provider="offline", model="offline-writer")
+    assert sorted(settled.completed_ids) == sorted(job.id for job in claimed)
+    cur = await conn.execute(
+        "SELECT j.id, s.job_id, s.title, s.body, s.input_tokens, s.output_tokens, s.cost_usd, j.charged_usd, "
+        "       c.request_id "
+        "FROM story_jobs j JOIN stories s ON s.id = j.story_id JOIN llm_calls c ON c.job_id = j.id "
+        "ORDER BY j.id")
+    stored = await cur.fetchall()
+    expected = [(c.job_id, c.job_id, c.title, c.body, c.input_tokens, c.output_tokens, c.cost_usd, c.cost_usd,
+                 c.request_id) for c in sorted(written, key=lambda c: c.job_id)]
+    assert stored == expected
