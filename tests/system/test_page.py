@@ -20,6 +20,7 @@ from playwright.sync_api import Browser, ConsoleMessage, Page, Request, Response
 from api.page import CONTENT_SECURITY_POLICY
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.support.database import create_key_sync
+from tests.support.waiting import wait_until_sync
 from tests.system.procs import System
 from tests.system.screens import capture
 
@@ -106,12 +107,15 @@ def test_page_follows_a_story_from_the_queue_to_its_text_with_a_bar_and_a_percen
     system.worker(**llm, HEARTBEAT_INTERVAL_S=0.5, HEARTBEAT_TIMEOUT_S=10)
     expect(status).to_contain_text("% done", timeout=WAIT_MS)
     seen: list[int] = []
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline and (not seen or seen[-1] < 50):
+
+    def past_half_way() -> bool:
+        """Samples the bar, keeping each value it shows."""
         value = int(page.locator("#progress").get_attribute("value") or 0)
         if not seen or value != seen[-1]:
             seen.append(value)
-        page.wait_for_timeout(200)
+        return seen[-1] >= 50
+
+    wait_until_sync(past_half_way, timeout=30, interval=0.2, what="the bar to pass half way")
     expect(status).to_contain_text(f"Writing your story… {seen[-1]} % done.")
     expect(page.locator("#percent")).to_have_text(f"{seen[-1]} %")
     capture(page, "page-writing")
