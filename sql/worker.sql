@@ -15,8 +15,8 @@
 -- a story already there was inserted by the earlier commit of this
 -- statement, which also ended its job (a job's story is written nowhere
 -- else, and a job that is no longer running never runs again), so the job
--- is not running and job_end_ctes leaves it, and the id made here for the
--- story not inserted, as they are.
+-- is not running and job_end_ctes leaves it, and the id the worker made
+-- for the story not inserted, as they are.
 --
 -- The written stories' small fields arrive as one JSON array, one
 -- parameter however many stories the round carries; their titles and texts

@@ -218,7 +218,7 @@ _limiter_decoder = msgspec.json.Decoder(LimiterState)
 # -- claims and ledger ---------------------------------------------------------------
 
 
-class _CompletionRecord(msgspec.Struct, frozen=True):
+class _CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
     """A completion's small fields, one record of the round's JSON; ``n`` is
     the element of the titles, texts and story ids arrays that is its own."""
 
@@ -241,8 +241,9 @@ def completion_params(completions: Sequence[Completion]) -> dict[str, Any]:
     story, made here."""
     return {
         "completions": jsonb([
-            _CompletionRecord(n, c.job_id, c.client_id, c.attempt, c.model, c.prompt_version,
-                              c.input_tokens, c.output_tokens, c.cost_usd, c.request_id)
+            _CompletionRecord(n=n, job_id=c.job_id, client_id=c.client_id, attempt=c.attempt, model=c.model,
+                              prompt_version=c.prompt_version, input_tokens=c.input_tokens,
+                              output_tokens=c.output_tokens, cost_usd=c.cost_usd, request_id=c.request_id)
             for n, c in enumerate(completions, 1)
         ]),
         "titles": [c.title for c in completions],

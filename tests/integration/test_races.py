@@ -141,7 +141,8 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
 
 
 async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psycopg.AsyncConnection[Any]) -> None:
-    """Sending the same completion twice (its first answer lost) neither fails nor duplicates the story."""
+    """Sending the same completion twice (its first answer lost) neither fails nor duplicates the story, and
+    the job still names the story stored (the retry makes an id of its own for a story it does not insert)."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
@@ -153,6 +154,8 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     assert first.completed_ids == [job_id]
     assert again.completed_ids == [] and again.already_completed_ids == [job_id]
     assert await count(conn, "SELECT count(*) FROM stories") == 1
+    assert await count(conn, "SELECT count(*) FROM story_jobs j JOIN stories s ON s.id = j.story_id "
+                             "AND s.job_id = j.id") == 1
 
 
 @pytest.mark.parametrize("status", ["completed", "failed"])

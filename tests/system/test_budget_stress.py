@@ -32,7 +32,8 @@ def _deadlocks(database_url: str) -> int:
     when it exits, and a stopped process's backends exit a little after it."""
     with psycopg.connect(database_url, autocommit=True) as conn:
         wait_until_sync(lambda: conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
-                                             "AND pid <> pg_backend_pid()").fetchone() == (0,),
+                                             "AND backend_type = 'client backend' AND pid <> pg_backend_pid()"
+                                             ).fetchone() == (0,),
                         timeout=30, interval=0.1, what="the stopped processes' backends to exit")
         row = conn.execute("SELECT deadlocks FROM pg_stat_database WHERE datname = current_database()").fetchone()
         assert row is not None
