@@ -11,8 +11,9 @@ A private Postgres from this machine's binaries runs under callgrind, which
 follows each backend it forks. One connection sends the round statement as a
 worker does: it completes the jobs it claimed in the previous round and
 claims the next ones, one job a round and ten, without and with a rate limit
-configured, and one job a round for a client with a webhook endpoint (whose
-completions write the outbox). Each figure is the difference between two connections' totals,
+configured, one job a round for a client with a webhook endpoint (whose
+completions write the outbox), and ten a round with stories of 6,000
+characters (the others' are 940: a story's text is what grows). Each figure is the difference between two connections' totals,
 of ROUNDS/5 and of ROUNDS rounds, over the difference in jobs, so connecting,
 warming up and planning cancel out. Needs valgrind and the Postgres server
 binaries (Debian's postgresql package); without them it reports nothing.
@@ -60,7 +61,11 @@ SPECS = {
         "round statement with a rate limit, one job a round: instructions per job", "k"),
     "one_webhook_kinstr_per_job": FigureSpec(
         "round statement for a client with a webhook endpoint, one job a round: instructions per job", "k"),
+    "long_story_batched_kinstr_per_job": FigureSpec(
+        "round statement, ten jobs a round, stories of 6,000 characters: instructions per job", "k"),
 }
+_SENTENCE = "Once upon a time, a small fox could not sleep. "
+SHORT_STORY, LONG_STORY = _SENTENCE * 20, _SENTENCE * 128
 ROUNDS, QUICK_ROUNDS = 200, 20
 # so generous that the bucket never holds a job back
 _LIMITS = RateLimits(1e6, 1e9, 1e9, 1e12, 1e9, 1e12)
@@ -79,11 +84,14 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
     result.params.update({"rounds": rounds, "server": bindir})
     with _server_under_callgrind(bindir) as server:
         for run_number in range(1, ctx.runs + 1):
-            for key, batch, limited, webhook in (
-                    ("one_kinstr_per_job", 1, False, False), ("batched_kinstr_per_job", 10, False, False),
-                    ("one_limited_kinstr_per_job", 1, True, False), ("one_webhook_kinstr_per_job", 1, False, True)):
+            for key, batch, limited, webhook, story in (
+                    ("one_kinstr_per_job", 1, False, False, SHORT_STORY),
+                    ("batched_kinstr_per_job", 10, False, False, SHORT_STORY),
+                    ("one_limited_kinstr_per_job", 1, True, False, SHORT_STORY),
+                    ("one_webhook_kinstr_per_job", 1, False, True, SHORT_STORY),
+                    ("long_story_batched_kinstr_per_job", 10, False, False, LONG_STORY)):
                 per_job = _instructions_per_job(server, rounds=rounds, batch=batch, limited=limited,
-                                                webhook=webhook)
+                                                webhook=webhook, story=story)
                 result.add(key, per_job / 1000)
                 ctx.progress(f"statement_cost run {run_number}/{ctx.runs}: {key} {per_job / 1000:,.0f} k")
 
@@ -116,11 +124,12 @@ class _Server:
         return totals[0]
 
 
-def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool, webhook: bool) -> float:
+def _instructions_per_job(server: _Server, *, rounds: int, batch: int, limited: bool, webhook: bool,
+                          story: str) -> float:
     url = server.new_database()
     asyncio.run(_prepare(url, jobs=2 * (rounds + 40) * batch, limited=limited, webhook=webhook))
     short = rounds // 5
-    totals = [server.instructions(asyncio.run(_rounds(url, rounds=n, batch=batch, limited=limited)))
+    totals = [server.instructions(asyncio.run(_rounds(url, rounds=n, batch=batch, limited=limited, story=story)))
               for n in (short, rounds)]
     return (totals[1] - totals[0]) / ((rounds - short) * batch)
 
@@ -141,7 +150,7 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
         await conn.execute("VACUUM ANALYZE")
 
 
-async def _rounds(url: str, *, rounds: int, batch: int, limited: bool) -> int:
+async def _rounds(url: str, *, rounds: int, batch: int, limited: bool, story: str) -> int:
     """20 warm-up rounds, then ``rounds`` more, on one connection set up as
     a worker's; returns the backend's pid."""
     limiter = claim_params(_LIMITS, None, default_max_tokens=4000) if limited else UNLIMITED
@@ -153,15 +162,15 @@ async def _rounds(url: str, *, rounds: int, batch: int, limited: bool) -> int:
         held: list[ClaimedJob] = []
         for _ in range(20 + rounds):
             settled = await worker_store.job_settle_and_claim(
-                conn, worker_id="w1", completions=[_completion(job) for job in held], claim_limit=batch,
+                conn, worker_id="w1", completions=[_completion(job, story) for job in held], claim_limit=batch,
                 provider="p", model="m", limiter=limiter)
             held = settled.claimed
         return int(row[0])
 
 
-def _completion(job: ClaimedJob) -> Completion:
+def _completion(job: ClaimedJob, story: str) -> Completion:
     return Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox and the Moon",
-                      body="Once upon a time, a small fox could not sleep. " * 20, model="m", prompt_version="v1",
+                      body=story, model="m", prompt_version="v1",
                       input_tokens=100, output_tokens=180, cost_usd=Decimal("0.0027"), request_id="req_1")
 
 
