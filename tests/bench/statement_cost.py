@@ -13,8 +13,9 @@ worker does: it completes the jobs it claimed in the previous round and
 claims the next ones, one job a round and ten, without and with a rate limit
 configured, one job a round for a client with a webhook endpoint (whose
 completions write the outbox), and ten a round with stories of 6,000
-characters (the others' are 940: a story's text is what grows). Each figure is the difference between two connections' totals,
-of ROUNDS/5 and of ROUNDS rounds, over the difference in jobs, so connecting,
+characters (the others' are 940: a story's text is what grows). Each figure
+is the difference between two connections' totals, of ROUNDS/5 and of
+ROUNDS rounds, over the difference in jobs, so connecting,
 warming up and planning cancel out. Needs valgrind and the Postgres server
 binaries (Debian's postgresql package); without them it reports nothing.
 """
