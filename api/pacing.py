@@ -20,7 +20,6 @@ from api import store as api_store
 from shared import db
 from shared.rows import DrainStats
 from shared.status import JobStatus
-from shared.store import Conn
 
 log = structlog.get_logger()
 
@@ -52,21 +51,18 @@ class DrainStatsCache:
         self._read_at = -math.inf
         self._lock = asyncio.Lock()
 
-    async def get(self, conn: Conn | None = None) -> DrainStats | None:
-        """The statistics, read again when older than max_age_s: on ``conn``
-        when the caller holds one (a second connection from the same pool,
-        taken while holding one, could wait on a pool the caller helps fill)."""
+    async def get(self) -> DrainStats | None:
+        """The statistics, read again when older than max_age_s, on a
+        connection of the pool's own. Callers hold none meanwhile (the poll
+        gives its back first): a second connection taken while holding one
+        could wait on a pool the caller helps fill."""
         if self._clock() - self._read_at < self._max_age_s or self._lock.locked():
             return self._aged()
         async with self._lock:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
-                    async with asyncio.timeout(self._timeout_s):
-                        if conn is not None:
-                            self._stats = await api_store.job_drain_stats(conn, model=self._model)
-                        else:
-                            async with self._pool.connection() as own:
-                                self._stats = await api_store.job_drain_stats(own, model=self._model)
+                    async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
+                        self._stats = await api_store.job_drain_stats(conn, model=self._model)
                 except _ESTIMATE_ERRORS as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later
