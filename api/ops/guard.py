@@ -17,7 +17,7 @@ from litestar import Request
 from litestar.connection import ASGIConnection
 from litestar.handlers.base import BaseRouteHandler
 
-from api.auth import ApiKey, require_bearer_key, verify
+from api.auth import bearer_key, verify
 from api.deps import ApiState, deadline
 from api.problems import FieldError, ProblemError
 from shared import console_store as store
@@ -44,8 +44,7 @@ class Operator:
 async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
     """Guard of every /ops/api endpoint: an operator key that exists and is
     not revoked, else the same 401 as any bad key."""
-    await require_bearer_key(connection, handler)
-    api_key: ApiKey = connection.state.api_key
+    api_key = bearer_key(connection.scope)
     api_state: ApiState = connection.app.state.storyjobs
     async with deadline(api_state), api_state.connection_slots.connection() as conn:
         record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
