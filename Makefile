@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV   := .venv
 BIN    := $(VENV)/bin
 
-.PHONY: install run test bench lint clean
+.PHONY: install run test bench mutants lint clean
 
 install: $(VENV)/.installed
 
@@ -21,6 +21,11 @@ run: install
 # embedded), in two processes: most of its time is spent waiting on processes
 test: install
 	$(BIN)/python -m pytest -n 2
+
+# the named mutants (tests/mutants/catalog.py), each in a scratch copy
+# against the tests that should kill it; fails if one survives
+mutants: install
+	$(BIN)/python -m tests.mutants
 
 # the benchmarks, pgqueuer and procrastinate beside storyjobs; results under tests/bench/results/
 bench: $(VENV)/.installed-bench

@@ -1,0 +1,91 @@
+"""The named mutants. Each is one small textual change (``target`` replaced
+by ``replacement``, found exactly once in ``file``), names the invariant it
+attacks, and the tests of the tier that should notice. A restructuring that
+moves a target updates its mutant in the same change:
+tests/repo/test_mutants.py fails while a target is not found exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+Tier = Literal["unit", "integration", "model", "system"]
+
+
+@dataclass(frozen=True)
+class Mutant:
+    name: str
+    invariant: str
+    tier: Tier
+    file: str
+    # (target, replacement) pairs, applied together: a guard that two
+    # predicates hold (a locking scan's and the update's own) falls only
+    # when both go
+    edits: tuple[tuple[str, str], ...]
+    tests: tuple[str, ...]
+    timeout_s: float = 300.0
+
+
+MUTANTS: tuple[Mutant, ...] = (
+    Mutant(
+        name="completion-without-running-guard",
+        invariant="an end written by a worker that no longer holds the job changes nothing",
+        tier="model",
+        file="sql/worker.sql",
+        edits=(("      AND j.status = 'running' AND j.worker_id = %(worker_id)s\n    RETURNING j.id,",
+                "    RETURNING j.id,"),),
+        tests=("tests/model/test_worker_model_pg.py",),
+    ),
+    Mutant(
+        name="sweeper-without-status-guard",
+        invariant="the sweeper never changes a job that already ended",
+        tier="integration",
+        file="sql/sweeper.sql",
+        # the running rule's scan and the update's own guard
+        edits=(("    WHERE %(judge_running)s AND j.status = 'running'\n",
+                "    WHERE %(judge_running)s AND j.status <> 'pending'\n"),
+               ("WHERE j.id = stale.id AND j.status IN ('pending', 'running')",
+                "WHERE j.id = stale.id")),
+        tests=("tests/integration/test_races.py", "tests/integration/test_sweeper.py"),
+    ),
+    Mutant(
+        name="claim-without-pending-predicate",
+        invariant="only a pending job is claimed: a job is run by one worker, once",
+        tier="integration",
+        file="sql/worker.sql",
+        # the unlimited round's scan and the claim's own guard
+        edits=(("    WHERE status = 'pending'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until",
+                "    WHERE true\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until"),
+               ("WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'",
+                "WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))")),
+        tests=("tests/integration/test_races.py",),
+    ),
+    Mutant(
+        name="rate-limited-counted-billed",
+        invariant="a 429 was certainly not billed: its ledger row says so and it may be retried",
+        tier="integration",
+        file="shared/status.py",
+        edits=(("return self in (LlmOutcome.RATE_LIMITED, LlmOutcome.OVERLOADED,",
+                "return self in (LlmOutcome.OVERLOADED,"),),
+        tests=("tests/integration/test_llm_calls.py",),
+    ),
+    Mutant(
+        name="retry-without-its-ledger-row",
+        invariant="a retry is sent only with its ledger row, opened while the job is running under this worker",
+        tier="model",
+        file="sql/worker.sql",
+        edits=(("    WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s\n    FOR SHARE",
+                "    WHERE id = %(job_id)s\n    FOR SHARE"),),
+        tests=("tests/model/test_worker_model_pg.py", "tests/integration/test_llm_calls.py"),
+    ),
+    Mutant(
+        name="adoption-reruns-a-begun-job",
+        invariant="a job a worker has begun is never begun again by that worker",
+        tier="model",
+        file="sql/worker.sql",
+        edits=(("      AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1)\n",
+                ""),),
+        tests=("tests/model/test_worker_model_pg.py", "tests/integration/test_races.py"),
+    ),
+)
