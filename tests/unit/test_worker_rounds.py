@@ -398,7 +398,8 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
 
 async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() -> None:
     """A claim whose answer is lost while another job's request is in flight adopts only the lost
-    claim's job: the job already begun is never begun again, so one request is sent for it."""
+    claim's job: the search is told the job already begun (which the SQL then leaves out: proven on
+    Postgres), and one request is sent for it."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
     store.add_pending(1)
     worker = _worker(store, writer, clock)
@@ -412,6 +413,7 @@ async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() ->
     adopted = await worker.round_once()
     await _let_tasks_run()
     assert adopted.adopted == 1 and sorted(worker.held_job_ids) == [1, 2]
+    assert store.named("claims_of_lost_answer") == [[1]]
     assert writer.sent == ["story 1", "story 2"]
 
 
@@ -438,8 +440,7 @@ async def test_a_claim_that_commits_after_its_answer_was_lost_is_still_adopted()
     assert (await worker.round_once()).adopted == 0  # nothing committed yet
     # the statement commits late: its job is running under this worker, never begun
     (job_id,) = store.add_pending(1)
-    store.jobs[job_id].status, store.jobs[job_id].worker_id = JobStatus.RUNNING, store.worker_id
-    store.ledger[(job_id, 1)] = LlmOutcome.STARTED
+    store.claim_lost(job_id)
     clock.now += 1.0
     assert (await worker.round_once()).adopted == 1
     clock.now += 60.0
