@@ -186,6 +186,12 @@ class RecordingStore:
         return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=claimed,
                             limiter=self.limiter)
 
+    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
+        fault = self._enter("settle", list(completions))
+        completed, already = self._settled(completions)
+        self._leave(fault)
+        return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=[])
+
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         fault = self._enter("fail_running", list(failures))
         failed = []

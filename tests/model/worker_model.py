@@ -257,7 +257,7 @@ async def _no_wait(_: float) -> None:
     await asyncio.sleep(0)
 
 
-STORE_METHODS = ("settle_and_claim", "fail_running", "claims_of_lost_answer", "heartbeat", "call_retry",
+STORE_METHODS = ("settle_and_claim", "settle", "fail_running", "claims_of_lost_answer", "heartbeat", "call_retry",
                  "call_finish")
 
 

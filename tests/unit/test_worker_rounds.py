@@ -269,8 +269,8 @@ async def test_every_database_error_is_backed_off_and_logged_once_per_episode() 
 
 
 async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -> None:
-    """When a batch of two stories is refused for its data, they are settled one at a time: the good
-    one completes, the refused one fails as internal_error, and the worker goes on."""
+    """When a batch of two stories is refused for its data, they are settled one at a time, without a
+    claim: the good one completes, the refused one fails as internal_error, and the worker goes on."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(2)
     worker = _worker(store, writer, clock)
@@ -278,7 +278,7 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
     await _let_tasks_run()
     store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
     assert (await worker.round_once()).database_error is not None
-    store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
+    store.fail_next("settle", psycopg.errors.DataError("invalid byte sequence"))
     refused = await worker.round_once()
     assert refused.unstorable == 1 and refused.database_error is None
     rounds = [await worker.round_once() for _ in range(3)]
@@ -286,6 +286,27 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
     assert store.jobs[1].error_code is ErrorCode.INTERNAL_ERROR
     assert store.statuses() == {1: JobStatus.FAILED, 2: JobStatus.COMPLETED}
     assert store.ledger[(1, 1)] is LlmOutcome.SUCCEEDED
+
+
+async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for() -> None:
+    """A round statement refused for good while it carries one written story and a claim is not blamed on
+    the story: the story is settled alone, with no claim, its job completes, and the next round claims."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    store.add_pending(1)
+    worker.notified()
+    store.fail_next("settle_and_claim", psycopg.errors.CheckViolation("the claim is refused"))
+    with capture_logs() as logs:
+        assert (await worker.round_once()).database_error is not None
+        settled = await worker.round_once()
+    assert (settled.completed, settled.unstorable, settled.claimed) == (1, 0, 0)
+    assert "job.completion_unstorable" not in [e["event"] for e in logs]
+    assert [[c.job_id for c in completions] for completions in store.named("settle")] == [[1]]
+    assert (await worker.round_once()).claimed == 1
+    assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.RUNNING}
 
 
 async def test_provider_text_is_made_storable_before_it_is_settled() -> None:
@@ -501,6 +522,7 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
     await _let_tasks_run()
     for _ in range(3):
         store.fail_next("settle_and_claim", psycopg.errors.DataError("refused"))
+        store.fail_next("settle", psycopg.errors.DataError("refused"))
         store.fail_next("fail_running", psycopg.errors.DataError("refused"))
     for _ in range(4):
         await worker.round_once()
