@@ -388,6 +388,32 @@ bucket_given_back AS (
 )
 SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids;
 
+-- name: job_settle
+-- The round statement's settling half alone, claiming nothing: the written
+-- stories completed through job_settle_ctes and, with a rate limit
+-- configured, the model's bucket given back what their claims reserved and
+-- their calls did not use (as job_fail_running gives it back). The worker
+-- runs it while it takes apart a batch the database refused: the round
+-- statement's claim and its rate bucket's round can be what was refused, and
+-- a story, which was paid for, must not be failed for them.
+WITH
+-- include: job_settle_ctes
+,
+bucket_given_back AS (
+    UPDATE llm_rate_buckets b
+    SET input_tokens = b.input_tokens + g.input_tokens, output_tokens = b.output_tokens + g.output_tokens
+    FROM given_back g
+    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM ended)
+)
+-- as job_settle_and_claim_answer: completed now, or (after an ambiguous
+-- commit) already completed by this worker
+SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
+       coalesce((
+           SELECT array_agg(j.id) FROM story_jobs j
+           WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending))
+             AND j.status = 'completed' AND j.worker_id = %(worker_id)s
+       ), '{}') AS already_completed_ids;
+
 -- name: job_heartbeat
 -- Every few seconds, one statement for all jobs a worker process holds:
 -- refresh heartbeat_at and progress where the job is still ours. It touches no

@@ -23,6 +23,10 @@ for all of them) and claims. What was sent is known, never inferred:
   refuse (numbers already checked against what the columns hold, text made
   storable, a fixed error text); if even that is refused the job stays held
   and the write is retried with backoff, never the request;
+* a refused batch is taken apart one end at a time, and its stories are
+  then written by a statement that only settles (no claim, no rate bucket
+  round), so that a refusal of the claim is never blamed on a story, which
+  was paid for; nothing is claimed until the batch is taken apart;
 * after a claim's answer is lost, the jobs it may have claimed are adopted
   until the statement can no longer commit (its statement timeout), since
   the server may still be running it.
@@ -55,7 +59,7 @@ from shared import db
 from shared.config import WorkerSettings
 from shared.provider_numbers import INT32_MAX
 from shared.ratelimit import KINDS, LimiterState, ProviderView, RateLimits
-from shared.rows import ClaimedJob, Completion, Failure
+from shared.rows import ClaimedJob, Completion, Failure, SettleResult
 from shared.status import ErrorCode, LlmOutcome
 from shared.text import storable, storable_or_none
 from worker import metrics
@@ -340,8 +344,13 @@ class Coordinator:
         failures = self._due(Failure, now)
         closes = self._due(CallRecord, now)
         completions = self._due(Completion, now)
+        if not (failures or closes or completions):
+            self._isolating = False  # nothing left to take apart
+        # while a refused batch is taken apart, nothing is claimed: a refusal
+        # of the claim must never be taken for a refusal of a story
+        isolating = self._isolating
         adopting = self._claiming.lost_answers > 0 and now >= self._claiming.adopt_next_at
-        claim_limit = self._claim_limit()
+        claim_limit = 0 if isolating else self._claim_limit()
         if not (failures or closes or completions or adopting or claim_limit):
             if shutdown is not None and not self._jobs and self._may_exit(now, shutdown):
                 result.finished = True
@@ -356,8 +365,10 @@ class Coordinator:
                 await self._write_closes(closes, result)
             if adopting:
                 await self._adopt(now, result)
-            claim_limit = self._claim_limit()
-            if completions or claim_limit:
+            claim_limit = 0 if isolating else self._claim_limit()
+            if isolating and completions:
+                await self._settle(completions, result)
+            elif completions or claim_limit:
                 await self._settle_and_claim(completions, claim_limit, result)
                 if claim_limit:
                     self._claiming.poll_due_at = now + self.settings.worker_poll_interval_s
@@ -536,6 +547,19 @@ class Coordinator:
             self._claiming.lost_answers = 0
         self._claiming.adopt_next_at = now + _ADOPTION_RECHECK_S
 
+    async def _settle(self, batch: list[HeldJob], result: RoundResult) -> None:
+        """Written stories alone, without a claim or the rate bucket's round
+        (while a refused batch is taken apart): a refusal here is the
+        story's own."""
+        completions = [h.end for h in batch if isinstance(h.end, Completion)]
+        try:
+            settled = await self.store.settle(completions)
+        except db.DB_ERRORS as exc:
+            self._refused(exc, batch, result)
+            return
+        self._written(batch)
+        self._settled(batch, settled, result)
+
     async def _settle_and_claim(self, batch: list[HeldJob], claim_limit: int, result: RoundResult) -> None:
         completions = [h.end for h in batch if isinstance(h.end, Completion)]
         view = self._heard if self._heard is not self._told else None
@@ -551,9 +575,29 @@ class Coordinator:
                 self._claiming.lost_answers += 1
                 later = 0.0 if _server_ended(exc) else self._statement_timeout_s + _ADOPTION_MARGIN_S
                 self._claiming.adopt_until = max(self._claiming.adopt_until, self._clock() + later)
+            if batch and not db.is_transient(exc):
+                # refused, and the claim and the bucket's round may be what
+                # was refused: the stories are taken apart with settle alone,
+                # one at a time, before one of them is blamed
+                self._isolating = True
+                raise
             self._refused(exc, batch, result)
             return
         self._written(batch)
+        self._settled(batch, settled, result)
+        for job in settled.claimed:
+            self.claims += 1
+            metrics.CLAIMED.inc()
+            metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
+            self._hold(job)
+        result.claimed = len(settled.claimed)
+        if settled.claimed:
+            metrics.WORKER_LAST_CLAIM.set_to_current_time()
+        if view is not None:
+            self._told = view
+        self._limited(settled.limiter, claim_limit, len(settled.claimed))
+
+    def _settled(self, batch: list[HeldJob], settled: SettleResult, result: RoundResult) -> None:
         completed = set(settled.completed_ids).union(settled.already_completed_ids)
         for held in batch:
             self._release(held)
@@ -568,17 +612,6 @@ class Coordinator:
                 metrics.LOST_COMPLETION.inc()
                 log.warning("job.lost_race", job_id=held.public_id, transition="running_to_completed",
                             detail="sweeper raced, story orphaned")
-        for job in settled.claimed:
-            self.claims += 1
-            metrics.CLAIMED.inc()
-            metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
-            self._hold(job)
-        result.claimed = len(settled.claimed)
-        if settled.claimed:
-            metrics.WORKER_LAST_CLAIM.set_to_current_time()
-        if view is not None:
-            self._told = view
-        self._limited(settled.limiter, claim_limit, len(settled.claimed))
 
     def _limited(self, limiter: LimiterState, claim_limit: int, claimed: int) -> None:
         """What the shared rate limiter said: its gauges, and when a claim is
@@ -604,9 +637,10 @@ class Coordinator:
     def _refused(self, exc: Exception, batch: list[HeldJob], result: RoundResult) -> None:
         """After a database error writing a batch of ends: raise it again (a
         transient error is waited out; a batch refused for its data is then
-        written one end at a time), unless the one end of a batch was
-        refused for good: that end is then rewritten in a form the database
-        cannot refuse, and, refused in that form too, tried again later."""
+        written one end at a time, stories without a claim), unless the one
+        end of a batch written on its own was refused for good: that end is
+        then rewritten in a form the database cannot refuse, and, refused in
+        that form too, tried again later."""
         if db.is_transient(exc) or not batch:
             raise exc
         if len(batch) > 1:

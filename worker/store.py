@@ -57,6 +57,12 @@ class WorkerStore(Protocol):
         one's first ledger row; one statement."""
         ...
 
+    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
+        """Completes the written stories alone: settle_and_claim without its
+        claim and without the rate bucket's round (it claims nothing and
+        answers no limiter), so that a refusal is the stories' own."""
+        ...
+
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         """running -> failed for these jobs where they are still ours; their
         ledger rows closed. Returns the ids that were ours."""
@@ -157,6 +163,11 @@ class PgWorkerStore:
             self._limits = self._configured.announced(settled.limiter.announced(),
                                                       max_tokens=self._default_max_tokens)
         return settled
+
+    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
+        async with self._pool.connection() as conn:
+            return await job_settle(conn, worker_id=self._worker_id, completions=completions, model=self._model,
+                                    limited=self._limits.limited)
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         async with self._pool.connection() as conn:
@@ -290,6 +301,21 @@ async def job_settle_and_claim(
         claimed=_claimed_decoder.decode(claimed_json),
         limiter=_limiter_decoder.decode(limiter_json),
     )
+
+
+async def job_settle(
+    conn: Conn, *, worker_id: str, completions: Sequence[Completion], model: str = "", limited: bool = False,
+) -> SettleResult:
+    """Completes written stories, claiming nothing; with a rate limit
+    configured (``limited``), the model's bucket gets back what their calls
+    did not use."""
+    params = {"worker_id": worker_id, "model": model, "limited": limited, **completion_params(completions)}
+    cur = await conn.execute(Q["job_settle"], params)
+    row = await cur.fetchone()
+    assert row is not None
+    completed_ids, already_completed_ids = row
+    return SettleResult(completed_ids=list(completed_ids), already_completed_ids=list(already_completed_ids),
+                        claimed=[])
 
 
 async def job_fail_running(

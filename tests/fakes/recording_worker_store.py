@@ -1,16 +1,33 @@
-"""An in-memory WorkerStore that records what the worker asked of it.
+"""An in-memory WorkerStore that records what the worker asked of it and
+answers as the test configured.
 
-It keeps jobs and ledger rows as the SQL does (guarded by status and worker
-id), so the coordinator's rules can be tested in milliseconds; a test can
-make the next call of a method fail (before or after its effect, as when a
-connection drops around a commit).
+It is for the coordinator's decisions (what it asks for, when, with what),
+not for the SQL: it keeps no job rows and checks none of the statements'
+guards (a job's status and worker id, a claim's pending jobs, adoption's
+begun jobs, a retry's ownership); those are proven on Postgres
+(tests/model/test_worker_model_pg.py, tests/integration). What it answers
+follows what the test set up:
+
+* ``add_pending``: the jobs the next claims hand out, in order;
+* ``end_elsewhere``: jobs the database says are no longer this worker's
+  (cancelled or swept), from then on, in every answer about them;
+* ``claim_lost``: a job claimed by a statement whose answer was lost, which
+  the next search for such claims finds;
+* ``fail_next``: the next call of a method fails, before or after its
+  effect, as when a connection drops around a commit;
+* ``limiter`` and ``paused_s``: what claims and retries hear of the shared
+  rate bucket.
+
+It answers a repeated call as it answered the first (a completion written
+again after its answer was lost is "already completed"), since that is what
+the statements promise and what the coordinator relies on.
 """
 
 from __future__ import annotations
 
 import asyncio
 import uuid
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from decimal import Decimal
@@ -19,7 +36,6 @@ from typing import TYPE_CHECKING, Any
 from shared.ratelimit import LimiterState, ProviderView
 from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
 from shared.status import ErrorCode, JobStatus, LlmOutcome
-from worker.store import WorkerStore
 
 if TYPE_CHECKING:
     from worker.store import WorkerStore
@@ -27,9 +43,13 @@ if TYPE_CHECKING:
 
 @dataclass
 class StoredJob:
+    """What the test set up for a job, and what the store answered about it."""
+
     id: int
+    # PENDING until claimed; then RUNNING, COMPLETED or FAILED as answered
     status: JobStatus = JobStatus.PENDING
-    worker_id: str | None = None
+    # set by end_elsewhere: the database says the job is no longer ours
+    gone: bool = False
     error_code: ErrorCode | None = None
     progress: int = 0
     public_id: uuid.UUID = field(default_factory=uuid.uuid4)
@@ -45,20 +65,19 @@ class Fault:
 
 class RecordingStore:
     def __init__(self, worker_id: str = "w-test", *, max_tokens: int | None = None,
-                 input_tokens_estimate: int | None = None,
-                 worst_case_usd: Callable[[int], Decimal] = lambda _: Decimal(0)) -> None:
+                 input_tokens_estimate: int | None = None) -> None:
         self._worker_id = worker_id
         self.jobs: dict[int, StoredJob] = {}
+        # the ledger as the worker wrote it: each attempt's outcome and billed
         self.ledger: dict[tuple[int, int], LlmOutcome] = {}
         self.billed: dict[tuple[int, int], bool] = {}
-        # what each job was accepted with, and what the budget charged an
-        # ended job (as story_jobs.charged_usd and the budget trigger do)
+        # what each claimed job says it was accepted with
         self.max_tokens = max_tokens
         self.input_tokens_estimate = input_tokens_estimate
-        self.worst_case_usd = worst_case_usd
-        self.charged: dict[int, Decimal] = {}
         self.calls: list[tuple[str, Any]] = []
         self._faults: dict[str, list[Fault]] = {}
+        self._pending: list[int] = []
+        self._lost_claims: list[int] = []
         self._notifications: asyncio.Queue[None] = asyncio.Queue()
         # what the next claims answer of the shared rate bucket, and how long
         # a retry is held (another worker's 429)
@@ -70,13 +89,14 @@ class RecordingStore:
     def worker_id(self) -> str:
         return self._worker_id
 
-    # -- what tests use ---------------------------------------------------------------
+    # -- what tests set up and read ---------------------------------------------------
 
     def add_pending(self, n: int = 1) -> list[int]:
         ids = []
         for _ in range(n):
             job_id = len(self.jobs) + 1
             self.jobs[job_id] = StoredJob(job_id)
+            self._pending.append(job_id)
             ids.append(job_id)
         return ids
 
@@ -84,20 +104,27 @@ class RecordingStore:
         self._faults.setdefault(method, []).append(Fault(error, after_effect))
 
     def end_elsewhere(self, job_id: int, code: ErrorCode = ErrorCode.CANCELLED) -> None:
-        """What a cancellation or the sweeper does: the job fails, charged its
-        worst case if it was running, and its open call is closed."""
+        """From now on the database answers that the job is no longer ours
+        (a cancel or a sweep ended it, and closed its open call)."""
         job = self.jobs[job_id]
-        if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
-            self.charged[job_id] = self.worst_case_usd(job_id) if job.status is JobStatus.RUNNING else Decimal(0)
-        job.status, job.error_code = JobStatus.FAILED, code
+        job.gone, job.status, job.error_code = True, JobStatus.FAILED, code
+        if job_id in self._pending:
+            self._pending.remove(job_id)
         for key, outcome in self.ledger.items():
             if key[0] == job_id and outcome is LlmOutcome.STARTED:
                 self.ledger[key] = LlmOutcome.INTERRUPTED
 
-    def budget_held(self) -> Decimal:
-        """What the budget counts: an ended job's charge, a live job's reservation."""
-        return sum((self.charged.get(job.id, self.worst_case_usd(job.id)) for job in self.jobs.values()),
-                   Decimal(0))
+    def claim_elsewhere(self) -> int | None:
+        """Another worker takes the next pending job: no claim here hands it out."""
+        return self._pending.pop(0) if self._pending else None
+
+    def claim_lost(self, job_id: int) -> None:
+        """A claim whose answer was lost committed this job (its first row
+        written): the next search for the claims of a lost answer finds it."""
+        self.jobs[job_id].status = JobStatus.RUNNING
+        self._pending.remove(job_id)
+        self.ledger[(job_id, 1)] = LlmOutcome.STARTED
+        self._lost_claims.append(job_id)
 
     def notify(self) -> None:
         self._notifications.put_nowait(None)
@@ -107,6 +134,11 @@ class RecordingStore:
 
     def statuses(self) -> dict[int, JobStatus]:
         return {job.id: job.status for job in self.jobs.values()}
+
+    def held_here(self, job_id: int) -> bool:
+        """Claimed, and not yet answered as ended nor set up as ended elsewhere."""
+        job = self.jobs.get(job_id)
+        return job is not None and job.status is JobStatus.RUNNING and not job.gone
 
     # -- WorkerStore ------------------------------------------------------------------
 
@@ -123,34 +155,42 @@ class RecordingStore:
         if fault is not None:
             raise fault.error
 
-    def _ours(self, job_id: int) -> bool:
-        job = self.jobs.get(job_id)
-        return job is not None and job.status is JobStatus.RUNNING and job.worker_id == self._worker_id
+    def _settled(self, completions: Sequence[Completion]) -> tuple[list[int], list[int]]:
+        completed, already = [], []
+        for completion in completions:
+            self.ledger[(completion.job_id, completion.attempt)] = LlmOutcome.SUCCEEDED
+            self.billed[(completion.job_id, completion.attempt)] = True
+            job = self.jobs[completion.job_id]
+            if job.status is JobStatus.COMPLETED:
+                already.append(job.id)
+            elif self.held_here(job.id):
+                job.status, job.story = JobStatus.COMPLETED, completion
+                completed.append(job.id)
+        return completed, already
 
     async def settle_and_claim(
         self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
     ) -> SettleResult:
         fault = self._enter("settle_and_claim", (list(completions), claim_limit))
         self.provider_views.append(provider_view)
-        completed = []
-        for completion in completions:
-            self.ledger[(completion.job_id, completion.attempt)] = LlmOutcome.SUCCEEDED
-            self.billed[(completion.job_id, completion.attempt)] = True
-            if self._ours(completion.job_id):
-                job = self.jobs[completion.job_id]
-                job.status, job.story = JobStatus.COMPLETED, completion
-                self.charged[job.id] = completion.cost_usd
-                completed.append(completion.job_id)
+        completed, already = self._settled(completions)
         claimed: list[ClaimedJob] = []
-        for job in self.jobs.values():
-            if len(claimed) == claim_limit:
-                break
-            if job.status is JobStatus.PENDING:
-                job.status, job.worker_id = JobStatus.RUNNING, self._worker_id
-                self.ledger[(job.id, 1)] = LlmOutcome.STARTED
-                claimed.append(self._claimed(job))
+        while self._pending and len(claimed) < claim_limit:
+            job = self.jobs[self._pending.pop(0)]
+            job.status = JobStatus.RUNNING
+            self.ledger[(job.id, 1)] = LlmOutcome.STARTED
+            claimed.append(self._claimed(job))
+        if fault is not None:
+            self._lost_claims.extend(job.id for job in claimed)
         self._leave(fault)
-        return SettleResult(completed_ids=completed, already_completed_ids=[], claimed=claimed, limiter=self.limiter)
+        return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=claimed,
+                            limiter=self.limiter)
+
+    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
+        fault = self._enter("settle", list(completions))
+        completed, already = self._settled(completions)
+        self._leave(fault)
+        return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=[])
 
     async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
         fault = self._enter("fail_running", list(failures))
@@ -161,21 +201,19 @@ class RecordingStore:
             for key, later in self.ledger.items():
                 if key[0] == failure.job_id and key[1] > failure.attempt and later is LlmOutcome.STARTED:
                     self.ledger[key] = LlmOutcome.NOT_SENT
-            if self._ours(failure.job_id):
+            if self.held_here(failure.job_id):
                 job = self.jobs[failure.job_id]
                 job.status, job.error_code = JobStatus.FAILED, failure.error_code
-                self.charged[job.id] = failure.cost_usd if failure.billed else Decimal(0)
                 failed.append(failure.job_id)
         self._leave(fault)
         return failed
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
+        """Each job a lost claim committed, found once (which jobs the real
+        search leaves out is the SQL's to prove)."""
         fault = self._enter("claims_of_lost_answer", list(known_ids))
-        found = [
-            self._claimed(job) for job in self.jobs.values()
-            if self._ours(job.id) and job.id not in known_ids
-            and self.ledger.get((job.id, 1)) is LlmOutcome.STARTED and (job.id, 2) not in self.ledger
-        ]
+        found = [self._claimed(self.jobs[job_id]) for job_id in self._lost_claims if self.held_here(job_id)]
+        self._lost_claims.clear()
         self._leave(fault)
         return found
 
@@ -183,7 +221,7 @@ class RecordingStore:
         fault = self._enter("heartbeat", dict(progress))
         rows = []
         for job_id, tokens in progress.items():
-            alive = self._ours(job_id)
+            alive = self.held_here(job_id)
             job = self.jobs[job_id]
             if alive:
                 job.progress = tokens
@@ -197,16 +235,17 @@ class RecordingStore:
         fault = self._enter("call_retry", (job_id, previous_attempt, previous_outcome))
         self.ledger[(job_id, previous_attempt)] = previous_outcome
         self.billed[(job_id, previous_attempt)] = not previous_outcome.certainly_unbilled
+        owned = self.held_here(job_id)
         attempt = None
         following = (job_id, previous_attempt + 1)
-        if self._ours(job_id) and following in self.ledger:
-            # run again after its answer was lost: the row it opened
+        if owned and following in self.ledger:
+            # asked again after its answer was lost: the row it opened
             attempt = previous_attempt + 1 if self.ledger[following] is LlmOutcome.STARTED else None
-        elif self._ours(job_id) and not self.paused_s:
+        elif owned and not self.paused_s:
             attempt = previous_attempt + 1
             self.ledger[following] = LlmOutcome.STARTED
         self._leave(fault)
-        return RetryStart(attempt=attempt, paused_s=self.paused_s, owned=self._ours(job_id))
+        return RetryStart(attempt=attempt, paused_s=self.paused_s, owned=owned)
 
     async def pause(self, pause_s: float) -> None:
         fault = self._enter("pause", pause_s)
@@ -222,9 +261,6 @@ class RecordingStore:
         fault = self._enter("call_finish", (job_id, attempt, outcome, billed))
         self.ledger[(job_id, attempt)] = outcome
         self.billed[(job_id, attempt)] = billed
-        job = self.jobs[job_id]
-        if job.status is JobStatus.FAILED and self.charged.get(job_id, Decimal(0)) > cost_usd:
-            self.charged[job_id] = cost_usd
         for key, later in self.ledger.items():
             if key[0] == job_id and key[1] > attempt and later in (LlmOutcome.STARTED, LlmOutcome.INTERRUPTED):
                 self.ledger[key] = LlmOutcome.NOT_SENT

@@ -1,15 +1,23 @@
-"""The same model-based test as test_worker_model.py, on the real store: the
+"""The model-based test of tests/model/worker_model.py on the real store: the
 coordinator's statements run on Postgres (a fresh database per example), so
-the recording store cannot drift from what the SQL does. Faults are injected
-around the real statements: refused before they run, or their answer lost
-after they committed. Cancels are the api's statement, sweeps the sweeper's."""
+that the SQL's guards are what the invariants check (the recording store
+keeps no copy of them). Faults are injected around the real statements:
+refused before they run, or their answer lost after they committed. Cancels
+are the api's statement, sweeps the sweeper's, another worker's claim the
+round statement under another worker id.
+
+Besides the Hypothesis run, the orders in which one guard alone keeps an end
+from a job no longer ours are played as scenarios, every time: an answer
+arriving after a cancel or a sweep (a story, a refusal, a 429 that asks for
+a retry), a completion written again after its answer was lost, and a claim
+lost while a begun job's call is open."""
 
 from __future__ import annotations
 
 import itertools
 import os
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -26,9 +34,10 @@ from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
-from tests.model.worker_model import MAX_TOKENS, WorkerMachine, World
+from tests.model.worker_model import MAX_TOKENS, OTHER_WORKER, JobState, WorkerMachine, World
 from tests.support import postgres_server
 from tests.support.database import create_key
+from worker import store as worker_store
 from worker.store import PgWorkerStore
 
 WORKER_ID = "w-model"
@@ -122,6 +131,11 @@ class PgWorld:
                                    pending_timeout_s=86_400, judge_running=True, batch_size=10, lock_timeout_s=5,
                                    now=datetime.now(UTC) + timedelta(seconds=1))
 
+    async def claim_elsewhere(self) -> int | None:
+        settled = await worker_store.job_settle_and_claim(self.conn, worker_id=OTHER_WORKER, completions=[],
+                                                          claim_limit=1, provider="anthropic", model="model")
+        return settled.claimed[0].id if settled.claimed else None
+
     def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None:
         self.faulty.fail_next(method, error, after_effect=after_effect)
 
@@ -139,6 +153,11 @@ class PgWorld:
         cur = await self.conn.execute("SELECT job_id, attempt, outcome, billed FROM llm_calls")
         return {(job_id, attempt): (LlmOutcome(outcome), billed)
                 for job_id, attempt, outcome, billed in await cur.fetchall()}
+
+    async def job_states(self) -> dict[int, JobState]:
+        cur = await self.conn.execute("SELECT id, status::text, worker_id, story_id::text, error_code, error_text "
+                                      "FROM story_jobs")
+        return {row[0]: JobState(*row[1:]) for row in await cur.fetchall()}
 
     async def budget_held(self) -> Decimal:
         cur = await self.conn.execute("SELECT coalesce(sum(spent_usd + reserved_usd), 0) FROM budget_days "
@@ -175,4 +194,60 @@ def test_the_coordinator_keeps_its_promise_on_postgres(pg_machine: type[PgStoreM
     run_state_machine_as_test(pg_machine, settings=settings(
         max_examples=examples, stateful_step_count=25, deadline=None,
         suppress_health_check=[HealthCheck.too_slow, HealthCheck.filter_too_much]))
+
+
+def _play(machine_type: type[PgStoreMachine], *steps: Callable[[PgStoreMachine], None]) -> PgStoreMachine:
+    """Runs the steps on a fresh machine, every invariant checked after each, as Hypothesis would."""
+    machine = machine_type()
+    try:
+        machine.check_invariants_now()
+        for step in steps:
+            step(machine)
+            machine.check_invariants_now()
+    finally:
+        machine.teardown()
+    return machine
+
+
+def _first_request(machine: PgStoreMachine) -> Any:
+    (request,) = machine.d.provider.waiting
+    return request
+
+
+def test_a_story_that_arrives_after_a_cancel_changes_nothing(pg_machine: type[PgStoreMachine]) -> None:
+    """A job cancelled while its request is in flight stays cancelled when the story arrives and is settled."""
+    machine = _play(pg_machine, lambda m: m.add_jobs(1),
+                    lambda m: m.end_then_answer(_first_request(m), ErrorCode.CANCELLED, "stream"))
+    assert machine.d.ended[1].error_code == "cancelled"
+
+
+def test_a_failure_that_arrives_after_a_sweep_changes_nothing(pg_machine: type[PgStoreMachine]) -> None:
+    """A job swept while its request is in flight keeps the sweep's end when the provider's 400 fails it."""
+    machine = _play(pg_machine, lambda m: m.add_jobs(1),
+                    lambda m: m.end_then_answer(_first_request(m), ErrorCode.INTERRUPTED, "rejected"))
+    assert machine.d.ended[1].error_code == "interrupted"
+
+
+def test_a_429_that_arrives_after_a_cancel_sends_no_retry(pg_machine: type[PgStoreMachine]) -> None:
+    """A job cancelled while its request is in flight gets no retry (and no ledger row for one) after a 429."""
+    machine = _play(pg_machine, lambda m: m.add_jobs(1),
+                    lambda m: m.end_then_answer(_first_request(m), ErrorCode.CANCELLED, "rate_limited"))
+    assert len(machine.d.provider.requests) == 1
+
+
+def test_a_completion_written_again_after_its_answer_was_lost_changes_nothing(
+    pg_machine: type[PgStoreMachine],
+) -> None:
+    """A round that completed a job but lost its answer writes the completion again: the job keeps its story."""
+    machine = _play(pg_machine, lambda m: m.add_jobs(1),
+                    lambda m: m.statement_fails("settle_and_claim", lost_answer=True),
+                    lambda m: m.answer_request(_first_request(m), "stream"),
+                    lambda m: m.round(), lambda m: m.round())
+    assert machine.d.ended[1].status == "completed"
+
+
+def test_a_claim_lost_while_a_call_is_open_never_begins_that_call_again(pg_machine: type[PgStoreMachine]) -> None:
+    """After a claim's answer is lost while job 1's request is in flight, adoption runs job 2 and leaves job 1."""
+    machine = _play(pg_machine, lambda m: m.add_jobs(1), lambda m: m.claim_lost_while_a_call_is_open())
+    assert sorted(r.job_id for r in machine.d.provider.requests) == [1, 2]
 

@@ -13,12 +13,26 @@ After every step the invariants are checked:
 * every request sent has its ledger row, and once closed by the worker, the
   row's ``billed`` matches what the provider did;
 * what the budget holds for the jobs (charged, or reserved while they run)
-  is never below what the provider billed.
+  is never below what the provider billed;
+* a job sends a request again only after its previous one was refused;
+* a job that reached completed or failed never changes again (its status,
+  story and error), so that an end written by a worker that no longer holds
+  the job (cancelled, swept, or running under another worker) changes
+  nothing; a job another worker holds is ended by nobody but a cancel or a
+  sweep.
+
+The last two read what only the database knows, and a world that cannot say
+(the recording store, which keeps no job rows of its own) answers None: the
+guards that hold them are proven on Postgres. Besides the rules Hypothesis
+picks among, ``scenario`` steps drive the orders that are the most dangerous
+(an end arriving after a cancel or a sweep, a lost claim while a call is in
+flight) on purpose, so that tests/model/test_worker_model_pg.py can play
+them every time.
 
 A ``World`` gives the machine its store and what it needs to check them; the
-recording store (tests/fakes/recording_worker_store.py) and the real one on Postgres
-(tests/model/test_worker_model_pg.py) are both worlds, so the fake cannot
-drift from the real store.
+recording store (tests/fakes/recording_worker_store.py: the coordinator's
+decisions, answered as the rules configured) and the real one on Postgres
+(tests/model/test_worker_model_pg.py: the SQL's guards) are both worlds.
 """
 
 from __future__ import annotations
@@ -39,10 +53,8 @@ import stamina
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from shared import prompt
 from shared.config import WorkerSettings
 from shared.status import ErrorCode, LlmOutcome
-from shared.story_request import StoryRequest
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 from worker.store import WorkerStore
@@ -80,10 +92,19 @@ def model_settings() -> WorkerSettings:
 PRICE = model_settings().price()
 
 
-def worst_case(job_id: int) -> Decimal:
-    """What a job's reservation holds: its max_tokens and the bound on its input."""
-    request = StoryRequest(prompt=f"story {job_id}")
-    return PRICE.worst_case(prompt.input_tokens_at_most(request), MAX_TOKENS)
+@dataclass(frozen=True)
+class JobState:
+    """What a job's row says of its end."""
+
+    status: str
+    worker_id: str | None
+    story_id: str | None
+    error_code: str | None
+    error_text: str | None
+
+
+ENDED = ("completed", "failed")
+OTHER_WORKER = "w-other"
 
 
 @dataclass
@@ -108,6 +129,10 @@ class World(Protocol):
 
     async def end_elsewhere(self, job_id: int, code: ErrorCode) -> None: ...
 
+    async def claim_elsewhere(self) -> int | None:
+        """Another worker claims the next pending job (its id, or None)."""
+        ...
+
     def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None: ...
 
     async def is_ours(self, job_id: int) -> bool: ...
@@ -116,9 +141,14 @@ class World(Protocol):
 
     async def ledger(self) -> dict[tuple[int, int], tuple[LlmOutcome, bool]]: ...
 
-    async def budget_held(self) -> Decimal:
+    async def budget_held(self) -> Decimal | None:
         """What the budget counts for every job: charged when ended,
-        reserved (the worst case) while pending or running."""
+        reserved (the worst case) while pending or running; None where the
+        world keeps no budget."""
+        ...
+
+    async def job_states(self) -> dict[int, JobState] | None:
+        """Every job's row; None where the world keeps no job rows."""
         ...
 
 
@@ -227,7 +257,7 @@ async def _no_wait(_: float) -> None:
     await asyncio.sleep(0)
 
 
-STORE_METHODS = ("settle_and_claim", "fail_running", "claims_of_lost_answer", "heartbeat", "call_retry",
+STORE_METHODS = ("settle_and_claim", "settle", "fail_running", "claims_of_lost_answer", "heartbeat", "call_retry",
                  "call_finish")
 
 
@@ -244,6 +274,11 @@ class Drive:
     settle: Callable[[], Any]
     stopped: bool = False
     closed_jobs: set[int] = field(default_factory=set)
+    # each job's row as first seen ended, which it keeps
+    ended: dict[int, JobState] = field(default_factory=dict)
+    # jobs ended by a cancel or a sweep, and those another worker claimed
+    ended_elsewhere: set[int] = field(default_factory=set)
+    elsewhere: set[int] = field(default_factory=set)
 
 
 class WorkerMachine(RuleBasedStateMachine):
@@ -322,10 +357,38 @@ class WorkerMachine(RuleBasedStateMachine):
     @precondition(lambda self: self.d.provider.waiting)
     @rule(data=st.data(), kind=st.sampled_from(sorted(ANSWERS)))
     def answer(self, data: st.DataObject, kind: str) -> None:
-        request = data.draw(st.sampled_from(self.d.provider.waiting))
+        self.answer_request(data.draw(st.sampled_from(self.d.provider.waiting)), kind)
+
+    def answer_request(self, request: SentRequest, kind: str) -> None:
         request.done.set_result(kind)
         self.d.settle()
         self.round()  # a finished call wakes the coordinator
+
+    # the orders in which a guard is all that stands between an end and a job
+    # that is no longer ours: the job ended elsewhere while its call is open,
+    # then the call's answer arrives (a story, a refusal that asks for a
+    # retry, a failure), before any heartbeat tells the worker
+    @precondition(lambda self: self.d.provider.waiting)
+    @rule(data=st.data(), code=st.sampled_from([ErrorCode.CANCELLED, ErrorCode.INTERRUPTED]),
+          kind=st.sampled_from(sorted(ANSWERS)))
+    def answered_after_an_end_elsewhere(self, data: st.DataObject, code: ErrorCode, kind: str) -> None:
+        """A cancel or a sweep ends a job whose request is in flight; then the provider answers it."""
+        self.end_then_answer(data.draw(st.sampled_from(self.d.provider.waiting)), code, kind)
+
+    def end_then_answer(self, request: SentRequest, code: ErrorCode, kind: str) -> None:
+        self.end_job(request.job_id, code)
+        self.answer_request(request, kind)
+
+    # a claim whose answer is lost while a job this worker began is in
+    # flight: adoption must leave the begun job alone
+    @precondition(lambda self: self.d.provider.waiting and not self.d.stopped)
+    @rule()
+    def claim_lost_while_a_call_is_open(self) -> None:
+        """A new job's claim commits but its answer is lost; the next round adopts what it claimed."""
+        self.d.world.fail_next("settle_and_claim", psycopg.OperationalError("the connection was lost"),
+                               after_effect=True)
+        self.add_jobs(1)
+        self.round()
 
     # the round statement, which claims, fails most often: it is where a lost
     # answer costs most
@@ -345,7 +408,18 @@ class WorkerMachine(RuleBasedStateMachine):
         """A cancel (DELETE) or a sweep ends a live job."""
         running = self.run(self.d.world.running())
         if running:
-            self.run(self.d.world.end_elsewhere(data.draw(st.sampled_from(running)), code))
+            self.end_job(data.draw(st.sampled_from(running)), code)
+
+    def end_job(self, job_id: int, code: ErrorCode) -> None:
+        self.run(self.d.world.end_elsewhere(job_id, code))
+        self.d.ended_elsewhere.add(job_id)
+
+    @rule()
+    def claimed_by_another_worker(self) -> None:
+        """Another worker claims the next pending job (and never ends it)."""
+        job_id = self.run(self.d.world.claim_elsewhere())
+        if job_id is not None:
+            self.d.elsewhere.add(job_id)
 
     @rule()
     def heartbeat(self) -> None:
@@ -395,4 +469,48 @@ class WorkerMachine(RuleBasedStateMachine):
     def the_budget_never_holds_less_than_the_provider_billed(self) -> None:
         billed = sum((r.cost for r in self.d.provider.requests), Decimal(0))
         held = self.run(self.d.world.budget_held())
-        assert held >= billed, (held, billed)
+        assert held is None or held >= billed, (held, billed)
+
+    @invariant()
+    def a_request_is_sent_again_only_after_a_refusal(self) -> None:
+        """A second request for a job (a retry, or the job begun again) is
+        sent only once the first was answered with a refusal."""
+        for job_id in {r.job_id for r in self.d.provider.requests}:
+            earlier = self.d.provider.for_job(job_id)[:-1]
+            assert all(r.billing == REFUSED for r in earlier), (job_id, [r.billing for r in earlier])
+
+    @invariant()
+    def an_ended_job_never_changes(self) -> None:
+        """Completed or failed is for good: status, story and error as first
+        seen, whoever writes to the job afterwards."""
+        states = self.run(self.d.world.job_states())
+        if states is None:
+            return
+        for job_id, state in states.items():
+            first = self.d.ended.get(job_id)
+            if first is not None:
+                assert state == first, (job_id, first, state)
+            elif state.status in ENDED:
+                self.d.ended[job_id] = state
+
+    @invariant()
+    def a_job_another_worker_holds_is_ended_only_elsewhere(self) -> None:
+        states = self.run(self.d.world.job_states())
+        if states is None:
+            return
+        for job_id in self.d.elsewhere:
+            state = states[job_id]
+            assert state.worker_id == OTHER_WORKER, (job_id, state)
+            assert state.status == "running" or (job_id in self.d.ended_elsewhere and state.status == "failed"), (
+                job_id, state)
+
+    def check_invariants_now(self) -> None:
+        """Every invariant, as Hypothesis checks them after a step (for the
+        scenarios that call the rules themselves)."""
+        self.at_most_one_billed_request_per_job()
+        self.no_request_for_a_job_not_ours()
+        self.every_request_has_its_row_and_the_row_says_what_was_billed()
+        self.the_budget_never_holds_less_than_the_provider_billed()
+        self.a_request_is_sent_again_only_after_a_refusal()
+        self.an_ended_job_never_changes()
+        self.a_job_another_worker_holds_is_ended_only_elsewhere()

@@ -269,8 +269,8 @@ async def test_every_database_error_is_backed_off_and_logged_once_per_episode() 
 
 
 async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -> None:
-    """When a batch of two stories is refused for its data, they are settled one at a time: the good
-    one completes, the refused one fails as internal_error, and the worker goes on."""
+    """When a batch of two stories is refused for its data, they are settled one at a time, without a
+    claim: the good one completes, the refused one fails as internal_error, and the worker goes on."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(2)
     worker = _worker(store, writer, clock)
@@ -278,7 +278,7 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
     await _let_tasks_run()
     store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
     assert (await worker.round_once()).database_error is not None
-    store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
+    store.fail_next("settle", psycopg.errors.DataError("invalid byte sequence"))
     refused = await worker.round_once()
     assert refused.unstorable == 1 and refused.database_error is None
     rounds = [await worker.round_once() for _ in range(3)]
@@ -286,6 +286,27 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
     assert store.jobs[1].error_code is ErrorCode.INTERNAL_ERROR
     assert store.statuses() == {1: JobStatus.FAILED, 2: JobStatus.COMPLETED}
     assert store.ledger[(1, 1)] is LlmOutcome.SUCCEEDED
+
+
+async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for() -> None:
+    """A round statement refused for good while it carries one written story and a claim is not blamed on
+    the story: the story is settled alone, with no claim, its job completes, and the next round claims."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    store.add_pending(1)
+    worker.notified()
+    store.fail_next("settle_and_claim", psycopg.errors.CheckViolation("the claim is refused"))
+    with capture_logs() as logs:
+        assert (await worker.round_once()).database_error is not None
+        settled = await worker.round_once()
+    assert (settled.completed, settled.unstorable, settled.claimed) == (1, 0, 0)
+    assert "job.completion_unstorable" not in [e["event"] for e in logs]
+    assert [[c.job_id for c in completions] for completions in store.named("settle")] == [[1]]
+    assert (await worker.round_once()).claimed == 1
+    assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.RUNNING}
 
 
 async def test_provider_text_is_made_storable_before_it_is_settled() -> None:
@@ -398,7 +419,8 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
 
 async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() -> None:
     """A claim whose answer is lost while another job's request is in flight adopts only the lost
-    claim's job: the job already begun is never begun again, so one request is sent for it."""
+    claim's job: the search is told the job already begun (which the SQL then leaves out: proven on
+    Postgres), and one request is sent for it."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
     store.add_pending(1)
     worker = _worker(store, writer, clock)
@@ -412,6 +434,7 @@ async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() ->
     adopted = await worker.round_once()
     await _let_tasks_run()
     assert adopted.adopted == 1 and sorted(worker.held_job_ids) == [1, 2]
+    assert store.named("claims_of_lost_answer") == [[1]]
     assert writer.sent == ["story 1", "story 2"]
 
 
@@ -438,8 +461,7 @@ async def test_a_claim_that_commits_after_its_answer_was_lost_is_still_adopted()
     assert (await worker.round_once()).adopted == 0  # nothing committed yet
     # the statement commits late: its job is running under this worker, never begun
     (job_id,) = store.add_pending(1)
-    store.jobs[job_id].status, store.jobs[job_id].worker_id = JobStatus.RUNNING, store.worker_id
-    store.ledger[(job_id, 1)] = LlmOutcome.STARTED
+    store.claim_lost(job_id)
     clock.now += 1.0
     assert (await worker.round_once()).adopted == 1
     clock.now += 60.0
@@ -500,6 +522,7 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
     await _let_tasks_run()
     for _ in range(3):
         store.fail_next("settle_and_claim", psycopg.errors.DataError("refused"))
+        store.fail_next("settle", psycopg.errors.DataError("refused"))
         store.fail_next("fail_running", psycopg.errors.DataError("refused"))
     for _ in range(4):
         await worker.round_once()

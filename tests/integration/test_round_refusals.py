@@ -1,0 +1,66 @@
+"""A round statement the database refuses: the worker's stories, which were
+paid for, are never failed for what the claim half of the statement did."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
+
+from shared.ratelimit import NO_LIMITS, RateLimits
+from tests.support.database import client_id_of, count, enqueue, job_rows
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from worker.coordinator import Coordinator
+from worker.offline import OfflineWriter
+from worker.store import PgWorkerStore
+
+# a claim is refused for good (not a transient error) by a trigger on its
+# UPDATE: as a broken row, a CHECK or a bug in the claim's half would refuse it
+_REFUSE_CLAIMS = """
+CREATE FUNCTION refuse_claims() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF OLD.status = 'pending' AND NEW.status = 'running' THEN
+        RAISE EXCEPTION 'claims are refused' USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END $$;
+CREATE TRIGGER refuse_claims BEFORE UPDATE ON story_jobs FOR EACH ROW EXECUTE FUNCTION refuse_claims();
+"""
+
+
+@pytest.mark.parametrize("limited", [False, True], ids=["unlimited", "rate-limited"])
+async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, limited: bool,
+) -> None:
+    """A round whose claim is refused while it carries a written story stores the story and completes its
+    job (settled alone, without a claim), never fails it as unstorable; claims resume once they are taken."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "the story that was paid for")
+    settings = worker_settings(llm_requests_per_minute=600) if limited else worker_settings()
+    writer = OfflineWriter(0)
+    store = PgWorkerStore(pool, worker_id="w-refused", provider=writer.provider, model=writer.model,
+                          listen_url=None, connect_timeout_s=5,
+                          limits=RateLimits.from_settings(settings) if limited else NO_LIMITS)
+    await store.ensure_rate_bucket()
+    worker = Coordinator(settings, store, writer, listen=False)
+    assert (await worker.round_once()).claimed == 1
+    await wait_until(lambda: all(h.end is not None or (h.task is not None and h.task.done())
+                                 for h in worker._jobs.values()), what="the story to be written")
+    await conn.execute(_REFUSE_CLAIMS)
+    await enqueue(conn, client, "a story whose claim is refused")
+    worker.notified()
+    with capture_logs() as logs:
+        refused = await worker.round_once()
+        settled = await worker.round_once()
+    assert refused.database_error is not None and "23514" in refused.database_error
+    assert (settled.completed, settled.unstorable, settled.failed, settled.claimed) == (1, 0, 0, 0)
+    assert "job.completion_unstorable" not in [e["event"] for e in logs]
+    first, second = sorted(await job_rows(conn), key=lambda row: row.id)
+    assert (first.status, first.error_code, second.status) == ("completed", None, "pending")
+    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", first.id) == 1
+    await conn.execute("DROP TRIGGER refuse_claims ON story_jobs")
+    assert (await worker.round_once()).claimed == 1
