@@ -1,4 +1,4 @@
--- 014: webhook deliveries that always end, leases a late attempt cannot
+-- 013: webhook deliveries that always end, leases a late attempt cannot
 -- match, and delivery slots shared fairly across clients.
 
 -- The client whose job wrote the event, so that the claim can share the
