@@ -15,6 +15,7 @@ from typing import Annotated, Literal, TypeVar
 
 import msgspec
 
+from shared import webhooks
 from shared.pricing import Price
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
@@ -34,6 +35,16 @@ DEFAULT_PRICES_USD_PER_MTOK: dict[str, tuple[float, float]] = {
     "claude-opus-5": (5.0, 25.0),
     "claude-haiku-4-5": (1.0, 5.0),
 }
+
+
+WEBHOOK_TIMEOUT_MAX_S = 60.0
+# a delivery's lease: its attempt's timeout and this, to record the answer
+WEBHOOK_LEASE_MARGIN_S = 5.0
+# the longest a webhook event can stay undelivered, whatever the worker's
+# settings (the sweeper does not read them): every wait of the retry schedule
+# and the longest lease of each attempt
+WEBHOOK_LONGEST_UNDELIVERED_S = (sum(webhooks.RETRY_SCHEDULE_S)
+                                 + webhooks.MAX_ATTEMPTS * (WEBHOOK_TIMEOUT_MAX_S + WEBHOOK_LEASE_MARGIN_S))
 
 
 class ConfigError(ValueError):
@@ -182,7 +193,7 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # webhook deliveries in flight at once per worker process
     webhook_concurrency: Annotated[int, msgspec.Meta(ge=1, le=100)] = 4
     # one delivery's whole attempt: resolving, connecting, sending, the answer
-    webhook_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 15.0
+    webhook_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=WEBHOOK_TIMEOUT_MAX_S)] = 15.0
     # how often an idle worker looks for due deliveries
     webhook_poll_interval_s: Annotated[float, msgspec.Meta(gt=0, le=60)] = 1.0
     # multiplies the retry schedule (5 s ... 10 h) and Retry-After: below 1
@@ -194,7 +205,7 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
         """How long a claimed delivery is held: its attempt's timeout and a
         margin to record the answer. A worker killed meanwhile leaves it due
         again after this."""
-        return self.webhook_timeout_s + 5.0
+        return self.webhook_timeout_s + WEBHOOK_LEASE_MARGIN_S
 
     @property
     def offline(self) -> bool:
@@ -225,6 +236,19 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # the llm_calls ledger is kept
     job_retention_s: Seconds = 30 * 24 * 3600.0
     metrics_port: Port = 9101
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        # Refused rather than warned about: the prune keeps a job while one
+        # of its deliveries is pending whatever this says, so a shorter
+        # retention could only ever be a setting that does not do what it
+        # says (and, before the prune waited, it lost undelivered events).
+        if self.job_retention_s < WEBHOOK_LONGEST_UNDELIVERED_S:
+            raise ConfigError(
+                f"JOB_RETENTION_S ({self.job_retention_s:g}) must be at least the webhook retry schedule "
+                f"({WEBHOOK_LONGEST_UNDELIVERED_S:g} s, about 28 hours: every wait and each attempt's longest "
+                f"lease): a finished job is kept until its webhooks are delivered or dead"
+            )
 
 
 S = TypeVar("S", bound=BaseSettings)

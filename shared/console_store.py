@@ -191,9 +191,12 @@ async def webhook_delivery_list(
                       {"endpoint_id": endpoint_id, "state": state, "limit": limit})
 
 
-async def webhook_delivery_retry(conn: Conn, *, delivery_id: int) -> bool:
-    """dead -> pending, due now; False: no dead delivery of that id."""
-    return bool(await fetch_scalars(conn, "webhook_delivery_retry", {"delivery_id": delivery_id}))
+async def webhook_delivery_retry(conn: Conn, *, delivery_id: int) -> uuid.UUID | None:
+    """dead -> pending, due now; the delivery's job (its public id), or None:
+    no dead delivery of that id. Record the operator's action in the same
+    transaction."""
+    found = await fetch_scalars(conn, "webhook_delivery_retry", {"delivery_id": delivery_id})
+    return uuid.UUID(str(found[0])) if found else None
 
 
 # -- operators' actions --------------------------------------------------------------

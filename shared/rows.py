@@ -449,6 +449,8 @@ class WebhookDeliveryClaim(msgspec.Struct, frozen=True):
 
     id: int
     attempts: int
+    # the attempt's lease number: its end is recorded under it, or not at all
+    lease: int
     endpoint_id: uuid.UUID
     url: str
     secret: str
@@ -499,7 +501,8 @@ class WebhookDeliveryRow(msgspec.Struct, frozen=True):
     delivered_at: datetime | None
 
 
-OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke", "client_weight_set"]
+OperatorAction = Literal["job_cancel", "pending_cancel", "client_keys_revoke", "key_revoke", "client_weight_set",
+                         "retry_delivery"]
 
 
 class OperatorActionRow(msgspec.Struct, frozen=True):

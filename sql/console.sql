@@ -353,19 +353,23 @@ LIMIT %(limit)s;
 
 -- name: webhook_delivery_retry
 -- An operator sends a dead delivery again: dead -> pending, due now, with a
--- fresh schedule (its endpoint is enabled again unless it was deleted).
--- Guarded by the state it expects; no row: not a dead delivery.
+-- fresh schedule (attempts from 0; its endpoint is enabled again unless it
+-- was deleted). Its lease number goes up, never back: an attempt from before
+-- the retry can never record its end onto the ones after it. Guarded by the
+-- state it expects; no row: not a dead delivery. The job's public id comes
+-- back for the audit record (operator_action_insert, same transaction).
 WITH retried AS (
     UPDATE webhook_deliveries d
-    SET state = 'pending', attempts = 0, next_attempt_at = now(), last_error = NULL
+    SET state = 'pending', attempts = 0, lease = d.lease + 1, leased_until = NULL, next_attempt_at = now(),
+        last_error = NULL
     WHERE d.id = %(delivery_id)s AND d.state = 'dead'
-    RETURNING d.id, d.endpoint_id
+    RETURNING d.id, d.endpoint_id, d.job_public_id
 ),
 enabled AS (
     UPDATE webhook_endpoints e SET disabled_at = NULL
     FROM retried WHERE e.id = retried.endpoint_id AND e.disabled_at IS NOT NULL
 )
-SELECT id FROM retried;
+SELECT job_public_id FROM retried;
 
 -- name: operator_action_insert
 -- An operator's action, recorded in the action's own transaction (api/ops/

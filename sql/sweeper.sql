@@ -85,6 +85,10 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
 -- keys (a key can then be used again), looking only at the oldest rows of the
 -- table: jobs finish within their timeouts, so the oldest ids are the first to
 -- expire, and no index on completed_at is needed. The ledger is kept.
+-- A job whose event is still being delivered (a delivery pending) is kept
+-- until each of its deliveries is delivered or dead: the retry schedule
+-- ends every one within about 28 hours, so the wait is bounded; an
+-- undelivered event is never pruned.
 WITH oldest AS (
     SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
 ),
@@ -94,6 +98,7 @@ pruned AS (
     WHERE j.id = oldest.id
       AND oldest.status IN ('completed', 'failed')
       AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = oldest.id AND d.state = 'pending')
     RETURNING j.id, j.client_id, j.idempotency_key
 ),
 stories_pruned AS (
@@ -103,7 +108,7 @@ keys_pruned AS (
     DELETE FROM job_idempotency_keys k USING pruned
     WHERE k.client_id = pruned.client_id AND k.idempotency_key = pruned.idempotency_key
 ),
--- a job's webhook deliveries go with it, sent or not
+-- a job's webhook deliveries go with it, each delivered or dead
 deliveries_pruned AS (
     DELETE FROM webhook_deliveries d USING pruned WHERE d.job_id = pruned.id
 )

@@ -635,44 +635,107 @@ WHERE b.model = r.model AND (b.input_tokens IS NOT NULL OR b.output_tokens IS NO
 
 -- name: webhook_delivery_claim
 -- A worker takes up to %(limit)s due deliveries: each is counted as an
--- attempt and leased until now + %(lease_s)s (next_attempt_at), in a short
--- statement of its own, so no row lock is held during the HTTP call; a
--- worker killed mid-delivery leaves it due again when the lease ends.
+-- attempt and leased until now + %(lease_s)s (leased_until, and
+-- next_attempt_at with it) under a new lease number, in a short statement of
+-- its own, so no row lock is held during the HTTP call; a worker killed
+-- mid-delivery leaves it due again when the lease ends.
+--
+-- The slots are shared between clients, across all workers, by what the rows
+-- say: a client's k-th due delivery takes the turn (its attempts in flight)
+-- + k, lowest first, then the oldest due. So a client whose receivers hang
+-- holds at most the slots nobody else wants: another client's event waits at
+-- most for the first attempt in flight to end (one WEBHOOK_TIMEOUT_S). The
+-- clients are found by a skip scan of webhook_deliveries_client_due_idx, and
+-- each one's first %(limit)s due rows and its attempts in flight by index, so
+-- the cost follows the clients waiting, never the history.
+--
+-- A delivery is never attempted past the schedule (%(max_attempts)s
+-- attempts): one due again after its last attempt (whose worker died before
+-- recording it) is dead instead, and its endpoint marked failing, as
+-- webhook_delivery_finish does for a last attempt that failed.
 -- SKIP LOCKED, as the job claim: workers never wait for each other here.
 -- The endpoint's secrets come with it; the previous one while it still signs.
-WITH due AS MATERIALIZED (
-    SELECT d.id FROM webhook_deliveries d
+WITH RECURSIVE clients AS (
+    (SELECT d.client_id FROM webhook_deliveries d WHERE d.state = 'pending' ORDER BY d.client_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT d.client_id FROM webhook_deliveries d
+            WHERE d.state = 'pending' AND d.client_id > c.client_id ORDER BY d.client_id LIMIT 1)
+    FROM clients c
+    WHERE c.client_id IS NOT NULL
+),
+ranked AS MATERIALIZED (
+    SELECT first_due.id, first_due.next_attempt_at, in_flight.n + first_due.k AS turn
+    FROM clients c
+    CROSS JOIN LATERAL (
+        SELECT count(*) AS n FROM webhook_deliveries f
+        WHERE f.client_id = c.client_id AND f.leased_until > now()
+    ) in_flight
+    CROSS JOIN LATERAL (
+        SELECT d.id, d.next_attempt_at, row_number() OVER (ORDER BY d.next_attempt_at, d.id) AS k
+        FROM webhook_deliveries d
+        WHERE d.client_id = c.client_id AND d.state = 'pending' AND d.next_attempt_at <= now()
+        ORDER BY d.next_attempt_at, d.id
+        LIMIT %(limit)s
+    ) first_due
+    WHERE c.client_id IS NOT NULL
+),
+-- locked in turn order, skipping what another worker holds: LIMIT counts only
+-- the rows locked; a row another worker claimed since this statement began
+-- is checked again as it is now, and left
+due AS MATERIALIZED (
+    SELECT d.id, d.attempts < %(max_attempts)s AS within_schedule
+    FROM ranked r JOIN webhook_deliveries d ON d.id = r.id
     WHERE d.state = 'pending' AND d.next_attempt_at <= now()
-    ORDER BY d.next_attempt_at, d.id
+    ORDER BY r.turn, r.next_attempt_at, r.id
     LIMIT %(limit)s
-    FOR NO KEY UPDATE SKIP LOCKED
+    FOR NO KEY UPDATE OF d SKIP LOCKED
+),
+claimed AS (
+    UPDATE webhook_deliveries d
+    SET attempts = d.attempts + CASE WHEN due.within_schedule THEN 1 ELSE 0 END,
+        lease = d.lease + 1,
+        state = CASE WHEN due.within_schedule THEN 'pending' ELSE 'dead' END,
+        leased_until = CASE WHEN due.within_schedule THEN now() + make_interval(secs => %(lease_s)s::float8) END,
+        next_attempt_at = CASE WHEN due.within_schedule THEN now() + make_interval(secs => %(lease_s)s::float8)
+                               ELSE d.next_attempt_at END,
+        last_attempt_at = CASE WHEN due.within_schedule THEN now() ELSE d.last_attempt_at END,
+        last_error = CASE WHEN due.within_schedule THEN d.last_error
+                          ELSE 'out of attempts: the last one recorded no end within its lease' END
+    FROM due
+    WHERE d.id = due.id AND d.state = 'pending'
+    RETURNING d.id, d.attempts, d.lease, d.endpoint_id, d.job_public_id, d.job_status, d.error_code, d.story_id,
+              d.occurred_at, d.created_at, due.within_schedule
+),
+expired_endpoints_marked AS (
+    UPDATE webhook_endpoints e SET failing_since = coalesce(e.failing_since, now())
+    WHERE e.id IN (SELECT endpoint_id FROM claimed WHERE NOT within_schedule)
 )
-UPDATE webhook_deliveries d
-SET attempts = d.attempts + 1, last_attempt_at = now(),
-    next_attempt_at = now() + make_interval(secs => %(lease_s)s::float8)
-FROM due, webhook_endpoints e
-WHERE d.id = due.id AND d.state = 'pending' AND e.id = d.endpoint_id
-RETURNING d.id, d.attempts, d.endpoint_id, e.url, e.secret,
-          CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
-          e.disabled_at IS NOT NULL AS endpoint_disabled,
-          d.job_public_id, d.job_status::text AS job_status, d.error_code, d.story_id, d.occurred_at,
-          d.created_at;
+SELECT c.id, c.attempts, c.lease, c.endpoint_id, e.url, e.secret,
+       CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
+       e.disabled_at IS NOT NULL AS endpoint_disabled,
+       c.job_public_id, c.job_status::text AS job_status, c.error_code, c.story_id, c.occurred_at, c.created_at
+FROM claimed c JOIN webhook_endpoints e ON e.id = c.endpoint_id
+WHERE c.within_schedule
+ORDER BY c.id;
 
 -- name: webhook_delivery_finish
--- The end of one attempt, guarded by the attempt it was (a delivery whose
--- lease ran out and was claimed again belongs to the new attempt): delivered,
--- retry (due again in %(retry_in_s)s), dead (out of retries: its endpoint is
--- marked failing) or gone (410: the endpoint is disabled and its other
--- undelivered deliveries die with it). A success clears failing.
+-- The end of one attempt, guarded by its lease (a delivery whose lease ran
+-- out and was claimed again, or that an operator retried, has another, and
+-- an attempt already recorded has none): delivered, retry (due again in
+-- %(retry_in_s)s), dead (out of retries: its endpoint is marked failing) or
+-- gone (410: the endpoint is disabled and its other undelivered deliveries
+-- die with it). A success clears failing.
 WITH finished AS (
     UPDATE webhook_deliveries d
     SET state = CASE %(outcome)s WHEN 'delivered' THEN 'delivered' WHEN 'retry' THEN 'pending' ELSE 'dead' END,
         next_attempt_at = CASE WHEN %(outcome)s = 'retry'
                                THEN now() + make_interval(secs => %(retry_in_s)s::float8)
                                ELSE d.next_attempt_at END,
+        leased_until = NULL,
         delivered_at = CASE WHEN %(outcome)s = 'delivered' THEN now() END,
         last_status_code = %(status_code)s, last_error = %(error)s
-    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.attempts = %(attempt)s
+    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.leased_until IS NOT NULL
+      AND d.lease = %(lease)s
     RETURNING d.endpoint_id, d.created_at
 ),
 endpoint_marked AS (
@@ -683,9 +746,11 @@ endpoint_marked AS (
     WHERE e.id = finished.endpoint_id
       AND (%(outcome)s IN ('dead', 'gone') OR (%(outcome)s = 'delivered' AND e.failing_since IS NOT NULL))
 ),
+-- an attempt of theirs in flight is no longer counted against the client; its
+-- end finds the delivery dead and records nothing
 others_dropped AS (
     UPDATE webhook_deliveries d
-    SET state = 'dead', last_error = 'the endpoint answered 410 Gone and was disabled'
+    SET state = 'dead', leased_until = NULL, last_error = 'the endpoint answered 410 Gone and was disabled'
     FROM finished
     WHERE %(outcome)s = 'gone' AND d.endpoint_id = finished.endpoint_id AND d.state = 'pending'
       AND d.id <> %(delivery_id)s

@@ -19,7 +19,7 @@ from typing import Any, Protocol
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db
+from shared import db, webhooks
 from shared.queries import QUERIES as Q
 from shared.ratelimit import (
     KINDS,
@@ -428,17 +428,20 @@ async def llm_call_finish(
 
 
 async def webhook_delivery_claim(conn: Conn, *, limit: int, lease_s: float) -> list[WebhookDeliveryClaim]:
-    return await fetch_all(conn, WebhookDeliveryClaim, "webhook_delivery_claim", {"limit": limit, "lease_s": lease_s})
+    """Up to ``limit`` due deliveries, leased for ``lease_s``, in the clients'
+    turns; never an attempt past the schedule (webhooks.MAX_ATTEMPTS)."""
+    return await fetch_all(conn, WebhookDeliveryClaim, "webhook_delivery_claim", {
+        "limit": limit, "lease_s": lease_s, "max_attempts": webhooks.MAX_ATTEMPTS})
 
 
 async def webhook_delivery_finish(
-    conn: Conn, *, delivery_id: int, attempt: int, outcome: DeliveryOutcome, retry_in_s: float = 0.0,
+    conn: Conn, *, delivery_id: int, lease: int, outcome: DeliveryOutcome, retry_in_s: float = 0.0,
     status_code: int | None = None, error: str | None = None,
 ) -> float | None:
     """Seconds from the event to now; None: the attempt was no longer the
-    delivery's (its lease ran out and it was claimed again, or its endpoint
-    was deleted)."""
+    delivery's (its lease ran out and it was claimed again, an operator
+    retried it, its end was already recorded, or its endpoint was deleted)."""
     found = await fetch_scalars(conn, "webhook_delivery_finish", {
-        "delivery_id": delivery_id, "attempt": attempt, "outcome": outcome, "retry_in_s": retry_in_s,
+        "delivery_id": delivery_id, "lease": lease, "outcome": outcome, "retry_in_s": retry_in_s,
         "status_code": status_code, "error": error})
     return float(found[0]) if found else None

@@ -337,12 +337,13 @@ class OperatorActionView(msgspec.Struct, frozen=True):
     operator: Annotated[str, msgspec.Meta(description="The name of the operator key that acted.")]
     operator_key_prefix: str
     action: Annotated[str, msgspec.Meta(
-        description="job_cancel, pending_cancel, client_keys_revoke, key_revoke or client_weight_set.")]
-    job_id: Annotated[uuid.UUID | None, msgspec.Meta(description="The job of a job_cancel.")]
+        description="job_cancel, pending_cancel, client_keys_revoke, key_revoke, client_weight_set or "
+                    "retry_delivery.")]
+    job_id: Annotated[uuid.UUID | None, msgspec.Meta(description="The job of a job_cancel or a retry_delivery.")]
     filter: Annotated[dict[str, Any] | None, msgspec.Meta(
         description="What the other actions matched: client_id, created_after, created_before and through of a "
                     "pending_cancel; client_id or key_prefix of a revocation; client_id and weight of a "
-                    "client_weight_set.")]
+                    "client_weight_set; delivery_id of a retry_delivery.")]
     touched: Annotated[int, msgspec.Meta(ge=0, description="How many jobs or keys it changed.")]
     acted_at: datetime
 

@@ -1,5 +1,6 @@
 """The console's webhooks: every client's endpoints with their last
-deliveries, and sending a dead delivery again (the client's own routes are
+deliveries, and sending a dead delivery again, recorded in operator_actions
+(``retry_delivery``) in its own transaction (the client's own routes are
 api/webhooks.py)."""
 
 from __future__ import annotations
@@ -47,8 +48,12 @@ async def ops_retry_delivery(
     conn: NamedDependency[store.Conn], operator: NamedDependency[Operator],
     delivery_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="A delivery's `id`.")],
 ) -> DeliveryRetried:
-    retried = await store.webhook_delivery_retry(conn, delivery_id=delivery_id)
-    if not retried:
+    async with conn.transaction():
+        job_id = await store.webhook_delivery_retry(conn, delivery_id=delivery_id)
+        if job_id is not None:
+            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="retry_delivery",
+                                               job_id=job_id, filter={"delivery_id": delivery_id}, touched=1)
+    if job_id is None:
         raise ProblemError(404, "Not Found", "no dead delivery with this id")
-    log.info("ops.webhook_delivery_retried", delivery_id=delivery_id, **operator.log_fields())
+    log.info("ops.webhook_delivery_retried", delivery_id=delivery_id, job_id=str(job_id), **operator.log_fields())
     return DeliveryRetried(id=delivery_id, state="pending")

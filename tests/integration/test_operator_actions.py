@@ -76,3 +76,40 @@ async def test_an_action_whose_record_cannot_be_written_does_not_happen(pool: As
     assert answer.status_code >= 500
     cur = await conn.execute("SELECT status::text FROM story_jobs WHERE id = %s", (job.id,))
     assert await cur.fetchone() == ("pending",)
+
+
+async def _dead_delivery(conn: Conn) -> tuple[int, str]:
+    """A dead delivery of a cancelled job: (its id, the job's public id)."""
+    acme, _ = await seed.client(conn, "acme")
+    await conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
+                       "VALUES (%s, 'https://hooks.example.com/in', '{job.cancelled}', 'whsec_x')", (acme,))
+    job = await seed.insert_job(conn, seed.pending(acme, 10))
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE id = %s", (job.id,))
+    cur = await conn.execute("UPDATE webhook_deliveries SET state = 'dead', attempts = 8 RETURNING id")
+    (delivery_id,) = await cur.fetchone() or (0,)
+    return delivery_id, str(job.public_id)
+
+
+async def test_a_delivery_retried_from_the_console_is_recorded_with_its_job(pool: AsyncConnectionPool, conn: Conn) -> None:
+    """Retrying a dead delivery writes a retry_delivery row naming the operator, the job and the delivery; a
+    retry that finds no dead delivery (404) writes none."""
+    delivery_id, job_id = await _dead_delivery(conn)
+    async with api_client(pool, await seed.operator_key(conn, "ada")) as client:
+        assert (await client.post(f"{OPS}/webhooks/deliveries/{delivery_id}/retry")).status_code == 200
+        assert_problem(await client.post(f"{OPS}/webhooks/deliveries/{delivery_id}/retry"), 404)
+        listed = (await client.get(f"{OPS}/actions")).json()["actions"]
+    assert await _recorded(conn) == [("ada", "retry_delivery", job_id, {"delivery_id": delivery_id}, 1)]
+    assert [(a["action"], a["job_id"]) for a in listed] == [("retry_delivery", job_id)]
+
+
+async def test_a_delivery_retry_whose_record_cannot_be_written_does_not_happen(
+        pool: AsyncConnectionPool, conn: Conn) -> None:
+    """With operator_actions refusing every row, the console's retry fails and the delivery stays dead."""
+    delivery_id, _ = await _dead_delivery(conn)
+    await conn.execute("ALTER TABLE operator_actions ADD CONSTRAINT refuse_all CHECK (false) NOT VALID")
+    async with api_client(pool, await seed.operator_key(conn, "ada")) as client:
+        answer = await client.post(f"{OPS}/webhooks/deliveries/{delivery_id}/retry")
+    assert answer.status_code >= 500
+    cur = await conn.execute("SELECT state, attempts FROM webhook_deliveries WHERE id = %s", (delivery_id,))
+    assert await cur.fetchone() == ("dead", 8)

@@ -93,8 +93,8 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")
     (second,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert second.id == first.id and second.attempts == 2
-    assert await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="delivered") is None
-    assert await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=2, outcome="delivered") is not None
+    assert await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="delivered") is None
+    assert await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="delivered") is not None
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'") == 1
 
 
@@ -106,19 +106,19 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
     for n in range(2):
         await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
     first, second = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
-    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="retry", retry_in_s=300,
+    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
                                         status_code=500, error="HTTP 500")
     due_in = await count(conn, "SELECT extract(epoch FROM next_attempt_at - now())::int FROM webhook_deliveries "
                                "WHERE id = %s", first.id)
     assert 290 <= due_in <= 300
-    await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, attempt=1, outcome="dead", error="HTTP 500")
+    await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
     (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.id == endpoint and row.failing_since is not None and (row.pending, row.dead) == (1, 1)
-    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id)
-    assert not await console_store.webhook_delivery_retry(conn, delivery_id=second.id), "only a dead delivery is retried"
+    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is not None
+    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is None, "only a dead delivery is retried"
     (again,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert again.id == second.id and again.attempts == 1
-    await worker_store.webhook_delivery_finish(conn, delivery_id=again.id, attempt=1, outcome="delivered", status_code=200)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
     (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.failing_since is None
 
@@ -130,7 +130,7 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
     for n in range(3):
         await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
     (first,) = await worker_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, attempt=1, outcome="gone", status_code=410)
+    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'") == 3
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints WHERE disabled_at IS NOT NULL") == 1
     await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "after"))
@@ -138,17 +138,36 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
 
 
 async def test_deliveries_are_pruned_with_their_jobs(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The sweeper's prune deletes a finished job's deliveries with it, and only those."""
+    """The sweeper's prune deletes a finished job's ended deliveries with it, and only those."""
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     old, recent = [await enqueue(conn, client, f"story {n}") for n in range(2)]
     for job in (old, recent):
         await api_store.job_cancel(conn, client_id=client, job_id=job)
+    await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
     await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE public_id = %s", (old,))
     pruned = await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100)
     assert pruned == 1
     cur = await conn.execute("SELECT job_public_id FROM webhook_deliveries")
     assert [r[0] for r in await cur.fetchall()] == [recent]
+
+
+async def test_a_job_is_not_pruned_while_one_of_its_deliveries_is_pending(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Past retention, a job with a delivery still pending is kept with it until the delivery is dead."""
+    client = await client_id_of(conn)
+    for n in range(2):
+        await _endpoint(conn, client, url=f"https://hooks.example.com/{n}")
+    job = await enqueue(conn, client, "story")
+    await api_store.job_cancel(conn, client_id=client, job_id=job)
+    # one endpoint got it, the other's delivery is still being retried
+    await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
+                       "WHERE id = (SELECT min(id) FROM webhook_deliveries)")
+    await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days'")
+    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100) == 0
+    assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'") == 1
+    await conn.execute("UPDATE webhook_deliveries SET state = 'dead' WHERE state = 'pending'")
+    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100) == 1
+    assert await count(conn, "SELECT count(*) FROM webhook_deliveries") == 0
 
 
 async def test_the_sweeper_gauge_reads_the_oldest_undelivered_event(conn: psycopg.AsyncConnection[Any]) -> None:

@@ -59,7 +59,7 @@ async def test_the_console_lists_endpoints_per_client_and_retries_a_dead_deliver
     job = await seed.insert_job(conn, seed.pending(client_id, 60))
     assert await api_store.job_cancel(conn, client_id=client_id, job_id=job.public_id) is not None
     (claimed,) = await worker_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await worker_store.webhook_delivery_finish(conn, delivery_id=claimed.id, attempt=1, outcome="dead", status_code=500,
+    await worker_store.webhook_delivery_finish(conn, delivery_id=claimed.id, lease=claimed.lease, outcome="dead", status_code=500,
                                         error="HTTP 500")
     async with api_client(pool, operator) as console:
         listed = (await console.get("/ops/api/webhooks")).json()["endpoints"]

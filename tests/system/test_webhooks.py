@@ -264,3 +264,30 @@ def test_a_redirect_is_not_followed(system: System, database_url: str, receiver:
           "the redirected attempt recorded")
     assert _scalar(database_url, "SELECT state FROM webhook_deliveries") == "pending"
     assert [r.path for r in receiver.deliveries(None)] == ["/hook"]
+
+
+def test_one_clients_hanging_receivers_delay_another_clients_webhook_by_one_attempt_at_most(
+        system: System, database_url: str, receiver: WebhookReceiver) -> None:
+    """Ten endpoints of one client that never answer hold every slot with 60 deliveries; another client's
+    webhook still arrives within about one attempt's timeout of its job's end, not after theirs."""
+    timeout_s = 2.0
+    hung_key, other_key = create_key_sync(database_url, "hung"), create_key_sync(database_url, "other")
+    api = system.api(QUEUE_MAX=100, WEBHOOK_ALLOW_PRIVATE="true")
+    system.worker(**{**WORKER, "WEBHOOK_TIMEOUT_S": timeout_s})
+    receiver.answer("hang")
+    with WebhookReceiver() as other_receiver, _client(api, hung_key) as hung, _client(api, other_key) as other:
+        for n in range(10):
+            _register(hung, receiver, url=f"{receiver.url}/{n}")
+        _register(other, other_receiver)
+        _enqueue(hung, 6)
+        _wait(lambda: _scalar(database_url, "SELECT count(*) FROM webhook_deliveries") == 60, "60 deliveries")
+        _wait(lambda: receiver.hanging >= 4, "every slot held by a hanging receiver")
+        (job_id,) = _enqueue(other, 1)
+        _wait(lambda: len(other_receiver.deliveries()) == 1, "the other client's webhook", timeout=60)
+        arrived = _scalar(database_url, "SELECT extract(epoch FROM now())::float8")
+        ended = _scalar(database_url, f"SELECT extract(epoch FROM completed_at)::float8 FROM story_jobs "
+                                      f"WHERE public_id = '{job_id}'")
+        receiver.answer("ok")
+    # one attempt of the hanging client's may have begun just before the job ended; the rest is polling
+    # and recording, on a shared machine
+    assert arrived - ended < timeout_s + 2.0, f"arrived {arrived - ended:.1f} s after the job ended"

@@ -61,3 +61,11 @@ def test_a_process_with_a_bad_setting_exits_with_one_line() -> None:
     assert result.returncode == 2
     lines = result.stderr.strip().splitlines()
     assert len(lines) == 1 and "WORKER_CONCURRENCY" in lines[0]
+
+
+def test_a_retention_shorter_than_the_webhook_retry_schedule_is_refused() -> None:
+    """JOB_RETENTION_S below the retry schedule's 28 hours stops the sweeper at start, naming both."""
+    with pytest.raises(ConfigError, match=r"JOB_RETENTION_S \(86400\) must be at least the webhook retry schedule"):
+        load(SweeperSettings, {"JOB_RETENTION_S": "86400"})
+    # the schedule's waits (27.6 h) and the longest lease of each of the eight attempts
+    assert load(SweeperSettings, {"JOB_RETENTION_S": "99825"}).job_retention_s == 99825

@@ -7,9 +7,15 @@ open, and records how the attempt ended in one guarded statement
 (webhook_delivery_finish): 2xx delivered; 410 the endpoint disabled; any
 other answer, a network error, a timeout or a refused address is retried on
 the spec's schedule, or after the receiver's Retry-After, and dead when the
-schedule is spent. Delivery is at least once: a worker killed mid-attempt,
+schedule is spent. Whatever else an attempt raises is a failed attempt too,
+recorded and logged once (``webhook.attempt_raised``): a delivery always
+ends, delivered or dead, and the claim never takes one past the schedule.
+The claim shares the slots between clients (see the statement), so one
+client's hanging receivers cost another client's event at most one
+attempt's timeout. Delivery is at least once: a worker killed mid-attempt,
 or one whose record fails, leaves the lease to run out and the delivery to
-be sent again with the same ``webhook-id``.
+be sent again with the same ``webhook-id``. Each claim gives the attempt a
+new lease number; its end is recorded under that number or not at all.
 
 Database errors are logged once per episode and waited out; they never stop
 the loop. On stop, attempts in flight get their timeout to finish; any still
@@ -27,7 +33,7 @@ import psycopg
 import structlog
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from shared import webhooks
+from shared import text, webhooks
 from shared.config import WorkerSettings
 from shared.rows import DeliveryOutcome, WebhookDeliveryClaim
 from worker import store as worker_store
@@ -64,7 +70,7 @@ class Deliverer:
                 for delivery in claimed:
                     task = asyncio.create_task(self._deliver(delivery))
                     self._tasks.add(task)
-                    task.add_done_callback(self._tasks.discard)
+                    task.add_done_callback(self._task_done)
                 free = self.settings.webhook_concurrency - len(self._tasks)
                 if claimed and free > 0 and not self._backoff_s:
                     # a full batch: more may be due
@@ -79,6 +85,14 @@ class Deliverer:
             for task in list(self._tasks):
                 task.cancel()
             log.info("webhook.deliverer_stopped", abandoned=len(self._tasks))
+
+    def _task_done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        # _deliver records whatever an attempt raises; this is what raised
+        # around it (a defect): said, not lost with the task
+        if not task.cancelled() and task.exception() is not None:
+            log.error("webhook.delivery_task_failed", error=type(task.exception()).__name__,
+                      exc_info=task.exception())
 
     async def _claim(self) -> list[WebhookDeliveryClaim]:
         free = self.settings.webhook_concurrency - len(self._tasks)
@@ -110,23 +124,13 @@ class Deliverer:
         if delivery.endpoint_disabled:
             await self._finish(delivery, "dead", error="the endpoint is disabled", bound=bound)
             return
-        event = webhooks.event_of(delivery.job_status, delivery.error_code)
-        msg_id = webhooks.message_id(delivery.job_public_id, event)
-        payload = webhooks.body(job_public_id=delivery.job_public_id, status=delivery.job_status,
-                                error_code=delivery.error_code, story_id=delivery.story_id,
-                                occurred_at=delivery.occurred_at)
-        signing = [delivery.secret, *([delivery.previous_secret] if delivery.previous_secret else [])]
-        headers = webhooks.headers(signing, msg_id, int(time.time()), payload)
         status_code: int | None = None
         retry_after_s: float | None = None
         error: str | None = None
         started = time.perf_counter()
         try:
             async with asyncio.timeout(self.settings.webhook_timeout_s):
-                answer = await send.post(delivery.url, headers, payload,
-                                         allow_private=self.settings.webhook_allow_private,
-                                         timeout_s=self.settings.webhook_timeout_s,
-                                         ssl_context=self._ssl_context)
+                answer = await self._send(delivery)
             status_code = answer.status_code
             retry_after_s = webhooks.parse_retry_after(answer.retry_after)
         except webhooks.UnsafeUrl as exc:
@@ -137,6 +141,14 @@ class Deliverer:
             error = f"no answer within {self.settings.webhook_timeout_s:g} s"
         except (httpx.HTTPError, OSError) as exc:
             error = f"{type(exc).__name__}: {exc}"
+        except Exception as exc:  # noqa: BLE001 - whatever an attempt raises is a failed attempt, recorded
+            # (an URL httpx cannot parse, a receiver's answer it cannot read): a
+            # delivery whose attempts record nothing would be sent again at
+            # every lease and never end
+            metrics.ATTEMPT_ERRORS.inc()
+            error = f"unexpected {type(exc).__name__}: {exc}"
+            bound.warning("webhook.attempt_raised", error=type(exc).__name__, detail=str(exc)[:200],
+                          exc_info=exc)
         finally:
             metrics.ATTEMPT_DURATION.observe(time.perf_counter() - started)
         if status_code is not None and 200 <= status_code < 300:
@@ -155,15 +167,27 @@ class Deliverer:
             await self._finish(delivery, "retry", retry_in_s=retry_in, status_code=status_code, error=error,
                                bound=bound)
 
+    async def _send(self, delivery: WebhookDeliveryClaim) -> send.Answer:
+        """The attempt's request, signed, from what the claim returned."""
+        event = webhooks.event_of(delivery.job_status, delivery.error_code)
+        msg_id = webhooks.message_id(delivery.job_public_id, event)
+        payload = webhooks.body(job_public_id=delivery.job_public_id, status=delivery.job_status,
+                                error_code=delivery.error_code, story_id=delivery.story_id,
+                                occurred_at=delivery.occurred_at)
+        signing = [delivery.secret, *([delivery.previous_secret] if delivery.previous_secret else [])]
+        headers = webhooks.headers(signing, msg_id, int(time.time()), payload)
+        return await send.post(delivery.url, headers, payload, allow_private=self.settings.webhook_allow_private,
+                               timeout_s=self.settings.webhook_timeout_s, ssl_context=self._ssl_context)
+
     async def _finish(self, delivery: WebhookDeliveryClaim, outcome: DeliveryOutcome, *,
                       bound: structlog.typing.FilteringBoundLogger, retry_in_s: float = 0.0,
                       status_code: int | None = None, error: str | None = None) -> None:
         try:
             async with self._pool.connection() as conn:
                 latency_s = await worker_store.webhook_delivery_finish(
-                    conn, delivery_id=delivery.id, attempt=delivery.attempts, outcome=outcome,
+                    conn, delivery_id=delivery.id, lease=delivery.lease, outcome=outcome,
                     retry_in_s=retry_in_s, status_code=status_code,
-                    error=None if error is None else error[:_ERROR_CHARS])
+                    error=None if error is None else text.storable(error[:_ERROR_CHARS]))
         except (psycopg.Error, PoolTimeout) as exc:
             # the lease runs out and the delivery is sent again: at least once
             bound.warning("webhook.record_failed", outcome=outcome, error=type(exc).__name__,

@@ -23,6 +23,12 @@ REFUSED = Counter(
     "(not https, or not public while WEBHOOK_ALLOW_PRIVATE is false).",
 )
 
+ATTEMPT_ERRORS = Counter(
+    "storyjobs_webhook_attempt_errors_total",
+    "Webhook attempts that raised what no rule foresaw (recorded as failed attempts, retried on the schedule); "
+    "each one is a defect to look at in the log event webhook.attempt_raised.",
+)
+
 ATTEMPT_DURATION = Histogram(
     "storyjobs_webhook_attempt_duration_seconds",
     "One delivery attempt, from resolving the host to the receiver's answer (or the timeout).",
