@@ -29,13 +29,17 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
-        name="completion-without-running-guard",
-        invariant="an end written by a worker that no longer holds the job changes nothing",
+        # the completion's and the failure's guard: both end through job_end_ctes
+        name="end-without-running-guard",
+        invariant="an end (completed or failed) written by a worker that no longer holds the job changes nothing",
         tier="model",
         file="sql/worker.sql",
         edits=(("      AND j.status = 'running' AND j.worker_id = %(worker_id)s\n    RETURNING j.id,",
                 "    RETURNING j.id,"),),
-        tests=("tests/model/test_worker_model_pg.py",),
+        # the orders that attack it, played first; then the model's own search
+        tests=("tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
+               "tests/model/test_worker_model_pg.py::test_a_failure_that_arrives_after_a_sweep_changes_nothing",
+               "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
     ),
     Mutant(
         name="sweeper-without-status-guard",
@@ -84,8 +88,42 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a job a worker has begun is never begun again by that worker",
         tier="model",
         file="sql/worker.sql",
-        edits=(("      AND NOT EXISTS (SELECT 1 FROM llm_calls c2 WHERE c2.job_id = j.id AND c2.attempt > 1)\n",
-                ""),),
+        edits=(("      AND NOT (j.id = ANY (%(known_ids)s::bigint[]))\n", ""),),
         tests=("tests/model/test_worker_model_pg.py", "tests/integration/test_races.py"),
+    ),
+    Mutant(
+        name="claim-refusal-blamed-on-the-story",
+        invariant="a refusal on the claim side never fails a story that was paid for",
+        tier="integration",
+        file="worker/coordinator.py",
+        edits=(("            if batch and not db.is_transient(exc):\n", "            if False:\n"),),
+        tests=("tests/integration/test_round_refusals.py",),
+    ),
+    Mutant(
+        name="delivery-finished-without-its-lease",
+        invariant="an attempt that no longer holds the delivery's lease records nothing",
+        tier="model",
+        file="sql/worker.sql",
+        edits=(("    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.leased_until IS NOT NULL\n"
+                "      AND d.lease = %(lease)s\n",
+                "    WHERE d.id = %(delivery_id)s AND d.state = 'pending' AND d.leased_until IS NOT NULL\n"),),
+        tests=("tests/integration/test_webhook_delivery.py", "tests/model/test_delivery_model_pg.py"),
+    ),
+    Mutant(
+        name="delivery-claim-first-due-first",
+        invariant="one client's slow receivers delay another client's webhook by at most one attempt",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    ORDER BY r.turn, r.next_attempt_at, r.id\n", "    ORDER BY r.next_attempt_at, r.id\n"),),
+        tests=("tests/integration/test_webhook_delivery.py", "tests/model/test_delivery_model_pg.py"),
+    ),
+    Mutant(
+        name="delivery-claimed-past-the-schedule",
+        invariant="a delivery ends dead after its schedule: no attempt counter grows without bound",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    SELECT d.id, d.attempts < %(max_attempts)s AS within_schedule\n",
+                "    SELECT d.id, true AS within_schedule\n"),),
+        tests=("tests/integration/test_webhook_delivery.py", "tests/model/test_delivery_model_pg.py"),
     ),
 )
