@@ -173,20 +173,21 @@ def check_url(url: str, *, allow_private: bool) -> CheckedUrl:
         raise UnsafeUrl(f"the URL is longer than {MAX_URL_CHARS} characters")
     try:
         parsed = httpx.URL(url)
-        port = parsed.port
+        # read here: httpx decodes an IDN host (xn--) when it is asked for
+        host, port = parsed.host, parsed.port
     except (httpx.InvalidURL, ValueError, TypeError) as exc:
         # InvalidURL, and the idna codec's UnicodeError (a ValueError) for a bad IDN
         raise UnsafeUrl(f"not a URL: {exc}") from None
     schemes = ("https", "http") if allow_private else ("https",)
     if parsed.scheme not in schemes:
         raise UnsafeUrl("the URL must use https")
-    if not parsed.host:
+    if not host:
         raise UnsafeUrl("the URL has no host")
     if parsed.userinfo:
         raise UnsafeUrl("the URL must not carry credentials")
-    if port == 0:
-        raise UnsafeUrl("the URL's port must not be 0")
-    address = host_address(parsed.host)
+    if port is not None and not 0 < port < 65536:
+        raise UnsafeUrl("the URL's port must be between 1 and 65535")
+    address = host_address(parsed.raw_host.decode("ascii"))
     if address is not None:
         check_address(address, allow_private=allow_private)
     return CheckedUrl(url=parsed, address=address)
