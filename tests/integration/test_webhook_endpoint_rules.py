@@ -11,10 +11,13 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from api import store as api_store
 from api.webhooks import MAX_ENDPOINTS_PER_CLIENT
+from shared import db, webhooks
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem
 from tests.support.database import count
+from tests.support.waiting import wait_until
 
 
 @pytest.mark.parametrize("url", [
@@ -41,4 +44,32 @@ async def test_concurrent_registrations_of_one_client_make_exactly_the_limit(
             client.post("/webhook-endpoints", json={"url": f"https://h{n}.example.com/in"}) for n in range(30)))
     statuses = [answer.status_code for answer in answers]
     assert (statuses.count(201), statuses.count(409)) == (MAX_ENDPOINTS_PER_CLIENT, 30 - MAX_ENDPOINTS_PER_CLIENT)
+    assert await count(conn, "SELECT count(*) FROM webhook_endpoints") == MAX_ENDPOINTS_PER_CLIENT
+
+
+async def test_registrations_started_together_on_30_connections_make_exactly_the_limit(
+        database_url: str, conn: psycopg.AsyncConnection[Any]) -> None:
+    """30 inserts of one client, each on its own connection and released together: exactly the limit are made."""
+    client_id, _ = await seed.client(conn, "acme")
+    start = asyncio.Event()
+    ready = 0
+
+    async def register(own_pool: AsyncConnectionPool, n: int) -> bool:
+        nonlocal ready
+        async with own_pool.connection() as own:
+            ready += 1
+            await start.wait()
+            row = await api_store.webhook_endpoint_insert(
+                own, client_id=client_id, url=f"https://h{n}.example.com/in", events=["job.completed"],
+                secret=webhooks.new_secret(), max_per_client=MAX_ENDPOINTS_PER_CLIENT)
+            return row is not None
+
+    own_pool = db.make_pool(database_url, application_name="storyjobs-test", connect_timeout_s=5,
+                            statement_timeout_s=30, min_size=30, max_size=30, wait_timeout_s=10)
+    async with own_pool:
+        tasks = [asyncio.create_task(register(own_pool, n)) for n in range(30)]
+        await wait_until(lambda: ready == 30, what="30 connections held")
+        start.set()
+        made = await asyncio.gather(*tasks)
+    assert made.count(True) == MAX_ENDPOINTS_PER_CLIENT
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints") == MAX_ENDPOINTS_PER_CLIENT
