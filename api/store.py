@@ -116,10 +116,17 @@ async def job_drain_stats(conn: Conn, *, model: str = "") -> DrainStats:
 async def webhook_endpoint_insert(
     conn: Conn, *, client_id: int, url: str, events: Sequence[str], secret: str, max_per_client: int
 ) -> WebhookEndpointRow | None:
-    """None: the client has max_per_client endpoints already."""
-    return await fetch_one(conn, WebhookEndpointRow, "webhook_endpoint_insert",
-                      {"client_id": client_id, "url": url, "events": list(events), "secret": secret,
-                       "max_per_client": max_per_client})
+    """None: the client has max_per_client endpoints already. Takes the
+    client's registration lock, then counts and inserts, in one transaction
+    sent as a single pipelined round trip, so concurrent registrations of one
+    client never make more than max_per_client."""
+    params = {"client_id": client_id, "url": url, "events": list(events), "secret": secret,
+              "max_per_client": max_per_client}
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["webhook_endpoint_insert_lock"], {"client_id": client_id})
+        cur = conn.cursor(row_factory=struct_row(WebhookEndpointRow))
+        await cur.execute(Q["webhook_endpoint_insert"], params)
+    return await cur.fetchone()
 
 
 async def webhook_endpoint_list_for_client(conn: Conn, *, client_id: int) -> list[WebhookEndpointRow]:

@@ -8,9 +8,13 @@ same 404 as an unknown one. The signing secret (``whsec_`` + base64) is
 shown once, when it is made; after a rotation the previous one signs too
 (both signatures, space-separated) for ROTATION_OVERLAP_S.
 
-The URL is checked here for what can be known without resolving it (https;
-no address literal that is not public, unless WEBHOOK_ALLOW_PRIVATE); the
-worker checks every address it resolves to at each delivery.
+The URL is checked here by the rule the worker applies at each delivery
+(``shared.webhooks.check_url``): what can be known without resolving it
+(https that httpx parses; no host that is an address, in any spelling the
+resolver reads as one, that is not public, unless WEBHOOK_ALLOW_PRIVATE); the
+worker also checks every address a name resolves to. At most
+MAX_ENDPOINTS_PER_CLIENT endpoints per client, exactly, also under concurrent
+registrations (api_store.webhook_endpoint_insert locks the client first).
 
 The console's view of every client's endpoints and deliveries is
 api/ops/webhooks.py.

@@ -10,11 +10,12 @@ import base64
 import hashlib
 import hmac
 import ipaddress
+import re
 import secrets
 import uuid
 from datetime import datetime
-from urllib.parse import urlsplit
 
+import httpx
 import msgspec
 
 EVENTS = ("job.completed", "job.failed", "job.cancelled")
@@ -122,43 +123,134 @@ class UnsafeUrl(ValueError):
     """A URL or address a delivery must not reach."""
 
 
-def check_url(url: str, *, allow_private: bool) -> None:
-    """What can be known without resolving: an absolute https URL (http too
-    when private addresses are allowed), with a host, without credentials,
-    and not an address literal that is not public. A name is resolved and
-    checked at each delivery (``check_address``)."""
+Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+
+
+class CheckedUrl(msgspec.Struct, frozen=True):
+    """A URL ``check_url`` let through: as httpx parsed it (what is sent),
+    and, when its host is an address however written, that address (the
+    sender connects to it without asking the resolver)."""
+
+    url: httpx.URL
+    address: Address | None
+
+
+# a host the api stores and the worker resolves: lower-case letters, digits,
+# dots, hyphens and underscores (httpx has made an IDN its xn-- form already)
+_HOST_NAME = re.compile(r"[a-z0-9_.-]+")
+# the parts inet_aton reads: hexadecimal 0x.., octal 0.., decimal
+_NUMBER_PART = re.compile(r"0[xX][0-9a-fA-F]+|0[0-7]*|[1-9][0-9]*")
+
+
+def numeric_host(host: str) -> ipaddress.IPv4Address | None:
+    """The IPv4 address the system resolver reads ``host`` as (inet_aton's
+    forms: 1 to 4 parts, each decimal, 0-octal or 0x-hexadecimal, the last
+    filling the remaining bytes: 2130706433, 0177.0.0.1, 0x7f.0.0.1, 127.1),
+    None if it is not a number to it."""
+    parts = host.split(".")
+    if len(parts) > 4 or not all(_NUMBER_PART.fullmatch(part) for part in parts):
+        return None
+    values = [int(part, 0) if part[:2].lower() == "0x" else int(part, 8 if part.startswith("0") else 10)
+              for part in parts]
+    *leading, last = values
+    if any(value > 0xFF for value in leading) or last >= 1 << (8 * (5 - len(values))):
+        return None
+    number = last
+    for n, value in enumerate(leading):
+        number |= value << (8 * (3 - n))
+    return ipaddress.IPv4Address(number)
+
+
+def check_url(url: str, *, allow_private: bool) -> CheckedUrl:
+    """The URL rule, the api's at registration and the worker's at each
+    attempt: what can be known without resolving. An absolute https URL
+    (http too when private addresses are allowed) that httpx parses, with a
+    host, without credentials, and whose host, if it is an address in any
+    spelling the resolver reads as one (``numeric_host``; a trailing dot is
+    the same host), is public (``check_address``). A name is resolved and
+    its addresses checked at each delivery."""
     if len(url) > MAX_URL_CHARS:
         raise UnsafeUrl(f"the URL is longer than {MAX_URL_CHARS} characters")
     try:
-        parts = urlsplit(url)
-        port = parts.port
-    except ValueError as exc:
+        parsed = httpx.URL(url)
+        # read here: httpx decodes an IDN host (xn--) when it is asked for
+        host, port = parsed.host, parsed.port
+    except (httpx.InvalidURL, ValueError, TypeError) as exc:
+        # InvalidURL, and the idna codec's UnicodeError (a ValueError) for a bad IDN
         raise UnsafeUrl(f"not a URL: {exc}") from None
     schemes = ("https", "http") if allow_private else ("https",)
-    if parts.scheme not in schemes:
+    if parsed.scheme not in schemes:
         raise UnsafeUrl("the URL must use https")
-    if not parts.hostname:
+    if not host:
         raise UnsafeUrl("the URL has no host")
-    if parts.username is not None or parts.password is not None:
+    if parsed.userinfo:
         raise UnsafeUrl("the URL must not carry credentials")
-    if port == 0:
-        raise UnsafeUrl("the URL's port must not be 0")
-    try:
-        literal = ipaddress.ip_address(parts.hostname)
-    except ValueError:
-        return
-    check_address(literal, allow_private=allow_private)
+    if port is not None and not 0 < port < 65536:
+        raise UnsafeUrl("the URL's port must be between 1 and 65535")
+    address = host_address(parsed.raw_host.decode("ascii"))
+    if address is not None:
+        check_address(address, allow_private=allow_private)
+    return CheckedUrl(url=parsed, address=address)
 
 
-def check_address(address: ipaddress.IPv4Address | ipaddress.IPv6Address, *, allow_private: bool) -> None:
+def host_address(host: str) -> Address | None:
+    """The address a URL's host (as httpx gives it: IPv6 without brackets)
+    names, or None for a name; UnsafeUrl for a host that is neither."""
+    if ":" in host:
+        try:
+            # no zone ("%eth0"): only a link-local address needs one
+            return ipaddress.IPv6Address(host)
+        except ValueError:
+            raise UnsafeUrl(f"the URL's host {host!r} is not an IPv6 address") from None
+    if not _HOST_NAME.fullmatch(host):
+        raise UnsafeUrl(f"the URL's host {host!r} is not a host name")
+    # "127.0.0.1." is 127.0.0.1; an empty label is no host
+    bare = host.removesuffix(".")
+    if not bare or "" in bare.split("."):
+        raise UnsafeUrl(f"the URL's host {host!r} is not a host name")
+    return numeric_host(bare)
+
+
+# The addresses no delivery may reach, whatever this Python's ipaddress
+# tables say (IANA's special-purpose registries). IPv6 is allowed only in
+# 2000::/3 (global unicast): that alone refuses ::/96 (unspecified, loopback,
+# IPv4-compatible), ::ffff:0:0/96 (IPv4-mapped), ::ffff:0:0:0/96
+# (IPv4-translated), 64:ff9b::/96 and 64:ff9b:1::/48 (NAT64), 100::/64
+# (discard), fc00::/7 (unique local), fe80::/10 (link-local), fec0::/10
+# (site-local) and ff00::/8 (multicast).
+_V6_GLOBAL_UNICAST = ipaddress.IPv6Network("2000::/3")
+_NOT_PUBLIC = tuple(ipaddress.ip_network(net) for net in (
+    "0.0.0.0/8",  # this network, unspecified
+    "10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16",  # private
+    "100.64.0.0/10",  # shared (carrier-grade NAT)
+    "127.0.0.0/8",  # loopback
+    "169.254.0.0/16",  # link-local, cloud metadata at 169.254.169.254
+    "192.0.0.0/24",  # IETF protocol assignments
+    "192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24",  # documentation
+    "192.88.99.0/24",  # 6to4 relay anycast
+    "198.18.0.0/15",  # benchmarking
+    "224.0.0.0/4",  # multicast
+    "240.0.0.0/4",  # reserved, and the broadcast 255.255.255.255
+    "2001::/23",  # IETF protocol assignments: Teredo, benchmarking, ORCHID
+    "2001:db8::/32", "3fff::/20",  # documentation
+))
+
+
+def check_address(address: Address, *, allow_private: bool) -> None:
     """Public (globally routable) addresses only, unless allowed: no
     loopback, private, link-local (cloud metadata at 169.254.169.254),
-    shared, reserved or multicast address, also when written as IPv6."""
+    shared, reserved, documentation, multicast or unspecified address, nor
+    one written as IPv6 (IPv4-mapped, -compatible or -translated, NAT64,
+    6to4 or Teredo embedding one), nor site-local IPv6."""
     if allow_private:
         return
     if isinstance(address, ipaddress.IPv6Address):
-        embedded = address.ipv4_mapped or address.sixtofour
-        if embedded is not None:
-            check_address(embedded, allow_private=False)
-    if not address.is_global or address.is_multicast:
+        if address not in _V6_GLOBAL_UNICAST:
+            raise UnsafeUrl(f"{address} is not a public address")
+        embedded = [address.sixtofour, *(address.teredo or ())]
+        for v4 in embedded:
+            if v4 is not None:
+                check_address(v4, allow_private=False)
+    if (any(address in net for net in _NOT_PUBLIC if net.version == address.version)
+            or not address.is_global or address.is_multicast):
         raise UnsafeUrl(f"{address} is not a public address")

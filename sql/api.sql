@@ -313,10 +313,20 @@ FROM (
     ) last
 ) recent;
 
+-- name: webhook_endpoint_insert_lock
+-- Serialises a client's endpoint registrations, so that the count in
+-- webhook_endpoint_insert is exact: the client's row, locked until the
+-- transaction ends (NO KEY UPDATE: it does not wait on, nor block, the
+-- foreign-key checks that share the row). It must be its own statement:
+-- under READ COMMITTED a statement's snapshot is taken before it waits for a
+-- lock, so a statement that both locked and counted could count stale rows.
+SELECT id FROM api_clients WHERE id = %(client_id)s FOR NO KEY UPDATE;
+
 -- name: webhook_endpoint_insert
 -- POST /webhook-endpoints: a client's new endpoint, unless it has
--- %(max_per_client)s already (no row: refused). Two concurrent requests can
--- both pass the count; a client with one endpoint too many costs nothing.
+-- %(max_per_client)s already (no row: refused). Runs after
+-- webhook_endpoint_insert_lock in the same transaction, which makes the
+-- count exact.
 INSERT INTO webhook_endpoints (client_id, url, events, secret)
 SELECT %(client_id)s, %(url)s, %(events)s::text[], %(secret)s
 WHERE (SELECT count(*) FROM webhook_endpoints WHERE client_id = %(client_id)s) < %(max_per_client)s

@@ -1,7 +1,10 @@
 """One webhook request, sent only where it may go.
 
-The host is resolved once per attempt, every address it resolves to is
-checked (``shared.webhooks.check_address``), and the connection goes to the
+The URL passes the same rule as at registration
+(``shared.webhooks.check_url``); a host that is an address in any spelling
+is that address, never sent to the resolver. A name is resolved once per
+attempt, every address it resolves to is checked
+(``shared.webhooks.check_address``), and the connection goes to the
 checked address itself: the URL's host is replaced by that address, while
 the ``Host`` header and TLS (SNI and certificate check, through httpx's
 ``sni_hostname`` request extension) still name the original host. So a DNS
@@ -19,9 +22,7 @@ import ssl
 
 import httpx
 
-from shared.webhooks import UnsafeUrl, check_address, check_url
-
-Address = ipaddress.IPv4Address | ipaddress.IPv6Address
+from shared.webhooks import Address, UnsafeUrl, check_address, check_url
 
 
 class Answer:
@@ -48,10 +49,10 @@ async def post(url: str, headers: dict[str, str], payload: bytes, *, allow_priva
                timeout_s: float, ssl_context: ssl.SSLContext) -> Answer:
     """POSTs ``payload``; raises UnsafeUrl before connecting anywhere it must
     not, httpx.HTTPError or OSError when the request fails."""
-    check_url(url, allow_private=allow_private)
-    target = httpx.URL(url)
+    checked = check_url(url, allow_private=allow_private)
+    target = checked.url
     port = target.port or (443 if target.scheme == "https" else 80)
-    addresses = await resolve(target.host, port)
+    addresses = [checked.address] if checked.address is not None else await resolve(target.host, port)
     if not addresses:
         raise UnsafeUrl(f"{target.host} resolves to no address")
     for address in addresses:
