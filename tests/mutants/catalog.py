@@ -126,4 +126,21 @@ MUTANTS: tuple[Mutant, ...] = (
                 "    SELECT d.id, true AS within_schedule\n"),),
         tests=("tests/integration/test_webhook_delivery.py", "tests/model/test_delivery_model_pg.py"),
     ),
+    Mutant(
+        name="url-rule-skips-the-ipv6-ranges",
+        invariant="no delivery reaches an address that is not public (NAT64, IPv4-translated, site-local, ...)",
+        tier="unit",
+        file="shared/webhooks.py",
+        edits=(("        if address not in _V6_GLOBAL_UNICAST:\n            raise UnsafeUrl(f\"{address} is not a public address\")\n",
+                ""),),
+        tests=("tests/unit/test_webhook_address_rule.py",),
+    ),
+    Mutant(
+        name="endpoint-limit-without-its-lock",
+        invariant="concurrent registrations of one client never make more endpoints than the limit",
+        tier="integration",
+        file="api/store.py",
+        edits=(("        await conn.execute(Q[\"webhook_endpoint_insert_lock\"], {\"client_id\": client_id})\n", ""),),
+        tests=("tests/integration/test_webhook_endpoint_rules.py",),
+    ),
 )
