@@ -21,6 +21,9 @@ from shared.rows import (
     StoryView,
     WebhookEndpointRow,
 )
+
+# the admission lock's key: a cancellation takes the lock too
+from shared.store import ADMISSION_LOCK_KEY as ADMISSION_LOCK_KEY
 from shared.store import (
     Conn,
     fetch_all,
@@ -32,10 +35,6 @@ from shared.store import (
 
 # the cancellation is one statement for the client's DELETE and the console's
 from shared.store import job_cancel as job_cancel
-
-# pg_advisory_xact_lock key for admissions: any constant unique to storyjobs
-ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
-
 
 # -- jobs and stories ----------------------------------------------------------------
 

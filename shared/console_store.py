@@ -42,7 +42,7 @@ from shared.rows import (
 # runs.
 from shared.store import Conn as Conn
 from shared.store import budget_days_today as budget_days_today
-from shared.store import fetch_all, fetch_one, fetch_scalars, job_cancel, jsonb
+from shared.store import fetch_all, fetch_one, fetch_scalars, job_admission_lock, job_cancel, jsonb
 from shared.store import job_id_bounds as job_id_bounds
 
 # a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
@@ -133,8 +133,12 @@ async def ops_job_count_pending(conn: Conn, *, filters: JobFilter) -> PendingCou
 
 async def ops_job_cancel_pending(conn: Conn, *, filters: JobFilter, through_id: int) -> list[uuid.UUID]:
     """Cancels the pending jobs matching filters (client and time range) up
-    to through_id; returns the job ids it cancelled."""
-    return await fetch_scalars(conn, "ops_job_cancel_pending", {**_filter_params(filters), "through_id": through_id})
+    to through_id, under the admission lock (their turns are given back);
+    returns the job ids it cancelled."""
+    async with conn.transaction():
+        await job_admission_lock(conn)
+        return await fetch_scalars(conn, "ops_job_cancel_pending",
+                                   {**_filter_params(filters), "through_id": through_id})
 
 
 async def ops_client_list(conn: Conn) -> list[OpsClient]:

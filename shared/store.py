@@ -86,12 +86,24 @@ def jsonb(value: object) -> Jsonb:
     return Jsonb(value, dumps=_json_encoder.encode)
 
 
+# pg_advisory_xact_lock key for admissions (api/store.py), which a
+# cancellation takes too: it gives a pending job's turn back to its client
+ADMISSION_LOCK_KEY = 0x5354_4F52_594A_4F42  # "STORYJOB"
+
+
+async def job_admission_lock(conn: Conn) -> None:
+    """The admission lock, held until the transaction ends."""
+    await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
+
+
 async def job_cancel(conn: Conn, *, client_id: int | None, job_id: uuid.UUID) -> CancelResult | None:
     """A cancellation, a client's (its client_id) or an operator's (None,
-    whoever's the job): pending or running -> failed (cancelled), and the
+    whoever's the job): pending or running -> failed (cancelled), a pending
+    job's turn given back to its client under the admission lock, and the
     ledger row of a call the job left open closed, in one transaction sent as
     one round trip. None: no such job (for this client)."""
     async with conn.pipeline(), conn.transaction():
+        await job_admission_lock(conn)
         cur = conn.cursor(row_factory=struct_row(CancelResult))
         await cur.execute(Q["job_cancel"], {"client_id": client_id, "job_id": job_id})
         await conn.execute(Q["llm_call_close_for_ended_jobs"], {"client_id": client_id, "job_ids": [job_id]})

@@ -136,8 +136,11 @@ admitted AS MATERIALIZED (
 -- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
 -- the turn being served now (the smallest pending one; with none pending,
 -- the end of the last turn given), or the end of its client's last turn if
--- later; a job lasts 1 / the client's weight. A client whose pending jobs
--- were counted and found gone starts afresh.
+-- later; a job lasts 1 / the client's weight. Where a client's last turn
+-- ends is kept exact: written at every admission that gives the client a
+-- turn (bounds_kept), moved back when a pending job is cancelled
+-- (job_turns_given_back_ctes), and never dropped for a client found with no
+-- pending job (one served in this round has had its turn).
 serving AS MATERIALIZED (
     SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
                     (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
@@ -146,7 +149,7 @@ turns AS MATERIALIZED (
     SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
     FROM (
         SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
-               greatest(s.turn, CASE WHEN d.counted = 0 THEN s.turn ELSE coalesce(d.last_turn, s.turn) END) AS start,
+               greatest(s.turn, coalesce(d.last_turn, s.turn)) AS start,
                (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
         FROM admitted a
         CROSS JOIN serving s
@@ -178,24 +181,27 @@ new_bounds AS (
            CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
                 WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
                 ELSE q.kept END AS bound,
-           n.last_turn
+           n.admitted, n.last_turn
     FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
     UNION ALL
     SELECT d.client_id, d.kept,
            CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
                 WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
                 ELSE d.kept END,
-           n.last_turn
+           n.admitted, n.last_turn
     FROM client_depth d
     CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
                         FROM turns t WHERE t.client_id = d.client_id) n
 ),
--- (a queue admitting anything always gets a new bound, so its last turn is
--- written with it)
+-- Written when the bound changes or the queue was given turns: a client
+-- that refills its full queue as a slot frees keeps its bound (counted + 1
+-- = kept) but its last turn moves on, and a last turn left behind would
+-- give each refill the turn being served, ahead of every other client.
+-- (In the common case the bound changes anyway: no write is added.)
 bounds_kept AS (
     INSERT INTO job_admission (client_id, pending_at_most, last_turn)
     SELECT client_id, bound, last_turn FROM new_bounds
-    WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept
+    WHERE bound IS NOT NULL AND (bound IS DISTINCT FROM kept OR admitted > 0)
     ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
         last_turn = greatest(job_admission.last_turn, excluded.last_turn)
 ),

@@ -145,7 +145,9 @@ WHERE j.status = 'pending'
 -- status like every transition. Rows are locked in id order, so two of these
 -- at once cannot deadlock; a job a worker claims meanwhile is re-checked
 -- after the lock, found running and left alone. Cancelling lowers the true
--- pending count, so job_admission's bounds stay bounds.
+-- pending count, so job_admission's bounds stay bounds. The cancelled jobs'
+-- turns are given back to their clients (job_turns_given_back_ctes), so the
+-- caller takes the admission lock first.
 WITH matching AS MATERIALIZED (
     SELECT j.id FROM story_jobs j
     WHERE j.status = 'pending' AND j.id <= %(through_id)s
@@ -160,8 +162,12 @@ cancelled AS (
     SET status = 'failed', error_code = 'cancelled',
         error_text = 'cancelled by an operator', completed_at = now(), charged_usd = 0
     WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
-    RETURNING j.public_id
-)
+    RETURNING j.id, j.public_id, j.client_id, j.turn
+),
+given_up AS MATERIALIZED (
+    SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL
+),
+-- include: job_turns_given_back_ctes
 SELECT public_id FROM cancelled;
 
 -- name: ops_client_list
