@@ -197,8 +197,10 @@ def host_address(host: str) -> Address | None:
     """The address a URL's host (as httpx gives it: IPv6 without brackets)
     names, or None for a name; UnsafeUrl for a host that is neither."""
     if ":" in host:
+        if "%" in host:
+            # a zone ("fe80::1%25eth0"): only a link-local address needs one
+            raise UnsafeUrl(f"the URL's host {host!r} names a zone")
         try:
-            # no zone ("%eth0"): only a link-local address needs one
             return ipaddress.IPv6Address(host)
         except ValueError:
             raise UnsafeUrl(f"the URL's host {host!r} is not an IPv6 address") from None

@@ -124,9 +124,10 @@ def test_numeric_hosts_are_read_exactly_as_inet_aton_reads_them(host: str) -> No
     "https://\u00ad/", "//example.com/hook", "https://[v1.x]/",
 ])
 def test_a_url_httpx_cannot_send_is_refused_not_raised(url: str) -> None:
-    """Whatever httpx.URL raises for bad input, and hosts that are neither names nor addresses: UnsafeUrl."""
-    with pytest.raises(webhooks.UnsafeUrl):
-        webhooks.check_url(url, allow_private=False)
+    """Whatever httpx.URL raises for bad input, and hosts that are neither names nor addresses: UnsafeUrl, private allowed or not."""
+    for allow_private in (False, True):
+        with pytest.raises(webhooks.UnsafeUrl):
+            webhooks.check_url(url, allow_private=allow_private)
 
 
 @given(st.text(max_size=40))
