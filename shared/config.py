@@ -153,7 +153,11 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
 
     @property
     def effective_client_queue_max(self) -> int:
-        return self.queue_max if self.client_queue_max is None else self.client_queue_max
+        """CLIENT_QUEUE_MAX, by default half of QUEUE_MAX (at least 1): a
+        client that re-posts the moment a slot frees can hold at most half
+        the queue, so the others are always admitted somewhere, and the
+        claim's fair share sees their jobs."""
+        return max(1, self.queue_max // 2) if self.client_queue_max is None else self.client_queue_max
 
     def __post_init__(self) -> None:
         self._check_heartbeats()

@@ -103,3 +103,50 @@ async def test_admission_counts_again_once_jobs_have_left_the_queue(
         assert len(claimed.claimed) == 2
         assert [await post() for _ in range(3)] == [202, 202, 429]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'pending'") == 3
+
+
+async def test_with_the_default_client_queue_a_polite_client_is_admitted_while_a_greedy_one_hammers(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """QUEUE_MAX=8 and CLIENT_QUEUE_MAX unset: a client re-posting 40 times holds half the queue at most, and
+    another client's single POST is accepted."""
+    greedy, polite = await create_key(conn, "greedy"), await create_key(conn, "polite")
+    async with api_client(pool, queue_max=8, client_queue_max=None) as client:
+        async def post(key: str) -> httpx.Response:
+            return await client.post("/stories/generate", json={"prompt": "a fox"},
+                                     headers={"Authorization": f"Bearer {key}", **new_key()})
+
+        hammered = [await post(greedy) for _ in range(20)]
+        polite_answer = await post(polite)
+        hammered += [await post(greedy) for _ in range(20)]
+    assert polite_answer.status_code == 202, polite_answer.text
+    assert sum(a.status_code == 202 for a in hammered) == 4
+    for answer in hammered[4:]:
+        assert_problem(answer, 429)
+        assert "your queue" in answer.json()["detail"]
+    assert await _pending_by_client(conn) == {"greedy": 4, "polite": 1}
+
+
+async def test_a_client_above_a_lowered_client_queue_keeps_its_jobs_and_is_refused_until_under_it(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Six jobs admitted under CLIENT_QUEUE_MAX=8 stay pending when the default (4 of 8) takes over; the client's
+    next POST is a 429 of its own queue until claims bring it under 4."""
+    alice = await create_key(conn, "alice")
+    async with api_client(pool, queue_max=8, client_queue_max=8) as client:
+        for _ in range(6):
+            answer = await client.post("/stories/generate", json={"prompt": "a fox"},
+                                       headers={"Authorization": f"Bearer {alice}", **new_key()})
+            assert answer.status_code == 202
+    async with api_client(pool, queue_max=8, client_queue_max=None) as client:
+        refused = await client.post("/stories/generate", json={"prompt": "a fox"},
+                                    headers={"Authorization": f"Bearer {alice}", **new_key()})
+        assert_problem(refused, 429)
+        assert "your queue" in refused.json()["detail"]
+        assert await _pending_by_client(conn) == {"alice": 6}
+        # three are claimed: 3 pending, under 4
+        await conn.execute("UPDATE story_jobs SET status = 'running', started_at = now(), heartbeat_at = now(), "
+                           "worker_id = 'w' WHERE id IN (SELECT id FROM story_jobs ORDER BY id LIMIT 3)")
+        admitted = await client.post("/stories/generate", json={"prompt": "a fox"},
+                                     headers={"Authorization": f"Bearer {alice}", **new_key()})
+        assert admitted.status_code == 202, admitted.text

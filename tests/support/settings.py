@@ -47,4 +47,8 @@ def sweeper_settings(**overrides: Any) -> SweeperSettings:
 
 
 def api_settings(**overrides: Any) -> ApiSettings:
+    """A test that sets queue_max tests the whole queue: one client may fill
+    it unless the test sets client_queue_max (None: the default, half)."""
+    if "queue_max" in overrides:
+        overrides.setdefault("client_queue_max", overrides["queue_max"])
     return ApiSettings(**{"queue_max": 1000, **overrides})

@@ -142,6 +142,11 @@ class System:
         return {**self.env, **{k: str(v) for k, v in overrides.items()}}
 
     def api(self, **env: Any) -> ApiProc:
+        """An api process; a test that sets QUEUE_MAX tests the whole queue,
+        so one client may fill it unless the test sets CLIENT_QUEUE_MAX (the
+        default, half, is tested where it is the subject)."""
+        if "QUEUE_MAX" in env:
+            env.setdefault("CLIENT_QUEUE_MAX", env["QUEUE_MAX"])
         port = free_port()
         proc = ApiProc(self._env({"API_PORT": port, **env}), self._log_path("api"), port)
         self.procs.append(proc)

@@ -19,7 +19,7 @@ def test_defaults_follow_the_design() -> None:
     assert (worker.job_timeout_s, worker.llm_timeout_s, worker.offline_delay_s) == (480, 300, 3)
     assert worker.offline and worker.metrics_port == 9100
     api = load(ApiSettings, {})
-    assert (api.queue_max, api.effective_client_queue_max, api.api_port) == (8, 8, 8000)
+    assert (api.queue_max, api.effective_client_queue_max, api.api_port) == (8, 4, 8000)
     assert load(SweeperSettings, {}).metrics_port == 9101
 
 
