@@ -23,9 +23,10 @@ SPECS = {
 EVENTS, QUICK_EVENTS = 2000, 200
 
 _BACKLOG = """
-INSERT INTO webhook_deliveries (endpoint_id, job_id, job_public_id, job_status, error_code, occurred_at)
-SELECT %(endpoint_id)s, n, gen_random_uuid(), 'failed', 'cancelled', now()
-FROM generate_series(1, %(count)s) AS n
+INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, error_code, occurred_at)
+SELECT e.id, e.client_id, n, gen_random_uuid(), 'failed', 'cancelled', now()
+FROM generate_series(1, %(count)s) AS n, webhook_endpoints e
+WHERE e.id = %(endpoint_id)s
 """
 _SPAN_S = """
 SELECT extract(epoch FROM max(delivered_at) - min(last_attempt_at))::float8 FROM webhook_deliveries

@@ -659,11 +659,14 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
         for job, state, attempts, status, error in (
                 (done, "delivered", 1, 200, None), (broken, "dead", 8, 500, f"HTTP 500 {HOSTILE}")):
             cur = await conn.execute(
-                "INSERT INTO webhook_deliveries (endpoint_id, job_id, job_public_id, job_status, error_code, "
-                "occurred_at, state, attempts, last_attempt_at, last_status_code, last_error, delivered_at) "
-                "VALUES (%s, %s, %s, %s::job_status, %s, now() - interval '5 minutes', %s, %s, "
-                "now() - interval '1 minute', %s, %s, CASE WHEN %s = 'delivered' THEN now() END) RETURNING id",
-                (row.id, job.id, job.public_id, job.status, job.error_code, state, attempts, status, error, state))
+                "INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, "
+                "error_code, occurred_at, state, attempts, last_attempt_at, last_status_code, last_error, "
+                "delivered_at) "
+                "SELECT %s, client_id, %s, %s, %s::job_status, %s, now() - interval '5 minutes', %s, %s, "
+                "now() - interval '1 minute', %s, %s, CASE WHEN %s = 'delivered' THEN now() END "
+                "FROM webhook_endpoints WHERE id = %s RETURNING id",
+                (row.id, job.id, job.public_id, job.status, job.error_code, state, attempts, status, error, state,
+                 row.id))
             ids.append(int((await cur.fetchone() or [0])[0]))
         await conn.execute("UPDATE webhook_endpoints SET failing_since = now() WHERE id = %s", (row.id,))
         return str(row.id), ids[0], ids[1], broken
