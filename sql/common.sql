@@ -145,9 +145,12 @@ moved_up AS MATERIALIZED (
     FROM chain
 ),
 turns_moved AS (
+    -- reached by id through `id = ANY (ARRAY(...))`, an index lookup whatever
+    -- the generic plan guesses (see job_end_ctes)
     UPDATE story_jobs j SET turn = j.turn - m.shift
     FROM moved_up m
-    WHERE j.id = m.id AND NOT m.gone AND m.status = 'pending' AND m.shift > 0 AND j.status = 'pending'
+    WHERE j.id = ANY (ARRAY(SELECT id FROM moved_up WHERE NOT gone AND status = 'pending' AND shift > 0))
+      AND j.id = m.id AND j.status = 'pending'
 ),
 last_turns_moved AS (
     UPDATE job_admission a SET last_turn = a.last_turn - g.length

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -17,6 +18,7 @@ from api import store as api_store
 from api.admission import admission
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
+from sweeper import store as sweeper_store
 from tests.support.database import client_id_of, waiting_on_a_lock
 from tests.support.waiting import wait_until
 
@@ -47,7 +49,7 @@ async def test_a_jobs_end_and_an_admission_do_not_deadlock_on_a_seq_scanned_budg
     database_url: str, conn: Conn
 ) -> None:
     """With the all-clients row after the client's row on the page and budget_days analysed into a
-    sequential scan, a cancellation waiting for the all-clients row (held by an admission's transaction)
+    sequential scan, a job's end (the sweeper's) waiting for the all-clients row (held by an admission's transaction)
     holds none of the client's, so the admission goes on and both commit."""
     client = await client_id_of(conn)
     (first,) = await _admit(conn, client)
@@ -62,15 +64,19 @@ async def test_a_jobs_end_and_an_admission_do_not_deadlock_on_a_seq_scanned_budg
             await psycopg.AsyncConnection.connect(database_url, autocommit=True) as cancelling:
         # an admission's transaction, between its two budget rows: the all-clients row is held
         await admitting.execute("UPDATE budget_days SET reserved_usd = reserved_usd WHERE client_id = 0")
-        cancel = asyncio.ensure_future(api_store.job_cancel(cancelling, client_id=client, job_id=first.public_id))
-        await wait_until(lambda: waiting_on_a_lock(conn), what="the cancellation to wait for the all-clients row")
+        # the job's end is the sweeper's (queue_timeout): a client's cancel takes the admission lock first,
+        # to give its turn back, and so queues behind the admission before any budget row
+        cancel = asyncio.ensure_future(sweeper_store.job_fail_stale(
+            cancelling, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1, judge_running=False,
+            batch_size=10, lock_timeout_s=10, now=datetime.now(UTC) + timedelta(hours=1)))
+        await wait_until(lambda: waiting_on_a_lock(conn), what="the job's end to wait for the all-clients row")
         # the admission's own statement locks the all-clients row, then the client's
         (second,) = await asyncio.wait_for(_admit(admitting, client), timeout=10)
         await admitting.commit()
         cancelled = await asyncio.wait_for(cancel, timeout=10)
 
     assert second.outcome == "inserted"
-    assert cancelled is not None and cancelled.cancelled
+    assert [job.public_id for job in cancelled] == [first.public_id]
     worst = admission(client, "k", StoryRequest(prompt="a fox"), ApiSettings()).worst_case_usd
     cur = await conn.execute("SELECT client_id, spent_usd, reserved_usd FROM budget_days ORDER BY client_id")
     assert await cur.fetchall() == [(0, 0, worst), (client, 0, worst)]

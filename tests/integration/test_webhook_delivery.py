@@ -54,12 +54,12 @@ async def _state(conn: Conn, delivery_id: int) -> tuple[str, int, str | None]:
     return str(row[0]), int(row[1]), row[2]
 
 
+# (a URL httpx cannot parse, the first case found, is now refused by the URL
+# rule itself: tests/unit/test_webhook_address_rule.py)
 @pytest.mark.parametrize("url, secret", [
-    # a URL the endpoint rule lets through and httpx refuses to parse (InvalidURL)
-    ("http://127.0.0.1:{port}/hook\x7f", None),
     # a stored secret that is not base64: signing raises binascii.Error, which no rule foresaw
     ("http://127.0.0.1:{port}/hook", "whsec_a"),
-], ids=["url-httpx-rejects", "secret-not-base64"])
+], ids=["secret-not-base64"])
 async def test_an_attempt_that_raises_anything_is_recorded_and_the_delivery_ends_dead(
         conn: Conn, pool: AsyncConnectionPool, url: str, secret: str | None) -> None:
     """An attempt raising what no rule foresaw is a failed attempt, recorded with its error and logged once
