@@ -16,6 +16,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from hypothesis import Phase, settings
 from psycopg.conninfo import conninfo_to_dict
 from psycopg_pool import AsyncConnectionPool
 
@@ -26,6 +27,12 @@ from tests.support.outcome import failed_in_call
 from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable
 
 _counter = itertools.count()
+
+# make mutants: a counterexample found is a mutant killed, so the search stops
+# there. Shrinking it would take Hypothesis up to five minutes of fresh
+# databases per example, which is what a mutant's time limit would meet.
+settings.register_profile("mutants", phases=[Phase.explicit, Phase.reuse, Phase.generate])
+settings.load_profile(os.environ.get("STORYJOBS_HYPOTHESIS_PROFILE", "default"))
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
