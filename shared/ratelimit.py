@@ -4,7 +4,7 @@ provider's ``anthropic-ratelimit-*`` headers last said, and what a claim
 round's answer says about when claiming is worth trying again.
 
 The bucket itself lives in the claim statement (sql/worker.sql,
-job_settle_and_claim_limited); this module only turns settings and headers
+job_claim_limited); this module only turns settings and headers
 into its parameters, and its answer into a wait.
 """
 

@@ -1,54 +1,13 @@
--- The worker's named queries (worker/store.py runs them): the round
--- statement that settles written stories and claims pending jobs (with and
--- without the shared rate bucket, assembled from the blocks below),
--- failures, heartbeats, the LLM call ledger around each attempt, the rate
--- bucket, and webhook deliveries. The conventions are in common.sql.
+-- The worker's named queries (worker/store.py runs them): settling written
+-- stories, claiming pending jobs (with and without the shared rate bucket),
+-- failures, heartbeats, the LLM call ledger around each attempt, and the
+-- rate bucket; and webhook deliveries (worker/delivery/store.py). The
+-- conventions are in common.sql.
 
-
--- name: job_settle_ctes
--- The first half of the worker's round statement (job_settle_and_claim and
--- job_settle_and_claim_limited include it): complete the jobs whose stories
--- are written, through job_end_ctes, their stories inserted.
---
--- A story is inserted even when its job lost the race to the sweeper: it was
--- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless:
--- a story already there was inserted by the earlier commit of this
--- statement, which also ended its job (a job's story is written nowhere
--- else, and a job that is no longer running never runs again), so the job
--- is not running and job_end_ctes leaves it, and the id the worker made
--- for the story not inserted, as they are.
---
--- The written stories' small fields arrive as one JSON array, one
--- parameter however many stories the round carries; their titles and texts
--- as two text arrays sent in binary, and their ids as a uuid array, each
--- record naming its element (n). Postgres's JSON parser reads a string a
--- character at a time: a story's text sent inside the JSON was the largest
--- part of the round's cost, a text in a binary array is copied. The ids are
--- made by the worker, not by gen_random_uuid() here: the planner computes a
--- volatile column after the sort, which costs a second copy of every row.
-ending AS MATERIALIZED (
-    SELECT d.job_id, d.attempt, 'completed'::job_status AS status, (%(story_ids)b::uuid[])[d.n] AS story_id,
-           NULL::text AS error_code, NULL::text AS error_text, 'succeeded' AS call_outcome, true AS billed,
-           d.input_tokens, d.output_tokens, d.cost_usd, d.request_id, d.client_id,
-           (%(titles)b::text[])[d.n] AS title, (%(bodies)b::text[])[d.n] AS body, d.model, d.prompt_version
-    FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
-        n int, job_id bigint, client_id bigint, attempt smallint, model text, prompt_version text,
-        input_tokens int, output_tokens int, cost_usd numeric, request_id text)
-    ORDER BY d.job_id
-),
-stories_inserted AS (
-    INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version,
-                         input_tokens, output_tokens, cost_usd)
-    SELECT story_id, job_id, client_id, title, body, model, prompt_version,
-           input_tokens, output_tokens, cost_usd
-    FROM ending
-    ON CONFLICT (job_id) DO NOTHING
-),
--- include: job_end_ctes
 
 -- name: job_end_ctes
 -- The one definition of how a worker ends the jobs it holds, for the round's
--- completions (job_settle_ctes) and for its failures (job_fail_running):
+-- completions (job_settle) and for its failures (job_fail_running):
 -- from `ending` (one row a job, sorted by job id: the attempt it sent last,
 -- the status it goes to, its story or its error, what the call cost and
 -- whether it was billed), the ledger rows closed, the job running ->
@@ -104,9 +63,9 @@ given_back AS MATERIALIZED (
 )
 
 -- name: job_claim_ctes
--- The claim of the round statement: the jobs in `chosen` (locked by the
--- including statement) go pending -> running, and each gets its first ledger
--- row before its LLM call can start. Nothing reads first_calls: a
+-- The claim, for job_claim and job_claim_limited: the jobs in `chosen`
+-- (locked by the including statement) go pending -> running, and each gets
+-- its first ledger row before its LLM call can start. Nothing reads first_calls: a
 -- data-modifying CTE runs to completion whether it is read or not, and a
 -- failed insert fails the whole statement, claim included.
 claimed AS (
@@ -122,11 +81,8 @@ first_calls AS (
     SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
 )
 
--- name: job_settle_and_claim_answer
--- What the round statement answers, before its limiter column. The claim
--- comes first: evaluated first, it locks its jobs as soon after the
--- statement's snapshot as it can, so that fewer of the rows it reaches have
--- been claimed by another worker since (each such row costs a recheck).
+-- name: job_claimed_answer
+-- What a claim answers first: the jobs it claimed, as one JSON text.
 coalesce((
     SELECT json_agg(json_build_object(
         'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
@@ -136,20 +92,14 @@ coalesce((
         'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text)
         ORDER BY c.id)
     FROM claimed c
-)::text, '[]') AS claimed,
--- the round's completions: completed now, or (after an ambiguous commit) already completed
--- by this worker; the caller treats every other one as a lost race
-coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
-coalesce((
-    SELECT array_agg(j.id) FROM story_jobs j
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending))
-      AND j.status = 'completed' AND j.worker_id = %(worker_id)s
-), '{}') AS already_completed_ids
+)::text, '[]') AS claimed
 
--- name: job_settle_and_claim
--- The worker's one statement per round while no rate limit is configured:
--- complete the written stories and claim up to %(claim_limit)s pending jobs,
--- one commit per round however many jobs it carries.
+-- name: job_claim
+-- A worker's claim while no rate limit is configured: up to
+-- %(claim_limit)s pending jobs, in their clients' turns, in one statement
+-- however many it takes. It runs in a transaction of its own, after the
+-- round's stories are settled in theirs (job_settle), so that nothing the
+-- claim does wrong can touch a story that was paid for.
 --
 -- The model's bucket row is only read, for a pause (a 429's retry-after, or
 -- the provider's headers saying nothing is left), during which nothing is
@@ -158,8 +108,6 @@ coalesce((
 -- there for every worker. Without the limiter's arithmetic the statement
 -- costs the database about a quarter less (tests/bench/statement_cost.py).
 WITH
--- include: job_settle_ctes
-,
 -- The pause, and the limits other workers pace the bucket by: a worker that
 -- has not heard them yet claims nothing, learns them from the answer and
 -- claims with the limiter from its next round.
@@ -187,7 +135,7 @@ pause_shared AS (
     ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
--- include: job_settle_and_claim_answer
+-- include: job_claimed_answer
 ,
 -- (greatest() first: a row a limited round wrote holds '-infinity', which
 -- no interval can be taken from)
@@ -199,25 +147,23 @@ SELECT
                           'next_output_tokens', CASE WHEN paced AND %(claim_limit)s > 0 THEN 0 END)
  FROM paused)::text AS limiter;
 
--- name: job_settle_and_claim_limited
--- The worker's one statement per round while a rate limit is configured:
--- job_settle_and_claim with the shared rate limiter, so that it costs no
--- statement of its own. The model's bucket row is locked, refilled to now,
--- given back what the completed calls did not use, capped by what the
--- provider's headers last said was left, and a job is claimed only while the
+-- name: job_claim_limited
+-- A worker's claim while a rate limit is configured: job_claim with the
+-- shared rate limiter, so that it costs no statement of its own. The
+-- model's bucket row is locked, refilled to now (what the settled calls did
+-- not use was given back by job_settle), capped by what the provider's
+-- headers last said was left, and a job is claimed only while the
 -- bucket covers one request, its estimated input tokens and its max_tokens;
 -- a job it does not cover stays pending without holding back the jobs behind
 -- it that it covers (until it is owed the bucket: see `held`). A pause (a 429's retry-after, or the
 -- provider saying nothing is left) claims nothing.
 WITH
--- include: job_settle_ctes
-,
 -- The bucket as it stands now, one row (a missing row covers nothing this
--- round and is recreated below). Locked after the completed jobs, as every
--- statement takes it after the job rows it waits for: a statement holding
--- the bucket never waits for a job row, so the bucket joins no deadlock.
+-- round and is recreated below). The job rows this statement locks after it
+-- are locked with SKIP LOCKED: a statement holding the bucket never waits
+-- for a job row, so the bucket joins no deadlock.
 bucket AS MATERIALIZED (
-    SELECT b.* FROM llm_rate_buckets b, given_back
+    SELECT b.* FROM llm_rate_buckets b
     WHERE b.model = %(model)s
     FOR NO KEY UPDATE OF b
 ),
@@ -235,14 +181,14 @@ bucket_now AS MATERIALIZED (
         CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(bucket_refilled(b.input_tokens, %(input_tokens_rate)s::float8,
-                                        %(input_tokens_capacity)s::float8, b.refilled_at, g.input_tokens),
+                                        %(input_tokens_capacity)s::float8, b.refilled_at, 0),
                         coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
         CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
              WHEN b.model IS NULL THEN 0
              ELSE least(bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
-                                        %(output_tokens_capacity)s::float8, b.refilled_at, g.output_tokens),
+                                        %(output_tokens_capacity)s::float8, b.refilled_at, 0),
                         coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
-    FROM given_back g
+    FROM (SELECT 1) one
     LEFT JOIN bucket b ON true
 ),
 -- The next pending jobs in turn order, twice the slots to fill: a job the
@@ -346,9 +292,9 @@ bucket_written AS (
     RETURNING b.waker, b.waker_until
 )
 SELECT
--- include: job_settle_and_claim_answer
+-- include: job_claimed_answer
 ,
--- the bucket after this round, and the needs of the first job it held back
+-- the bucket after this claim, and the needs of the first job it held back
 (SELECT json_build_object(
     'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
     'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
@@ -389,15 +335,50 @@ bucket_given_back AS (
 SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids;
 
 -- name: job_settle
--- The round statement's settling half alone, claiming nothing: the written
--- stories completed through job_settle_ctes and, with a rate limit
--- configured, the model's bucket given back what their claims reserved and
--- their calls did not use (as job_fail_running gives it back). The worker
--- runs it while it takes apart a batch the database refused: the round
--- statement's claim and its rate bucket's round can be what was refused, and
--- a story, which was paid for, must not be failed for them.
+-- A round's written stories, in a transaction of their own, apart from the
+-- claim that follows (so that nothing the claim does wrong is blamed on a
+-- story, which was paid for): their jobs completed through job_end_ctes
+-- and their stories inserted, one commit however many the round carries,
+-- and, with a rate limit configured, the model's bucket given back what
+-- their claims reserved and their calls did not use (as job_fail_running
+-- gives it back).
+--
+-- A story is inserted even when its job lost the race to the sweeper: it was
+-- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless:
+-- a story already there was inserted by the earlier commit of this
+-- statement, which also ended its job (a job's story is written nowhere
+-- else, and a job that is no longer running never runs again), so the job
+-- is not running and job_end_ctes leaves it, and the id the worker made
+-- for the story not inserted, as they are.
+--
+-- The written stories' small fields arrive as one JSON array, one
+-- parameter however many stories the round carries; their titles and texts
+-- as two text arrays sent in binary, and their ids as a uuid array, each
+-- record naming its element (n). Postgres's JSON parser reads a string a
+-- character at a time: a story's text sent inside the JSON was the largest
+-- part of the round's cost, a text in a binary array is copied. The ids are
+-- made by the worker, not by gen_random_uuid() here: the planner computes a
+-- volatile column after the sort, which costs a second copy of every row.
 WITH
--- include: job_settle_ctes
+ending AS MATERIALIZED (
+    SELECT d.job_id, d.attempt, 'completed'::job_status AS status, (%(story_ids)b::uuid[])[d.n] AS story_id,
+           NULL::text AS error_code, NULL::text AS error_text, 'succeeded' AS call_outcome, true AS billed,
+           d.input_tokens, d.output_tokens, d.cost_usd, d.request_id, d.client_id,
+           (%(titles)b::text[])[d.n] AS title, (%(bodies)b::text[])[d.n] AS body, d.model, d.prompt_version
+    FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
+        n int, job_id bigint, client_id bigint, attempt smallint, model text, prompt_version text,
+        input_tokens int, output_tokens int, cost_usd numeric, request_id text)
+    ORDER BY d.job_id
+),
+stories_inserted AS (
+    INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version,
+                         input_tokens, output_tokens, cost_usd)
+    SELECT story_id, job_id, client_id, title, body, model, prompt_version,
+           input_tokens, output_tokens, cost_usd
+    FROM ending
+    ON CONFLICT (job_id) DO NOTHING
+),
+-- include: job_end_ctes
 ,
 bucket_given_back AS (
     UPDATE llm_rate_buckets b
@@ -405,8 +386,8 @@ bucket_given_back AS (
     FROM given_back g
     WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM ended)
 )
--- as job_settle_and_claim_answer: completed now, or (after an ambiguous
--- commit) already completed by this worker
+-- completed now, or (after an ambiguous commit) already completed by this
+-- worker; the caller takes every other one for a lost race
 SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
        coalesce((
            SELECT array_agg(j.id) FROM story_jobs j
@@ -419,7 +400,7 @@ SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
 -- refresh heartbeat_at and progress where the job is still ours. It touches no
 -- indexed column, so it is a HOT update. A job missing from alive_ids was
 -- failed by the sweeper or cancelled: its worker stops paying for the stream.
--- Rows are locked in ascending id order, as job_settle_and_claim locks them.
+-- Rows are locked in ascending id order, as job_settle locks them.
 WITH beat AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(beats)s::jsonb) AS b(id bigint, progress int)
     ORDER BY id

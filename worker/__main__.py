@@ -15,6 +15,7 @@ from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.delivery.loop import Deliverer
+from worker.delivery.store import PgDeliveryStore
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
@@ -50,13 +51,12 @@ async def serve(settings: WorkerSettings) -> int:
         store = PgWorkerStore(
             pool, worker_id=new_worker_id(), provider=writer.provider, model=writer.model,
             listen_url=db.session_url(settings) if settings.worker_listen else None,
-            connect_timeout_s=settings.db_connect_timeout_s,
-            limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens,
+            connect_timeout_s=settings.db_connect_timeout_s, default_max_tokens=settings.llm_max_tokens,
         )
-        await store.ensure_rate_bucket()
+        await store.ensure_rate_bucket(RateLimits.from_settings(settings))
         coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen)
         async with _deliveries_pool(settings) as deliveries_pool:
-            deliverer = Deliverer(settings, deliveries_pool)
+            deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool))
 
             def stop() -> None:
                 coordinator.stop()

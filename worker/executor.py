@@ -7,9 +7,11 @@ never touches the coordinator's held set: whether the job is completed,
 failed or let go, and what is logged and counted about it, is decided by the
 round that collects the outcome.
 
-A task the coordinator cancels (its job is no longer ours, or the shutdown
-grace is over) cannot return; ``outcome_of`` turns its cancellation into
-``Stopped`` with what its JobCall says was sent.
+A call is stopped through the job's StopSignal, which the executor owns:
+the round sets it when the shutdown grace is over, the heartbeat when the
+job is no longer ours. The writer then runs in a task of the executor's
+own, which the signal cancels; the executor returns ``Stopped`` with what
+its JobCall says was sent. Nobody else cancels a job's task.
 """
 
 from __future__ import annotations
@@ -22,18 +24,44 @@ import msgspec
 import structlog
 
 from shared import db, prompt
-from shared.rows import ClaimedJob, Draft, RetryStart
+from shared.ratelimit import ProviderView, RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from shared.text import storable
 from worker import metrics
+from worker.backoff import Backoff
+from worker.inbox import Heard, Inbox
+from worker.rows import ClaimedJob, Draft, RetryStart
 from worker.store import WorkerStore
 from worker.writing import CallRecord, JobCall, LostOwnership, StoryWriter, WriteFailed
 
 log = structlog.get_logger()
 
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 5.0
+
+class StopSignal:
+    """Asks a job's executor to stop its call. The first reason set stands;
+    setting it again does nothing."""
+
+    __slots__ = ("_stop_writing", "reason")
+
+    def __init__(self) -> None:
+        self.reason: str | None = None
+        self._stop_writing: Callable[[], object] | None = None
+
+    @property
+    def is_set(self) -> bool:
+        return self.reason is not None
+
+    def set(self, reason: str) -> None:
+        if self.reason is not None:
+            return
+        self.reason = reason
+        if self._stop_writing is not None:
+            self._stop_writing()
+
+    def _stops(self, writing: asyncio.Task[Draft]) -> None:
+        """The executor's writing task, cancelled when the signal is set."""
+        self._stop_writing = writing.cancel
 
 
 class Completed(msgspec.Struct, frozen=True):
@@ -48,9 +76,11 @@ class Failed(msgspec.Struct, frozen=True):
 
 
 class Stopped(msgspec.Struct, frozen=True):
-    """The coordinator stopped the call; ``call`` is where it stood."""
+    """The call was stopped (``reason``: the shutdown, or what ended the
+    job elsewhere); ``call`` is where it stood."""
 
     call: CallRecord
+    reason: str
 
 
 class Lost(msgspec.Struct, frozen=True):
@@ -65,8 +95,11 @@ class Lost(msgspec.Struct, frozen=True):
 Outcome = Completed | Failed | Stopped | Lost
 
 
-async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall) -> Outcome:
+async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal) -> Outcome:
     structlog.contextvars.bind_contextvars(job_id=str(job.public_id))
+    if stop.reason is not None:
+        # stopped before its first step: nothing was sent
+        return Stopped(call.record(LlmOutcome.STOPPED), stop.reason)
     log.debug("job.started", queue_wait_s=(job.started_at - job.created_at).total_seconds())
     try:
         request = msgspec.convert(job.request, StoryRequest)
@@ -74,8 +107,15 @@ async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall) -> Outcom
         return Failed(ErrorCode.INVALID_REQUEST, f"the stored request is not valid: {exc}",
                       call.record(LlmOutcome.NOT_SENT))
     call.input_tokens_at_most = prompt.input_tokens_at_most(request)
+    writing = asyncio.create_task(writer.write(request, call))
+    stop._stops(writing)
     try:
-        draft = await writer.write(request, call)
+        draft = await writing
+    except asyncio.CancelledError:
+        current = asyncio.current_task()
+        if stop.reason is not None and writing.cancelled() and not (current and current.cancelling()):
+            return Stopped(call.record(LlmOutcome.STOPPED), stop.reason)
+        raise
     except WriteFailed as exc:
         return Failed(exc.error_code, exc.message, call.record(exc.outcome))
     except LostOwnership:
@@ -87,10 +127,11 @@ async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall) -> Outcom
     return Completed(draft, call.record(LlmOutcome.SUCCEEDED))
 
 
-def outcome_of(task: asyncio.Task[Outcome], call: JobCall) -> Outcome:
-    """A finished task's outcome; a cancelled one's is where its call stood."""
+def outcome_of(task: asyncio.Task[Outcome], call: JobCall, stop: StopSignal) -> Outcome:
+    """A finished task's outcome; one cancelled (the process is ending)
+    returns none: where its call stood."""
     if task.cancelled():
-        return Stopped(call.record(LlmOutcome.STOPPED))
+        return Stopped(call.record(LlmOutcome.STOPPED), stop.reason or "shutdown")
     return task.result()
 
 
@@ -98,20 +139,23 @@ class LedgerHooks:
     """What a job's call asks of the database: a retry's ledger row (waited
     for through another worker's 429 pause and through database errors,
     which are transient here as everywhere in the worker), a shared pause
-    after a 429; and the provider's headers, handed to ``heard``."""
+    after a 429, both at the rate limits the round holds (``limits``, read
+    only); and the provider's headers, reported to the round."""
 
     def __init__(
         self,
         store: WorkerStore,
         job: ClaimedJob,
-        heard: Callable[[Mapping[str, str]], None],
+        inbox: Inbox,
+        limits: Callable[[], RateLimits],
         *,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._store = store
         self._job = job
-        self._heard = heard
+        self._inbox = inbox
+        self._limits = limits
         self._clock = clock
         self._sleep = sleep
 
@@ -119,14 +163,14 @@ class LedgerHooks:
         """The next attempt's row (or not ours). The statement is idempotent:
         run again after its answer was lost, it answers the row it made."""
         errors = db.ErrorEpisode("worker", clock=self._clock, task="retry", job_id=str(self._job.public_id))
-        backoff_s = BACKOFF_FIRST_S
+        backoff = Backoff()
         while True:
             try:
-                started = await self._store.call_retry(self._job.id, attempt, previous, storable(error))
+                started = await self._store.call_retry(self._job.id, attempt, previous, storable(error),
+                                                       self._limits())
             except db.DB_ERRORS as exc:
                 errors.failed(exc, attempt=attempt)
-                await self._sleep(backoff_s)
-                backoff_s = min(backoff_s * 2, BACKOFF_MAX_S)
+                await self._sleep(backoff.next_s())
                 continue
             errors.succeeded()
             if started.owned and started.attempt is None:
@@ -142,10 +186,12 @@ class LedgerHooks:
     async def rate_limited(self, pause_s: float) -> None:
         metrics.LLM_RATELIMITED.inc()
         try:
-            await self._store.pause(pause_s)
+            await self._store.pause(pause_s, self._limits())
         except db.DB_ERRORS as exc:
             # this job still waits out its own retry-after; only the others are not told
             log.warning("llm.pause_not_shared", pause_s=round(pause_s, 3), error=db.describe(exc))
 
     def provider_said(self, headers: Mapping[str, str]) -> None:
-        self._heard(headers)
+        view = ProviderView.from_headers(headers, seen_at=self._clock())
+        if view is not None:
+            self._inbox.put(Heard(view))

@@ -1,8 +1,9 @@
 """The heartbeat: every HEARTBEAT_INTERVAL_S, one statement refreshes every
 job this process holds (heartbeat_at and progress, where the job is still
 ours). A job it finds no longer ours (swept or cancelled) is reported to the
-coordinator, which stops its stream at once; the heartbeat writes nothing of
-the coordinator's. Database errors are logged once per episode and beaten
+round, and its stream is stopped at once through the stop signal its
+executor owns: nobody pays for text no one will see. It writes nothing the
+round holds. Database errors are logged once per episode and beaten
 through; anything else ends the task, and the worker with it.
 """
 
@@ -11,48 +12,49 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from typing import Protocol
 
 from shared import db
+from worker.held import HeldJobs
+from worker.inbox import Gone, Inbox
 from worker.store import WorkerStore
-
-
-class Holder(Protocol):
-    """What the heartbeat needs of the coordinator."""
-
-    def beats(self) -> dict[int, int]:
-        """The held jobs, with their progress."""
-        ...
-
-    def gone(self, job_id: int, reason: str) -> bool:
-        """The job is no longer ours; True when its call was stopped."""
-        ...
 
 
 class Heartbeat:
     def __init__(
         self,
         store: WorkerStore,
-        holder: Holder,
+        held: HeldJobs,
+        inbox: Inbox,
         *,
         interval_s: float,
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
     ) -> None:
         self._store = store
-        self._holder = holder
+        self._held = held
+        self._inbox = inbox
         self._interval_s = interval_s
         self._clock = clock
         self._sleep = sleep
+        # each job's progress as reported to clients: never goes back
+        self._progress: dict[int, int] = {}
 
     async def once(self) -> list[int]:
-        """One beat; the ids of the jobs whose call it had stopped."""
-        progress = self._holder.beats()
-        if not progress:
+        """One beat; the ids of the jobs whose call it stopped."""
+        tokens = self._held.beats()
+        self._progress = {job_id: max(n, self._progress.get(job_id, 0)) for job_id, n in tokens.items()}
+        if not self._progress:
             return []
-        rows = await self._store.heartbeat(progress)
-        return [row.id for row in rows
-                if not row.alive and self._holder.gone(row.id, row.error_code or row.status or "gone")]
+        rows = await self._store.heartbeat(self._progress)
+        stopped = []
+        for row in rows:
+            if row.alive:
+                continue
+            reason = row.error_code or row.status or "gone"
+            self._inbox.put(Gone(row.id, reason))
+            if self._held.signal_stop(row.id, reason):
+                stopped.append(row.id)
+        return stopped
 
     async def run(self) -> None:
         errors = db.ErrorEpisode("worker", clock=self._clock, task="heartbeat")

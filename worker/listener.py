@@ -1,7 +1,7 @@
-"""The listener: LISTEN on a connection of its own, and a claim at once for
-every NOTIFY of a new pending job (and when listening starts, since what was
-sent before is lost). A broken connection is reconnected with backoff; the
-fallback poll covers the gap.
+"""The listener: LISTEN on a connection of its own, and a report to the
+round, which claims at once, for every NOTIFY of a new pending job (and
+when listening starts, since what was sent before is lost). A broken
+connection is reconnected with backoff; the fallback poll covers the gap.
 """
 
 from __future__ import annotations
@@ -11,26 +11,26 @@ import time
 from collections.abc import Awaitable, Callable
 
 from shared import db
-from worker.executor import BACKOFF_FIRST_S, BACKOFF_MAX_S
+from worker.backoff import Backoff
+from worker.inbox import Inbox, Notified
 from worker.store import WorkerStore
 
 
 async def listen(
     store: WorkerStore,
-    notified: Callable[[], None],
+    inbox: Inbox,
     *,
     clock: Callable[[], float] = time.monotonic,
     sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
 ) -> None:
     errors = db.ErrorEpisode("worker", clock=clock, task="listener")
-    delay = BACKOFF_FIRST_S
+    backoff = Backoff()
     while True:
         try:
             async for _ in store.notifications():
                 errors.succeeded()
-                delay = BACKOFF_FIRST_S
-                notified()
+                backoff.reset()
+                inbox.put(Notified())
         except db.DB_ERRORS as exc:
             errors.failed(exc)
-        await sleep(delay)
-        delay = min(delay * 2, BACKOFF_MAX_S)
+        await sleep(backoff.next_s())

@@ -1,12 +1,13 @@
-"""What the worker asks of the database, as one typed interface.
+"""What the worker's job loop asks of the database, as one typed interface.
 
-``WorkerStore`` is everything the coordinator, the job tasks, the heartbeat
-and the listener need; ``PgWorkerStore`` does it with a connection pool and
-the worker's named queries (sql/worker.sql), each run by one small typed
-function below, with the webhook deliveries' (worker/delivery/). A recording
-fake of the same interface (tests/fakes/recording_worker_store.py) lets the
-coordinator's rules be tested without a database. Every method may raise any
-of ``shared.db.DB_ERRORS``.
+``WorkerStore`` is everything the round, the job tasks, the heartbeat and
+the listener need; ``PgWorkerStore`` does it with a connection pool and the
+worker's named queries (sql/worker.sql), each run by one small typed
+function below. A recording fake of the same interface
+(tests/fakes/recording_worker_store.py) lets the coordinator's rules be
+tested without a database. Every method may raise any of
+``shared.db.DB_ERRORS``. The webhook deliveries have a store of their own
+(worker/delivery/store.py).
 """
 
 from __future__ import annotations
@@ -19,10 +20,9 @@ from typing import Any, Protocol
 import msgspec
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, webhooks
+from shared import db
 from shared.queries import QUERIES as Q
 from shared.ratelimit import (
-    KINDS,
     NO_LIMITS,
     UNLIMITED,
     LimiterState,
@@ -30,40 +30,42 @@ from shared.ratelimit import (
     RateLimits,
     claim_params,
 )
-from shared.rows import (
+from shared.status import LlmOutcome
+from shared.store import Conn, fetch_all, fetch_one, jsonb
+from worker.rows import (
     ClaimedJob,
+    ClaimResult,
     Completion,
-    DeliveryOutcome,
     Failure,
     HeartbeatRow,
     RetryStart,
     SettleResult,
-    WebhookDeliveryClaim,
 )
-from shared.status import LlmOutcome
-from shared.store import Conn, fetch_all, fetch_one, fetch_scalars, jsonb
 
 
 class WorkerStore(Protocol):
+    """What the round, the job tasks, the heartbeat and the listener ask of
+    the database. It keeps no state: the rate limits the round holds are
+    passed to each statement that needs them."""
+
     @property
     def worker_id(self) -> str: ...
 
-    async def settle_and_claim(
-        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
-    ) -> SettleResult:
-        """Completes the written stories and claims up to claim_limit pending
-        jobs that the shared rate bucket covers (kept in step with
-        provider_view, what the provider's headers last said), writing each
-        one's first ledger row; one statement."""
+    async def settle(self, completions: Sequence[Completion], limits: RateLimits) -> SettleResult:
+        """Completes the written stories' jobs where they are still ours,
+        their stories stored; with a rate limit, the shared bucket gets back
+        what their claims reserved and their calls did not use. One
+        transaction of its own: a refusal is the stories' own."""
         ...
 
-    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
-        """Completes the written stories alone: settle_and_claim without its
-        claim and without the rate bucket's round (it claims nothing and
-        answers no limiter), so that a refusal is the stories' own."""
+    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
+        """Claims up to claim_limit pending jobs that the shared rate bucket
+        covers (kept in step with provider_view, what the provider's headers
+        last said), writing each one's first ledger row. One transaction of
+        its own: a refusal never touches a settled story."""
         ...
 
-    async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
+    async def fail_running(self, failures: Sequence[Failure], limits: RateLimits) -> list[int]:
         """running -> failed for these jobs where they are still ours; their
         ledger rows closed. Returns the ids that were ours."""
         ...
@@ -80,20 +82,16 @@ class WorkerStore(Protocol):
         ...
 
     async def call_retry(
-        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
+        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str,
+        limits: RateLimits,
     ) -> RetryStart:
         """Closes an unbilled attempt's ledger row and opens the next one if
         the job is still ours and the rate bucket is not paused. Idempotent:
         run again, it answers the row it opened."""
         ...
 
-    async def pause(self, pause_s: float) -> None:
+    async def pause(self, pause_s: float, limits: RateLimits) -> None:
         """No claim and no retry, by any worker, for pause_s (a 429)."""
-        ...
-
-    def learn(self, view: ProviderView) -> None:
-        """What the provider's headers said: with no limit configured, the
-        limits they announce pace claims and retries from now on."""
         ...
 
     async def call_finish(
@@ -123,17 +121,12 @@ class PgWorkerStore:
         model: str,
         listen_url: str | None,
         connect_timeout_s: float,
-        limits: RateLimits = NO_LIMITS,
         default_max_tokens: int = 4000,
     ) -> None:
         self._pool = pool
         self._worker_id = worker_id
         self._provider = provider
         self._model = model
-        # the configured limits, or, with none, what the provider's headers
-        # last announced (learned from the views claim rounds pass on)
-        self._configured = limits
-        self._limits = limits
         self._default_max_tokens = default_max_tokens
         self._listen_url = listen_url
         self._connect_timeout_s = connect_timeout_s
@@ -142,37 +135,28 @@ class PgWorkerStore:
     def worker_id(self) -> str:
         return self._worker_id
 
-    async def ensure_rate_bucket(self) -> None:
+    async def ensure_rate_bucket(self, limits: RateLimits) -> None:
         """The model's bucket, full, when a limit is configured and it does
         not exist yet (a later claim recreates a deleted one, empty)."""
-        if self._limits.limited:
+        if limits.limited:
             async with self._pool.connection() as conn:
-                await llm_rate_bucket_ensure(conn, model=self._model, limits=self._limits)
+                await llm_rate_bucket_ensure(conn, model=self._model, limits=limits)
 
-    async def settle_and_claim(
-        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
-    ) -> SettleResult:
-        limiter = claim_params(self._limits, provider_view, default_max_tokens=self._default_max_tokens)
-        async with self._pool.connection() as conn:
-            settled = await job_settle_and_claim(
-                conn, worker_id=self._worker_id, completions=completions, claim_limit=claim_limit,
-                provider=self._provider, model=self._model, limiter=limiter,
-            )
-        if not self._limits.limited:
-            # what other workers learned, before this one heard any header
-            self._limits = self._configured.announced(settled.limiter.announced(),
-                                                      max_tokens=self._default_max_tokens)
-        return settled
-
-    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
+    async def settle(self, completions: Sequence[Completion], limits: RateLimits) -> SettleResult:
         async with self._pool.connection() as conn:
             return await job_settle(conn, worker_id=self._worker_id, completions=completions, model=self._model,
-                                    limited=self._limits.limited)
+                                    limited=limits.limited)
 
-    async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
+    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
+        limiter = claim_params(limits, provider_view, default_max_tokens=self._default_max_tokens)
+        async with self._pool.connection() as conn:
+            return await job_claim(conn, worker_id=self._worker_id, claim_limit=claim_limit,
+                                   provider=self._provider, model=self._model, limiter=limiter)
+
+    async def fail_running(self, failures: Sequence[Failure], limits: RateLimits) -> list[int]:
         async with self._pool.connection() as conn:
             return await job_fail_running(conn, worker_id=self._worker_id, failures=failures,
-                                                model=self._model, limited=self._limits.limited)
+                                          model=self._model, limited=limits.limited)
 
     async def claims_of_lost_answer(self, known_ids: Sequence[int]) -> list[ClaimedJob]:
         async with self._pool.connection() as conn:
@@ -183,22 +167,19 @@ class PgWorkerStore:
             return await job_heartbeat(conn, worker_id=self._worker_id, progress=progress)
 
     async def call_retry(
-        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
+        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str,
+        limits: RateLimits,
     ) -> RetryStart:
         async with self._pool.connection() as conn:
             return await llm_call_start(
                 conn, worker_id=self._worker_id, job_id=job_id, previous_attempt=previous_attempt,
                 previous_outcome=previous_outcome, previous_billed=not previous_outcome.certainly_unbilled,
-                previous_error=previous_error, model=self._model, limits=self._limits,
+                previous_error=previous_error, model=self._model, limits=limits,
             )
 
-    def learn(self, view: ProviderView) -> None:
-        if any(kind in view.limits for kind in KINDS):
-            self._limits = self._configured.learned(view, max_tokens=self._default_max_tokens)
-
-    async def pause(self, pause_s: float) -> None:
+    async def pause(self, pause_s: float, limits: RateLimits) -> None:
         async with self._pool.connection() as conn:
-            await llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=self._limits)
+            await llm_rate_bucket_pause(conn, model=self._model, pause_s=pause_s, limits=limits)
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,
@@ -248,7 +229,7 @@ class _CompletionRecord(msgspec.Struct, frozen=True, kw_only=True):
 def completion_params(completions: Sequence[Completion]) -> dict[str, Any]:
     """The round statement's completions: their small fields as one JSON
     array, their titles and texts as text arrays the statement takes in
-    binary (sql/worker.sql, job_settle_ctes, says why), and an id for each
+    binary (sql/worker.sql, job_settle, says why), and an id for each
     story, made here."""
     return {
         "completions": jsonb([
@@ -263,44 +244,30 @@ def completion_params(completions: Sequence[Completion]) -> dict[str, Any]:
     }
 
 
-def settle_and_claim_query(limiter: Mapping[str, Any]) -> str:
-    """The round statement's name: without a configured rate limit, the one
-    without the limiter's arithmetic."""
-    return "job_settle_and_claim_limited" if limiter["limited"] else "job_settle_and_claim"
+def claim_query(limiter: Mapping[str, Any]) -> str:
+    """The claim's name: without a configured rate limit, the one without
+    the limiter's arithmetic."""
+    return "job_claim_limited" if limiter["limited"] else "job_claim"
 
 
-async def job_settle_and_claim(
+async def job_claim(
     conn: Conn,
     *,
     worker_id: str,
-    completions: Sequence[Completion],
     claim_limit: int,
     provider: str,
     model: str,
     limiter: Mapping[str, Any] = UNLIMITED,
-) -> SettleResult:
-    """Completes written stories and claims up to claim_limit pending jobs
-    that the shared rate bucket covers (``limiter``: shared.ratelimit's
-    claim_params), in one statement: one commit per round, however many jobs
-    it carries."""
-    params = {
-        **limiter,
-        "worker_id": worker_id,
-        "claim_limit": claim_limit,
-        "provider": provider,
-        "model": model,
-        **completion_params(completions),
-    }
-    cur = await conn.execute(Q[settle_and_claim_query(limiter)], params)
+) -> ClaimResult:
+    """Claims up to claim_limit pending jobs that the shared rate bucket
+    covers (``limiter``: shared.ratelimit's claim_params), each with its
+    first ledger row, in one statement."""
+    params = {**limiter, "worker_id": worker_id, "claim_limit": claim_limit, "provider": provider, "model": model}
+    cur = await conn.execute(Q[claim_query(limiter)], params)
     row = await cur.fetchone()
     assert row is not None
-    claimed_json, completed_ids, already_completed_ids, limiter_json = row
-    return SettleResult(
-        completed_ids=list(completed_ids),
-        already_completed_ids=list(already_completed_ids),
-        claimed=_claimed_decoder.decode(claimed_json),
-        limiter=_limiter_decoder.decode(limiter_json),
-    )
+    claimed_json, limiter_json = row
+    return ClaimResult(claimed=_claimed_decoder.decode(claimed_json), limiter=_limiter_decoder.decode(limiter_json))
 
 
 async def job_settle(
@@ -314,8 +281,7 @@ async def job_settle(
     row = await cur.fetchone()
     assert row is not None
     completed_ids, already_completed_ids = row
-    return SettleResult(completed_ids=list(completed_ids), already_completed_ids=list(already_completed_ids),
-                        claimed=[])
+    return SettleResult(completed_ids=list(completed_ids), already_completed_ids=list(already_completed_ids))
 
 
 async def job_fail_running(
@@ -422,26 +388,3 @@ async def llm_call_finish(
             "request_id": request_id,
         },
     )
-
-
-# -- webhook deliveries --------------------------------------------------------------
-
-
-async def webhook_delivery_claim(conn: Conn, *, limit: int, lease_s: float) -> list[WebhookDeliveryClaim]:
-    """Up to ``limit`` due deliveries, leased for ``lease_s``, in the clients'
-    turns; never an attempt past the schedule (webhooks.MAX_ATTEMPTS)."""
-    return await fetch_all(conn, WebhookDeliveryClaim, "webhook_delivery_claim", {
-        "limit": limit, "lease_s": lease_s, "max_attempts": webhooks.MAX_ATTEMPTS})
-
-
-async def webhook_delivery_finish(
-    conn: Conn, *, delivery_id: int, lease: int, outcome: DeliveryOutcome, retry_in_s: float = 0.0,
-    status_code: int | None = None, error: str | None = None,
-) -> float | None:
-    """Seconds from the event to now; None: the attempt was no longer the
-    delivery's (its lease ran out and it was claimed again, an operator
-    retried it, its end was already recorded, or its endpoint was deleted)."""
-    found = await fetch_scalars(conn, "webhook_delivery_finish", {
-        "delivery_id": delivery_id, "lease": lease, "outcome": outcome, "retry_in_s": retry_in_s,
-        "status_code": status_code, "error": error})
-    return float(found[0]) if found else None

@@ -21,9 +21,9 @@ from typing import Protocol
 import msgspec
 
 from shared.pricing import FREE, Price
-from shared.rows import ClaimedJob, Draft, RetryStart
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from worker.rows import ClaimedJob, Draft, RetryStart
 
 __all__ = ["FREE", "CallHooks", "CallRecord", "Draft", "JobCall", "LostOwnership", "Price", "Sent",
            "StoryWriter", "WriteFailed", "job_call"]

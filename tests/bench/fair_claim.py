@@ -35,7 +35,6 @@ from shared import db
 from shared.config import ApiSettings
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED
-from shared.rows import Completion
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST,
@@ -47,6 +46,7 @@ from tests.bench.harness import (
     percentile,
 )
 from worker import store as worker_store
+from worker.rows import Completion
 
 NAME = "fair_claim"
 SPECS = {

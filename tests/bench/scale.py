@@ -140,7 +140,7 @@ async def _claim_latencies(databases: dict[str, BenchDatabase], explained: Bench
 
 async def _timed_claim(conn: store.Conn, bench_db: BenchDatabase) -> float:
     started = time.perf_counter()
-    settled = await worker_store.job_settle_and_claim(conn, worker_id=WORKER_ID, completions=[], claim_limit=1,
+    settled = await worker_store.job_claim(conn, worker_id=WORKER_ID, claim_limit=1,
                                                provider="offline", model="offline-writer")
     elapsed_ms = (time.perf_counter() - started) * 1000
     if len(settled.claimed) != 1:
@@ -164,8 +164,8 @@ async def _claim_access_path(conn: store.Conn) -> str:
     explaining = _ExplainingConnection(conn)
     with contextlib.suppress(_Explained):
         # a stand-in for the connection, with only the execute the query function calls
-        await worker_store.job_settle_and_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
-                                         completions=[], claim_limit=1, provider="offline",
+        await worker_store.job_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
+                                         claim_limit=1, provider="offline",
                                          model="offline-writer")
     if explaining.plan is None:
         return "(plan not captured: worker_store.job_settle_and_claim no longer calls conn.execute)"

@@ -40,7 +40,6 @@ import psycopg
 from api import store as api_store
 from shared import db
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from shared.rows import ClaimedJob, Completion
 from shared.webhooks import EVENTS, new_secret
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
@@ -53,6 +52,7 @@ from tests.support import postgres_server
 from tests.support.host import free_port
 from tests.support.waiting import wait_until_sync
 from worker import store as worker_store
+from worker.rows import ClaimedJob, Completion
 
 NAME = "statement_cost"
 SPECS = {
@@ -162,10 +162,13 @@ async def _rounds(url: str, *, rounds: int, batch: int, limited: bool, story: st
         assert row is not None
         held: list[ClaimedJob] = []
         for _ in range(20 + rounds):
-            settled = await worker_store.job_settle_and_claim(
-                conn, worker_id="w1", completions=[_completion(job, story) for job in held], claim_limit=batch,
-                provider="p", model="m", limiter=limiter)
-            held = settled.claimed
+            # a round: the written stories settled, then the claim, each its own statement
+            if held:
+                await worker_store.job_settle(conn, worker_id="w1", completions=[_completion(job, story) for job in held],
+                                              model="m", limited=limiter["limited"])
+            claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=batch, provider="p", model="m",
+                                                   limiter=limiter)
+            held = claimed.claimed
         return int(row[0])
 
 

@@ -33,9 +33,17 @@ from datetime import UTC, datetime
 from decimal import Decimal
 from typing import TYPE_CHECKING, Any
 
-from shared.ratelimit import LimiterState, ProviderView
-from shared.rows import ClaimedJob, Completion, Failure, HeartbeatRow, RetryStart, SettleResult
+from shared.ratelimit import LimiterState, ProviderView, RateLimits
 from shared.status import ErrorCode, JobStatus, LlmOutcome
+from worker.rows import (
+    ClaimedJob,
+    ClaimResult,
+    Completion,
+    Failure,
+    HeartbeatRow,
+    RetryStart,
+    SettleResult,
+)
 
 if TYPE_CHECKING:
     from worker.store import WorkerStore
@@ -84,6 +92,8 @@ class RecordingStore:
         self.limiter = LimiterState()
         self.paused_s = 0.0
         self.provider_views: list[ProviderView | None] = []
+        # the rate limits each claim and pause was given
+        self.limits_seen: list[RateLimits] = []
 
     @property
     def worker_id(self) -> str:
@@ -168,12 +178,16 @@ class RecordingStore:
                 completed.append(job.id)
         return completed, already
 
-    async def settle_and_claim(
-        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
-    ) -> SettleResult:
-        fault = self._enter("settle_and_claim", (list(completions), claim_limit))
-        self.provider_views.append(provider_view)
+    async def settle(self, completions: Sequence[Completion], limits: RateLimits) -> SettleResult:
+        fault = self._enter("settle", list(completions))
         completed, already = self._settled(completions)
+        self._leave(fault)
+        return SettleResult(completed_ids=completed, already_completed_ids=already)
+
+    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
+        fault = self._enter("claim", claim_limit)
+        self.provider_views.append(provider_view)
+        self.limits_seen.append(limits)
         claimed: list[ClaimedJob] = []
         while self._pending and len(claimed) < claim_limit:
             job = self.jobs[self._pending.pop(0)]
@@ -183,16 +197,9 @@ class RecordingStore:
         if fault is not None:
             self._lost_claims.extend(job.id for job in claimed)
         self._leave(fault)
-        return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=claimed,
-                            limiter=self.limiter)
+        return ClaimResult(claimed=claimed, limiter=self.limiter)
 
-    async def settle(self, completions: Sequence[Completion]) -> SettleResult:
-        fault = self._enter("settle", list(completions))
-        completed, already = self._settled(completions)
-        self._leave(fault)
-        return SettleResult(completed_ids=completed, already_completed_ids=already, claimed=[])
-
-    async def fail_running(self, failures: Sequence[Failure]) -> list[int]:
+    async def fail_running(self, failures: Sequence[Failure], limits: RateLimits) -> list[int]:
         fault = self._enter("fail_running", list(failures))
         failed = []
         for failure in failures:
@@ -230,7 +237,8 @@ class RecordingStore:
         return rows
 
     async def call_retry(
-        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str
+        self, job_id: int, previous_attempt: int, previous_outcome: LlmOutcome, previous_error: str,
+        limits: RateLimits,
     ) -> RetryStart:
         fault = self._enter("call_retry", (job_id, previous_attempt, previous_outcome))
         self.ledger[(job_id, previous_attempt)] = previous_outcome
@@ -247,12 +255,10 @@ class RecordingStore:
         self._leave(fault)
         return RetryStart(attempt=attempt, paused_s=self.paused_s, owned=owned)
 
-    async def pause(self, pause_s: float) -> None:
+    async def pause(self, pause_s: float, limits: RateLimits) -> None:
         fault = self._enter("pause", pause_s)
+        self.limits_seen.append(limits)
         self._leave(fault)
-
-    def learn(self, view: ProviderView) -> None:
-        self.calls.append(("learn", view))
 
     async def call_finish(
         self, job_id: int, attempt: int, *, outcome: LlmOutcome, billed: bool, input_tokens: int,

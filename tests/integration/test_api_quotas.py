@@ -98,7 +98,7 @@ async def test_admission_counts_again_once_jobs_have_left_the_queue(
             return answer.status_code
 
         assert [await post() for _ in range(4)] == [202, 202, 202, 429]
-        claimed = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=2,
+        claimed = await worker_store.job_claim(conn, worker_id="w", claim_limit=2,
                                                    provider="offline", model="m")
         assert len(claimed.claimed) == 2
         assert [await post() for _ in range(3)] == [202, 202, 429]

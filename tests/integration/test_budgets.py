@@ -16,12 +16,12 @@ from api import store as api_store
 from api.admission import admission
 from shared import store
 from shared.config import ApiSettings
-from shared.rows import Completion, Failure
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
 from tests.support.database import client_id_of
 from worker import store as worker_store
+from worker.rows import Completion, Failure
 from worker.store import PgWorkerStore
 
 SETTINGS = ApiSettings()
@@ -44,7 +44,7 @@ async def _day(conn: psycopg.AsyncConnection[Any], client_id: int = 0) -> tuple[
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=n,
+    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=n,
                                               provider="anthropic", model="m")
     return [job.id for job in result.claimed]
 
@@ -84,8 +84,7 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
     budget = WORST * 10
     assert await _admit(conn, client, 4, budget=budget) == ["inserted"] * 4
     completed, failed, running = await _claim(conn, 3)
-    await worker_store.job_settle_and_claim(conn, worker_id="w", claim_limit=0, provider="anthropic", model="m",
-                                     completions=[Completion(job_id=completed, client_id=client, attempt=1, title="T",
+    await worker_store.job_settle(conn, worker_id="w", completions=[Completion(job_id=completed, client_id=client, attempt=1, title="T",
                                                              body="B", model="m", prompt_version="v",
                                                              input_tokens=5, output_tokens=50,
                                                              cost_usd=Decimal("0.000510"))])
@@ -151,13 +150,12 @@ async def test_a_worker_store_fails_jobs_and_gives_back_their_tokens(
     assert await _admit(conn, client, 1, budget=WORST * 10) == ["inserted"]
     limits = (RateLimits(1.0, 10.0, None, None, 1000.0, 10_000.0) if limited else NO_LIMITS)
     worker_store = PgWorkerStore(pool, worker_id="w", provider="anthropic", model="m", listen_url=None,
-                                 connect_timeout_s=5, limits=limits)
-    await worker_store.ensure_rate_bucket()
-    settled = await worker_store.settle_and_claim([], 1, None)
-    (job,) = settled.claimed
+                                 connect_timeout_s=5)
+    await worker_store.ensure_rate_bucket(limits)
+    (job,) = (await worker_store.claim(1, None, limits)).claimed
     assert await worker_store.fail_running([Failure(job_id=job.id, attempt=1, error_code=ErrorCode.LLM_REJECTED,
                                                     error_text="400", call_outcome=LlmOutcome.REJECTED,
-                                                    billed=False)]) == [job.id]
+                                                    billed=False)], limits) == [job.id]
     assert await _day(conn) == (Decimal(0), Decimal(0))
     if limited:
         cur = await conn.execute("SELECT output_tokens FROM llm_rate_buckets")

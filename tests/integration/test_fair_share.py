@@ -21,7 +21,7 @@ MODEL = "m"
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int,
                  limiter: dict[str, Any] = UNLIMITED) -> list[int]:
-    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
                                               provider="anthropic", model=MODEL, limiter=limiter)
     return [job.id for job in result.claimed]
 

@@ -32,7 +32,7 @@ async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1, 
 
 async def _claim(conn: psycopg.AsyncConnection[Any]) -> int:
     """One claim of one job by the worker's statement; the client whose job it took."""
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=1,
+    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=1,
                                               provider="anthropic", model="m")
     (job,) = result.claimed
     return job.client_id

@@ -35,7 +35,7 @@ async def _finished(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
-    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
+    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=1,
                                               provider="anthropic", model="m")
     (job,) = result.claimed
     return job.id

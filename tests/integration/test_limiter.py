@@ -13,11 +13,11 @@ import pytest
 
 from shared import console_store
 from shared.ratelimit import RateLimits, claim_params
-from shared.rows import Completion
 from shared.status import LlmOutcome
 from tests.support.database import client_id_of, count, enqueue, waiting_on_a_lock
 from tests.support.waiting import wait_until
 from worker import store as worker_store
+from worker.rows import Completion
 
 MODEL = "m"
 # 5 requests and 8,000 output tokens in the bucket, refilling so slowly that
@@ -31,7 +31,7 @@ def _limiter(**overrides: Any) -> dict[str, Any]:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int, **overrides: Any) -> list[int]:
-    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
                                               provider="anthropic", model=MODEL, limiter=_limiter(**overrides))
     return [job.id for job in result.claimed]
 
@@ -93,7 +93,7 @@ async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_w
 ) -> None:
     """Asked for 10 with room for 5, the claim takes the five oldest, leaves the rest pending, and says
     what the first job it held back needs, so the worker knows when to try again."""
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=10,
+    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=10,
                                               provider="anthropic", model=MODEL, limiter=_limiter())
     assert [job.id for job in result.claimed] == [1, 2, 3, 4, 5]
     assert result.limiter.next_output_tokens == 1600
@@ -102,12 +102,11 @@ async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_w
 
 async def test_what_a_completed_call_did_not_use_is_given_back(conn: psycopg.AsyncConnection[Any], pending: int) -> None:
     """A story written with 100 of its 1,600 reserved output tokens gives 1,500 back at its completion,
-    in the same statement, where the next claim can use them."""
+    in the statement that settles it, where the next claim can use them."""
     (job_id,) = await _claim(conn, "w", 1)
     done = Completion(job_id=job_id, client_id=pending, attempt=1, title="T", body="B", model=MODEL,
                       prompt_version="v", input_tokens=10, output_tokens=100, cost_usd=Decimal("0.001"))
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[done], claim_limit=0,
-                                              provider="anthropic", model=MODEL, limiter=_limiter())
+    result = await worker_store.job_settle(conn, worker_id="w", completions=[done], model=MODEL, limited=True)
     assert result.completed_ids == [job_id]
     _, output_tokens = await _bucket(conn)
     assert output_tokens == pytest.approx(8000 - 1600 + 1500, abs=1e-2)
@@ -118,7 +117,7 @@ async def test_a_pause_holds_every_claim_until_it_ends(conn: psycopg.AsyncConnec
     await worker_store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=30)
     for limiter in (_limiter(), claim_params(RateLimits(None, None, None, None, None, None), None,
                                              default_max_tokens=1600)):
-        result = await worker_store.job_settle_and_claim(conn, worker_id="w", completions=[], claim_limit=3,
+        result = await worker_store.job_claim(conn, worker_id="w", claim_limit=3,
                                                   provider="anthropic", model=MODEL, limiter=limiter)
         assert result.claimed == [] and 25 < result.limiter.paused_s <= 30
 
@@ -166,7 +165,7 @@ async def test_a_claim_without_a_limit_learns_the_limits_a_limited_round_paced_b
     ('-infinity'): its claim claims nothing, is held back, and answers the limits per minute to pace
     by from then on."""
     assert len(await _claim(conn, "w1", 1)) == 1
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w2", completions=[], claim_limit=2,
+    result = await worker_store.job_claim(conn, worker_id="w2", claim_limit=2,
                                               provider="anthropic", model=MODEL)
     assert result.claimed == [] and result.limiter.paused_s == 0
     assert result.limiter.next_output_tokens is not None
@@ -216,7 +215,7 @@ async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
 
 
 async def _held_back(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int) -> tuple[int, bool, float]:
-    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=limit,
+    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
                                                      provider="anthropic", model=MODEL, limiter=_limiter())
     return len(result.claimed), result.limiter.waker, result.limiter.waker_in_s
 

@@ -17,11 +17,11 @@ import pytest
 
 from api import store as api_store
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from shared.rows import ClaimedJob, Failure
 from shared.status import ErrorCode, LlmOutcome
 from tests.support.database import client_id_of, enqueue, story_written, waiting_on_a_lock
 from tests.support.waiting import wait_until
 from worker import store as worker_store
+from worker.rows import ClaimedJob, Failure
 
 Conn = psycopg.AsyncConnection[Any]
 Statement = Callable[[Conn, list[int]], Awaitable[Any]]
@@ -32,7 +32,7 @@ async def _running_jobs(conn: Conn, count: int, limiter: Mapping[str, Any] = UNL
     client = await client_id_of(conn)
     for n in range(count):
         await enqueue(conn, client, f"story {n}")
-    claimed = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=count,
+    claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=count,
                                                provider="offline", model="offline-writer", limiter=limiter)
     assert len(claimed.claimed) == count
     return sorted(claimed.claimed, key=lambda job: job.id)
@@ -65,8 +65,7 @@ async def _heartbeat(conn: Conn, ids: list[int]) -> Any:
 
 
 async def _settle(conn: Conn, ids: list[int]) -> Any:
-    return await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(i) for i in ids],
-                                            claim_limit=0, provider="offline", model="offline-writer")
+    return await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(i) for i in ids])
 
 
 async def _fail(conn: Conn, ids: list[int]) -> Any:
@@ -95,8 +94,8 @@ async def _ledger_row_free(conn: Conn, job_id: int) -> None:
     await conn.execute("SELECT job_id FROM llm_calls WHERE job_id = %s FOR NO KEY UPDATE NOWAIT", (job_id,))
 
 
-async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(database_url: str, conn: Conn) -> None:
-    """The round with a rate limit locks the model's bucket after the jobs it completes: while it waits
+async def test_a_limited_settle_waiting_for_a_job_row_does_not_hold_the_bucket(database_url: str, conn: Conn) -> None:
+    """The settle with a rate limit locks the model's bucket after the jobs it completes: while it waits
     for one of them, a retry's statement (which holds its job's row, then takes from the bucket) does not
     wait for the bucket, so the three cannot close a cycle."""
     limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
@@ -111,9 +110,8 @@ async def test_a_limited_round_waiting_for_a_job_row_does_not_hold_the_bucket(da
 
     settled = await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: worker_store.job_settle_and_claim(actor, worker_id="w1", completions=[story_written(job.id)],
-                                                 claim_limit=1, provider="offline", model="offline-writer",
-                                                 limiter=limiter),
+        lambda actor: worker_store.job_settle(actor, worker_id="w1", completions=[story_written(job.id)],
+                                              model="offline-writer", limited=True),
         bucket_free)
     assert settled.completed_ids == [job.id]
 

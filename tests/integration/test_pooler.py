@@ -21,7 +21,6 @@ from psycopg_pool import AsyncConnectionPool
 from shared import db
 from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from tests.support.api_client import api_client, new_key
@@ -32,6 +31,7 @@ from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.offline import OfflineWriter
+from worker.rows import Failure
 
 
 @contextlib.asynccontextmanager
@@ -81,7 +81,7 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
         worker_id = f"w{number}"
         while True:
             async with pool.connection() as c:
-                settled = await worker_store.job_settle_and_claim(c, worker_id=worker_id, completions=[], claim_limit=1,
+                settled = await worker_store.job_claim(c, worker_id=worker_id, claim_limit=1,
                                                            provider="offline", model="offline-writer")
             if not settled.claimed:
                 return done
@@ -94,8 +94,7 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    await worker_store.job_settle_and_claim(c, worker_id=worker_id, completions=[story_written(job.id)],
-                                                     claim_limit=0, provider="offline", model="offline-writer")
+                    await worker_store.job_settle(c, worker_id=worker_id, completions=[story_written(job.id)])
             done += 1
 
     async with pooled(bouncer, database_name, max_size=8) as pool:
@@ -167,8 +166,8 @@ async def test_sixteen_claimers_through_the_pooler_claim_every_job_once(
         mine: list[int] = []
         while True:
             async with pool.connection() as c:
-                result = await worker_store.job_settle_and_claim(
-                    c, worker_id=f"claimer-{number}", completions=[], claim_limit=1 + number % 3,
+                result = await worker_store.job_claim(
+                    c, worker_id=f"claimer-{number}", claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
             if not result.claimed:
                 return mine
@@ -190,14 +189,13 @@ async def test_a_job_swept_through_the_pooler_is_a_lost_race_for_its_worker(
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as c:
-        (job,) = (await worker_store.job_settle_and_claim(c, worker_id="w1", completions=[], claim_limit=1,
+        (job,) = (await worker_store.job_claim(c, worker_id="w1", claim_limit=1,
                                                    provider="offline", model="offline-writer")).claimed
         swept = await sweeper_store.job_fail_stale(c, now=LATER, **SWEEP)
         assert [s.id for s in swept] == [job.id]
         (beat,) = await worker_store.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
         assert not beat.alive and beat.error_code == "timed_out"
-        settled = await worker_store.job_settle_and_claim(c, worker_id="w1", completions=[story_written(job.id)],
-                                                   claim_limit=0, provider="offline", model="offline-writer")
+        settled = await worker_store.job_settle(c, worker_id="w1", completions=[story_written(job.id)])
         assert settled.completed_ids == [] and settled.already_completed_ids == []
     (row,) = await job_rows(conn)
     assert row.status == "failed" and row.error_code == "timed_out" and row.story_id is None
@@ -233,10 +231,10 @@ async def _listening(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 async def _claimed_once(conn: psycopg.AsyncConnection[Any]) -> bool:
-    """Whether a server connection has run the worker's round (settle and
-    claim) and gone idle since: pg_stat_activity keeps the start of the last
-    statement, up to its first parameter."""
-    start = QUERIES["job_settle_and_claim"].split("%(")[0]
+    """Whether a server connection has run the worker's claim and gone idle
+    since: pg_stat_activity keeps the start of the last statement, up to its
+    first parameter."""
+    start = QUERIES["job_claim"].split("%(")[0]
     return await count(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                              "AND state = 'idle' AND starts_with(query, %s)", start) >= 1
 
@@ -284,15 +282,17 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     failures = json.dumps([{"job_id": job_id, "attempt": 1, "error_code": "llm_error", "error_text": "x",
                             "call_outcome": "failed", "billed": True, "input_tokens": 0, "output_tokens": 0,
                             "cost_usd": 0} for job_id in running])
-    claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m",
-             **worker_store.completion_params([story_written(job_id) for job_id in running])}
+    claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m"}
+    settle = {"worker_id": "w", "model": "m", "limited": True,
+              **worker_store.completion_params([story_written(job_id) for job_id in running])}
     limited = claim_params(RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0,
                                       input_tokens_capacity=5000.0, output_tokens_rate=1000.0,
                                       output_tokens_capacity=5000.0), None, default_max_tokens=1000)
     statements = [
         ("job_heartbeat", {"worker_id": "w", "beats": beats}),
-        ("job_settle_and_claim", claim),
-        ("job_settle_and_claim_limited", {**claim, **limited}),
+        ("job_settle", settle),
+        ("job_claim", claim),
+        ("job_claim_limited", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),
         ("llm_call_start", {**limited, "model": "m", "worker_id": "w", "job_id": running[0], "previous_attempt": 1,
                             "previous_outcome": "rate_limited", "previous_billed": False, "previous_error": "x"}),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import MutableMapping, Sequence
+from collections.abc import MutableMapping
 from datetime import timedelta
 from typing import Any
 
@@ -13,8 +13,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared.ratelimit import ProviderView
-from shared.rows import Completion, SettleResult
+from shared.ratelimit import ProviderView, RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
@@ -31,11 +30,12 @@ from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
+from worker.rows import ClaimResult
 from worker.store import PgWorkerStore
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
-    result = await worker_store.job_settle_and_claim(conn, worker_id=worker_id, completions=[], claim_limit=1,
+    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=1,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == 1
     return result.claimed[0].id
@@ -45,14 +45,12 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     """Ordering A: a completion holds the row while the sweeper passes; the job ends completed."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
-    claimed = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
+    claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1,
                                                provider="offline", model="offline-writer")
     job = claimed.claimed[0]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
-            settled = await worker_store.job_settle_and_claim(
-                worker_conn, worker_id="w1", completions=[story_written(job.id)], claim_limit=0,
-                provider="offline", model="offline-writer")
+            settled = await worker_store.job_settle(worker_conn, worker_id="w1", completions=[story_written(job.id)])
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
             # (with a clock two hours ahead, so the job looks dead) skips it
@@ -109,8 +107,8 @@ async def test_many_claimers_claim_every_row_exactly_once(database_url: str, con
         mine: list[int] = []
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
             while True:
-                result = await worker_store.job_settle_and_claim(
-                    c, worker_id=f"claimer-{number}", completions=[], claim_limit=1 + number % 3,
+                result = await worker_store.job_claim(
+                    c, worker_id=f"claimer-{number}", claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
                 if not result.claimed:
                     return mine
@@ -133,8 +131,7 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "owner")
-    result = await worker_store.job_settle_and_claim(conn, worker_id="intruder", completions=[story_written(job_id)],
-                                              claim_limit=0, provider="offline", model="offline-writer")
+    result = await worker_store.job_settle(conn, worker_id="intruder", completions=[story_written(job_id)])
     assert result.completed_ids == [] and result.already_completed_ids == []
     (row,) = await job_rows(conn)
     assert row.status == "running" and row.worker_id == "owner"
@@ -147,10 +144,8 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     done = [story_written(job_id)]
-    first = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
-                                             provider="offline", model="offline-writer")
-    again = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=done, claim_limit=0,
-                                             provider="offline", model="offline-writer")
+    first = await worker_store.job_settle(conn, worker_id="w1", completions=done)
+    again = await worker_store.job_settle(conn, worker_id="w1", completions=done)
     assert first.completed_ids == [job_id]
     assert again.completed_ids == [] and again.already_completed_ids == [job_id]
     assert await count(conn, "SELECT count(*) FROM stories") == 1
@@ -165,10 +160,9 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     if status == "completed":
-        await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(job_id)],
-                                         claim_limit=0, provider="offline", model="offline-writer")
+        await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(job_id)])
     else:
-        from shared.rows import Failure
+        from worker.rows import Failure
 
         await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
             job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
@@ -184,14 +178,12 @@ class AnswerLosingStore(PgWorkerStore):
 
     answers_lost = 0
 
-    async def settle_and_claim(
-        self, completions: Sequence[Completion], claim_limit: int, provider_view: ProviderView | None,
-    ) -> SettleResult:
-        settled = await super().settle_and_claim(completions, claim_limit, provider_view)
+    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
+        claimed = await super().claim(claim_limit, provider_view, limits)
         if claim_limit and not self.answers_lost:
             self.answers_lost += 1
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return settled
+        return claimed
 
 
 @pytest.mark.parametrize("stop_first", [False, True], ids=["running", "stopping"])

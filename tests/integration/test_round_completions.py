@@ -8,9 +8,9 @@ from typing import Any
 
 import psycopg
 
-from shared.rows import Completion
 from tests.support.database import client_id_of, enqueue
 from worker import store as worker_store
+from worker.rows import Completion
 
 # a title and a text with what a JSON or an array literal would have to escape
 _ODD = 'quote " backslash \\ brace { comma , newline \n tab \t emoji \N{OWL} accent é'
@@ -22,15 +22,14 @@ async def test_each_completion_of_a_round_is_stored_with_its_own_job(conn: psyco
     client = await client_id_of(conn)
     for n in range(5):
         await enqueue(conn, client, f"story {n}")
-    claimed = (await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=5,
+    claimed = (await worker_store.job_claim(conn, worker_id="w1", claim_limit=5,
                                                        provider="offline", model="offline-writer")).claimed
     written = [Completion(job_id=job.id, client_id=client, attempt=1, title=f"Title {job.id} {_ODD}",
                           body=f"Text of job {job.id}. {_ODD} " * (job.id % 3 + 1), model="m", prompt_version="v",
                           input_tokens=10 + job.id, output_tokens=20 + job.id,
                           cost_usd=Decimal(job.id) / 1000, request_id=f"req_{job.id}")
                for job in sorted(claimed, key=lambda job: job.id, reverse=True)]
-    settled = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=written, claim_limit=0,
-                                                      provider="offline", model="offline-writer")
+    settled = await worker_store.job_settle(conn, worker_id="w1", completions=written)
     assert sorted(settled.completed_ids) == sorted(job.id for job in claimed)
     cur = await conn.execute(
         "SELECT j.id, s.job_id, s.title, s.body, s.input_tokens, s.output_tokens, s.cost_usd, j.charged_usd, "

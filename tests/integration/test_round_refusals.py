@@ -1,5 +1,5 @@
-"""A round statement the database refuses: the worker's stories, which were
-paid for, are never failed for what the claim half of the statement did."""
+"""A claim the database refuses: the worker's stories, which were paid for
+and are settled in a statement of their own, are never failed for it."""
 
 from __future__ import annotations
 
@@ -37,27 +37,24 @@ async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_fo
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, limited: bool,
 ) -> None:
     """A round whose claim is refused while it carries a written story stores the story and completes its
-    job (settled alone, without a claim), never fails it as unstorable; claims resume once they are taken."""
+    job (settled in its own transaction), never fails it as unstorable; claims resume once they are taken."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "the story that was paid for")
     settings = worker_settings(llm_requests_per_minute=600) if limited else worker_settings()
     writer = OfflineWriter(0)
     store = PgWorkerStore(pool, worker_id="w-refused", provider=writer.provider, model=writer.model,
-                          listen_url=None, connect_timeout_s=5,
-                          limits=RateLimits.from_settings(settings) if limited else NO_LIMITS)
-    await store.ensure_rate_bucket()
+                          listen_url=None, connect_timeout_s=5)
+    await store.ensure_rate_bucket(RateLimits.from_settings(settings) if limited else NO_LIMITS)
     worker = Coordinator(settings, store, writer, listen=False)
     assert (await worker.round_once()).claimed == 1
-    await wait_until(lambda: all(h.end is not None or (h.task is not None and h.task.done())
-                                 for h in worker._jobs.values()), what="the story to be written")
+    await wait_until(lambda: all(not h.running for h in worker.held), what="the story to be written")
     await conn.execute(_REFUSE_CLAIMS)
     await enqueue(conn, client, "a story whose claim is refused")
     worker.notified()
     with capture_logs() as logs:
         refused = await worker.round_once()
-        settled = await worker.round_once()
     assert refused.database_error is not None and "23514" in refused.database_error
-    assert (settled.completed, settled.unstorable, settled.failed, settled.claimed) == (1, 0, 0, 0)
+    assert (refused.completed, refused.unstorable, refused.failed, refused.claimed) == (1, 0, 0, 0)
     assert "job.completion_unstorable" not in [e["event"] for e in logs]
     first, second = sorted(await job_rows(conn), key=lambda row: row.id)
     assert (first.status, first.error_code, second.status) == ("completed", None, "pending")

@@ -26,7 +26,7 @@ class FakeClock:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int = 1) -> None:
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
+    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=n,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == n
 

@@ -14,7 +14,6 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
 from shared import console_store, webhooks
-from shared.rows import Failure
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
@@ -22,6 +21,8 @@ from sweeper.sweep import Sweeper
 from tests.support.database import client_id_of, count, enqueue, story_written
 from tests.support.settings import LATER, SWEEP, sweeper_settings
 from worker import store as worker_store
+from worker.delivery import store as delivery_store
+from worker.rows import Failure
 
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,
@@ -38,7 +39,7 @@ async def _events(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, str, st
 
 
 async def _claim_all(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=n,
+    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=n,
                                               provider="offline", model="offline-writer")
     return [job.id for job in result.claimed]
 
@@ -50,8 +51,7 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
     ids = [await enqueue(conn, client, f"story {n}") for n in range(6)]
     held = await _claim_all(conn, 3)
     assert await _events(conn) == [], "a claim is no end"
-    await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held[0])], claim_limit=0,
-                                     provider="offline", model="offline-writer")
+    await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(held[0])])
     await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
         job_id=held[1], attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="boom",
         call_outcome=LlmOutcome.FAILED, billed=True)])
@@ -74,8 +74,7 @@ async def test_a_client_without_endpoints_gets_no_event(conn: psycopg.AsyncConne
         await api_store.job_cancel(conn, client_id=client, job_id=job)
     await enqueue(conn, with_endpoint, "completed, not wanted")
     (held,) = await _claim_all(conn, 1)
-    await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[story_written(held)], claim_limit=0,
-                                     provider="offline", model="offline-writer")
+    await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(held)])
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'completed'") == 1
     assert await _events(conn) == [(1, "failed", "cancelled")]
 
@@ -86,15 +85,15 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
-    (first,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (first,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert first.attempts == 1 and first.job_status == "failed" and first.error_code == "cancelled"
-    assert await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60) == []
+    assert await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60) == []
     # the lease ends
     await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")
-    (second,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (second,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert second.id == first.id and second.attempts == 2
-    assert await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="delivered") is None
-    assert await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="delivered") is not None
+    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="delivered") is None
+    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="delivered") is not None
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'") == 1
 
 
@@ -105,20 +104,20 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
     endpoint = await _endpoint(conn, client)
     for n in range(2):
         await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    first, second = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
-    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
+    first, second = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
                                         status_code=500, error="HTTP 500")
     due_in = await count(conn, "SELECT extract(epoch FROM next_attempt_at - now())::int FROM webhook_deliveries "
                                "WHERE id = %s", first.id)
     assert 290 <= due_in <= 300
-    await worker_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
+    await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
     (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.id == endpoint and row.failing_since is not None and (row.pending, row.dead) == (1, 1)
     assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is not None
     assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is None, "only a dead delivery is retried"
-    (again,) = await worker_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (again,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert again.id == second.id and again.attempts == 1
-    await worker_store.webhook_delivery_finish(conn, delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
+    await delivery_store.webhook_delivery_finish(conn, delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
     (row,) = await console_store.webhook_endpoint_list(conn)
     assert row.failing_since is None
 
@@ -129,8 +128,8 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
     await _endpoint(conn, client)
     for n in range(3):
         await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    (first,) = await worker_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await worker_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
+    (first,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
+    await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'") == 3
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints WHERE disabled_at IS NOT NULL") == 1
     await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "after"))

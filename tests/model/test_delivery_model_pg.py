@@ -47,11 +47,11 @@ from hypothesis.stateful import (
 
 from api import store as api_store
 from shared import console_store, webhooks
-from shared.rows import DeliveryOutcome, WebhookDeliveryClaim
 from sweeper import store as sweeper_store
 from tests.support import postgres_server
 from tests.support.database import client_id_of, enqueue
-from worker import store as worker_store
+from worker.delivery import store as delivery_store
+from worker.delivery.rows import DeliveryOutcome, WebhookDeliveryClaim
 
 LEASE_S = 60.0
 CLIENTS = ("a", "b", "c")
@@ -145,7 +145,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         in_flight = {c: sum(1 for d in self.deliveries.values() if d.client == c and d.in_flight) for c in CLIENTS}
         due = {c: sum(1 for d in self.deliveries.values() if d.client == c and d.state == "pending" and d.due)
                for c in CLIENTS}
-        claimed = self.run(worker_store.webhook_delivery_claim(self.conn, limit=limit, lease_s=LEASE_S))
+        claimed = self.run(delivery_store.webhook_delivery_claim(self.conn, limit=limit, lease_s=LEASE_S))
         assert len(claimed) <= limit
         taken = dict.fromkeys(CLIENTS, 0)
         for claim in claimed:
@@ -184,7 +184,7 @@ class DeliveryMachine(RuleBasedStateMachine):
         current = (model is not None and model.state == "pending" and model.lease == claim.lease
                    and (claim.id, claim.lease) not in self.recorded)
         retry_in = 5.0 if outcome == "retry" else 0.0
-        answer = self.run(worker_store.webhook_delivery_finish(
+        answer = self.run(delivery_store.webhook_delivery_finish(
             self.conn, delivery_id=claim.id, lease=claim.lease, outcome=outcome, retry_in_s=retry_in,
             status_code=status_code, error=None if outcome == "delivered" else "failed"))
         assert (answer is not None) == current, (claim, model, outcome)
@@ -304,10 +304,10 @@ class DeliveryMachine(RuleBasedStateMachine):
                     model.in_flight = False
             self.run(self.conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second', "
                                        "leased_until = NULL WHERE state = 'pending'"))
-            claimed = self.run(worker_store.webhook_delivery_claim(self.conn, limit=100, lease_s=LEASE_S))
+            claimed = self.run(delivery_store.webhook_delivery_claim(self.conn, limit=100, lease_s=LEASE_S))
             for claim in claimed:
                 failed = webhooks.retry_in_s(claim.attempts, None, scale=1.0) is None or claim.endpoint_disabled
-                assert self.run(worker_store.webhook_delivery_finish(
+                assert self.run(delivery_store.webhook_delivery_finish(
                     self.conn, delivery_id=claim.id, lease=claim.lease, outcome="dead" if failed else "retry",
                     retry_in_s=5.0, error="failed")) is not None
         cur = self.run(self.conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'"))

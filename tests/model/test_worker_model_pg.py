@@ -132,8 +132,8 @@ class PgWorld:
                                    now=datetime.now(UTC) + timedelta(seconds=1))
 
     async def claim_elsewhere(self) -> int | None:
-        settled = await worker_store.job_settle_and_claim(self.conn, worker_id=OTHER_WORKER, completions=[],
-                                                          claim_limit=1, provider="anthropic", model="model")
+        settled = await worker_store.job_claim(self.conn, worker_id=OTHER_WORKER, claim_limit=1, provider="anthropic",
+                                               model="model")
         return settled.claimed[0].id if settled.claimed else None
 
     def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None:
@@ -240,7 +240,7 @@ def test_a_completion_written_again_after_its_answer_was_lost_changes_nothing(
 ) -> None:
     """A round that completed a job but lost its answer writes the completion again: the job keeps its story."""
     machine = _play(pg_machine, lambda m: m.add_jobs(1),
-                    lambda m: m.statement_fails("settle_and_claim", lost_answer=True),
+                    lambda m: m.statement_fails("settle", lost_answer=True),
                     lambda m: m.answer_request(_first_request(m), "stream"),
                     lambda m: m.round(), lambda m: m.round())
     assert machine.d.ended[1].status == "completed"

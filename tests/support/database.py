@@ -18,9 +18,9 @@ from api import store as api_store
 from api.admission import admission
 from shared import keys, store
 from shared.config import ApiSettings
-from shared.rows import Completion
 from shared.story_request import StoryRequest
 from tests.support import postgres_server
+from worker.rows import Completion
 
 
 def story_written(job_id: int) -> Completion:

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from psycopg_pool import AsyncConnectionPool
 
 from shared.config import WorkerSettings
-from shared.ratelimit import RateLimits
 from worker.coordinator import Coordinator, new_worker_id
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
@@ -23,7 +22,7 @@ def worker_on(
     """A worker coordinator on the test's pool, as python -m worker builds one."""
     store = PgWorkerStore(pool, worker_id=worker_id or new_worker_id(), provider=writer.provider,
                           model=writer.model, listen_url=listen_url, connect_timeout_s=5,
-                          limits=RateLimits.from_settings(settings), default_max_tokens=settings.llm_max_tokens)
+                          default_max_tokens=settings.llm_max_tokens)
     return Coordinator(settings, store, writer, listen=listen_url is not None)
 
 

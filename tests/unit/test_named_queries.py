@@ -37,9 +37,9 @@ def test_an_include_may_name_a_block_of_another_file() -> None:
 
 
 def test_every_caller_has_its_file_of_queries() -> None:
-    """The queries come from each caller's file: the worker's round, the api's admission, the sweeper's rules,
+    """The queries come from each caller's file: the worker's claim, the api's admission, the sweeper's rules,
     the console's lists and the common migrations' ledger are all loaded."""
-    assert {"job_settle_and_claim", "job_insert_if_admitted", "job_fail_stale", "ops_job_list",
+    assert {"job_claim", "job_insert_if_admitted", "job_fail_stale", "ops_job_list",
             "schema_migrations_create"} <= QUERIES.keys()
 
 
@@ -50,7 +50,7 @@ def test_an_included_block_stands_in_for_its_include_line() -> None:
         "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
     )
     assert queries["whole"] == "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
-    assert "include" not in QUERIES["job_settle_and_claim"] + QUERIES["job_settle_and_claim_limited"]
+    assert "include" not in QUERIES["job_settle"] + QUERIES["job_claim"] + QUERIES["job_claim_limited"]
 
 
 @pytest.mark.parametrize(("text", "error"), [

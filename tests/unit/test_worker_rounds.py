@@ -16,12 +16,12 @@ from structlog.testing import capture_logs
 
 from shared.config import WorkerSettings
 from shared.ratelimit import LimiterState
-from shared.rows import Draft
 from shared.status import ErrorCode, JobStatus, LlmOutcome
 from shared.story_request import StoryRequest
 from tests.fakes.recording_worker_store import RecordingStore
+from worker.backoff import MAX_S as BACKOFF_MAX_S
 from worker.coordinator import SHUTDOWN_FLUSH_S, Coordinator, WorkerCrashed
-from worker.executor import BACKOFF_MAX_S
+from worker.rows import Draft
 from worker.writing import FREE, JobCall
 
 
@@ -105,12 +105,12 @@ async def test_a_round_claims_only_as_many_jobs_as_there_are_free_slots() -> Non
     await _let_tasks_run()
     second = await worker.round_once()
     assert second.claimed == 0 and second.wait_s > 0
-    assert [limit for _, limit in store.named("settle_and_claim")] == [2]
+    assert store.named("claim") == [2]
     assert sorted(worker.held_job_ids) == [1, 2]
 
 
-async def test_a_written_story_frees_its_slot_in_the_same_statement_that_claims() -> None:
-    """A round that settles one story claims one more job in the same statement."""
+async def test_a_written_story_frees_its_slot_for_the_claim_of_the_same_round() -> None:
+    """A round that settles one story claims one more job right after, in a statement of its own."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
     store.add_pending(3)
     worker = _worker(store, writer, clock)
@@ -119,8 +119,8 @@ async def test_a_written_story_frees_its_slot_in_the_same_statement_that_claims(
     await _let_tasks_run()
     result = await worker.round_once()
     assert (result.completed, result.claimed) == (1, 1)
-    (completions, limit) = store.named("settle_and_claim")[-1]
-    assert [c.job_id for c in completions] == [1] and limit == 1
+    assert [c.job_id for c in store.named("settle")[-1]] == [1] and store.named("claim")[-1] == 1
+    assert [name for name, _ in store.calls][-2:] == ["settle", "claim"]
     assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.RUNNING, 3: JobStatus.RUNNING}
 
 
@@ -138,7 +138,7 @@ async def test_an_empty_claim_waits_for_a_notify_or_the_poll() -> None:
     store.add_pending(1)
     worker.notified()
     assert (await worker.round_once()).claimed == 1
-    assert len(store.named("settle_and_claim")) == 3
+    assert len(store.named("claim")) == 3
 
 
 async def test_busy_settling_rounds_do_not_push_the_poll_back() -> None:
@@ -155,8 +155,8 @@ async def test_busy_settling_rounds_do_not_push_the_poll_back() -> None:
         await _let_tasks_run()
         await worker.round_once()
     assert store.jobs[unannounced].status is JobStatus.RUNNING
-    limits = [limit for _, limit in store.named("settle_and_claim")]
-    assert limits[0] == 3 and limits[1] == 0 and limits[2] > 0
+    # the round that settled story 1 before the poll was due claimed nothing
+    assert store.named("claim") == [3, 3] and len(store.named("settle")) == 2
 
 
 async def test_the_claims_of_a_lost_answer_are_adopted_and_run() -> None:
@@ -164,7 +164,7 @@ async def test_the_claims_of_a_lost_answer_are_adopted_and_run() -> None:
     with its first (never sent) request."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claim", psycopg.OperationalError("connection lost"), after_effect=True)
     worker = _worker(store, writer, clock)
     lost = await worker.round_once()
     assert lost.database_error is not None and lost.claimed == 0
@@ -180,7 +180,7 @@ async def test_a_stopping_worker_adopts_the_claims_of_a_lost_answer_before_it_ex
     within its grace, then exits clean: it is not left to the sweeper as billed."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claim", psycopg.OperationalError("connection lost"), after_effect=True)
     worker = _worker(store, writer, clock)
     await worker.round_once()
     worker.stop()
@@ -240,7 +240,7 @@ async def test_shutdown_gives_up_when_the_database_stays_away_past_grace_and_flu
     await _let_tasks_run()
     worker.stop()
     for _ in range(3):
-        store.fail_next("settle_and_claim", psycopg.OperationalError("connection refused"))
+        store.fail_next("settle", psycopg.OperationalError("connection refused"))
     assert (await worker.round_once()).database_error is not None
     clock.now += 1.0 + SHUTDOWN_FLUSH_S
     result = await worker.round_once()
@@ -256,7 +256,7 @@ async def test_every_database_error_is_backed_off_and_logged_once_per_episode() 
     waits = []
     with capture_logs() as logs:
         for _ in range(6):
-            store.fail_next("settle_and_claim", _read_only())
+            store.fail_next("claim", _read_only())
             result = await worker.round_once()
             assert result.database_error is not None and "25006" in result.database_error
             waits.append(result.wait_s)
@@ -269,14 +269,14 @@ async def test_every_database_error_is_backed_off_and_logged_once_per_episode() 
 
 
 async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -> None:
-    """When a batch of two stories is refused for its data, they are settled one at a time, without a
-    claim: the good one completes, the refused one fails as internal_error, and the worker goes on."""
+    """When a batch of two stories is refused for its data, they are settled one at a time: the good one
+    completes, the refused one fails as internal_error, and the worker goes on."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(2)
     worker = _worker(store, writer, clock)
     await worker.round_once()
     await _let_tasks_run()
-    store.fail_next("settle_and_claim", psycopg.errors.DataError("invalid byte sequence"))
+    store.fail_next("settle", psycopg.errors.DataError("invalid byte sequence"))
     assert (await worker.round_once()).database_error is not None
     store.fail_next("settle", psycopg.errors.DataError("invalid byte sequence"))
     refused = await worker.round_once()
@@ -289,8 +289,8 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
 
 
 async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for() -> None:
-    """A round statement refused for good while it carries one written story and a claim is not blamed on
-    the story: the story is settled alone, with no claim, its job completes, and the next round claims."""
+    """A claim refused for good in the round that settles a written story is not blamed on the story: the
+    story was settled in its own statement and its job completes; the next round claims."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
     worker = _worker(store, writer, clock)
@@ -298,11 +298,11 @@ async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_fo
     await _let_tasks_run()
     store.add_pending(1)
     worker.notified()
-    store.fail_next("settle_and_claim", psycopg.errors.CheckViolation("the claim is refused"))
+    store.fail_next("claim", psycopg.errors.CheckViolation("the claim is refused"))
     with capture_logs() as logs:
-        assert (await worker.round_once()).database_error is not None
-        settled = await worker.round_once()
-    assert (settled.completed, settled.unstorable, settled.claimed) == (1, 0, 0)
+        refused = await worker.round_once()
+    assert refused.database_error is not None and "the claim is refused" in refused.database_error
+    assert (refused.completed, refused.unstorable, refused.claimed) == (1, 0, 0)
     assert "job.completion_unstorable" not in [e["event"] for e in logs]
     assert [[c.job_id for c in completions] for completions in store.named("settle")] == [[1]]
     assert (await worker.round_once()).claimed == 1
@@ -414,7 +414,7 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
     assert writer.sent == [] and worker.held_job_ids == []
     assert [e["event"] for e in logs].count("job.lost_ownership") == 1
     assert store.named("call_finish") == [(1, 1, LlmOutcome.NOT_SENT, False)]
-    assert store.named("fail_running") == [] and store.named("settle_and_claim")[-1][0] == []
+    assert store.named("fail_running") == [] and store.named("settle") == []
 
 
 async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() -> None:
@@ -428,7 +428,7 @@ async def test_a_lost_claim_answer_never_adopts_a_job_this_worker_has_begun() ->
     await _let_tasks_run()
     assert writer.sent == ["story 1"]
     store.add_pending(1)
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claim", psycopg.OperationalError("connection lost"), after_effect=True)
     worker.notified()
     assert (await worker.round_once()).database_error is not None
     adopted = await worker.round_once()
@@ -442,12 +442,12 @@ async def test_an_adopted_job_keeps_the_max_tokens_it_was_accepted_with() -> Non
     """A job adopted after a lost claim answer runs with its own max_tokens, not the worker's."""
     store, clock, writer = RecordingStore(max_tokens=123), FakeClock(), GatedWriter()
     store.add_pending(1)
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claim", psycopg.OperationalError("connection lost"), after_effect=True)
     worker = _worker(store, writer, clock, llm_max_tokens=4000)
     await worker.round_once()
     await worker.round_once()
     await _let_tasks_run()
-    (held,) = worker._jobs.values()
+    (held,) = worker.held
     assert held.call.max_tokens == 123
 
 
@@ -455,7 +455,7 @@ async def test_a_claim_that_commits_after_its_answer_was_lost_is_still_adopted()
     """A lost claim statement that commits on the server after the first search is found by a later
     round, until its statement timeout has passed; then the search stops."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"))
+    store.fail_next("claim", psycopg.OperationalError("connection lost"))
     worker = _worker(store, writer, clock)
     assert (await worker.round_once()).database_error is not None
     assert (await worker.round_once()).adopted == 0  # nothing committed yet
@@ -476,7 +476,7 @@ async def test_a_stopping_worker_holding_nothing_exits_clean_after_a_lost_claim_
     """Stopped after a claim's answer was lost and nothing was found, the worker looks again until its
     grace ends, then exits clean instead of giving up as if it had left jobs behind."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"))
+    store.fail_next("claim", psycopg.OperationalError("connection lost"))
     worker = _worker(store, writer, clock, worker_shutdown_grace_s=5.0)
     await worker.round_once()
     worker.stop()
@@ -495,7 +495,7 @@ async def test_a_lost_claim_found_after_the_grace_is_failed_and_never_begun() ->
     failed as interrupted with nothing sent, and the worker exits clean."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
-    store.fail_next("settle_and_claim", psycopg.OperationalError("connection lost"), after_effect=True)
+    store.fail_next("claim", psycopg.OperationalError("connection lost"), after_effect=True)
     store.fail_next("claims_of_lost_answer", psycopg.OperationalError("connection refused"))
     worker = _worker(store, writer, clock, worker_shutdown_grace_s=5.0)
     await worker.round_once()
@@ -521,13 +521,12 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
     await worker.round_once()
     await _let_tasks_run()
     for _ in range(3):
-        store.fail_next("settle_and_claim", psycopg.errors.DataError("refused"))
         store.fail_next("settle", psycopg.errors.DataError("refused"))
         store.fail_next("fail_running", psycopg.errors.DataError("refused"))
     for _ in range(4):
         await worker.round_once()
         clock.now += 60.0
-    assert worker.held_job_ids == [1] and worker._jobs[1].refusals >= 3
+    assert worker.held_job_ids == [1] and [h.refusals for h in worker.held] >= [3]
     store.end_elsewhere(1, ErrorCode.TIMED_OUT)
     assert await worker.heartbeat_once() == []
     assert (await worker.round_once()).let_go == 1 and worker.held_job_ids == []
@@ -569,7 +568,7 @@ async def test_a_claim_whose_session_the_server_ended_is_searched_for_once() -> 
     """A claim lost because the server ended its session (57P01) cannot commit later: one search for its
     jobs settles it, and a stopping worker then exits at once instead of waiting out its grace."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
-    store.fail_next("settle_and_claim", psycopg.errors.AdminShutdown("terminating connection"))
+    store.fail_next("claim", psycopg.errors.AdminShutdown("terminating connection"))
     worker = _worker(store, writer, clock)
     assert (await worker.round_once()).database_error is not None
     worker.stop()
@@ -581,7 +580,7 @@ async def test_a_claim_whose_session_the_server_ended_is_searched_for_once() -> 
 async def test_a_claim_that_never_got_a_connection_is_not_searched_for() -> None:
     """A claim that timed out waiting for a pooled connection was never sent: nothing is searched for."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
-    store.fail_next("settle_and_claim", psycopg_pool.PoolTimeout("couldn't get a connection"))
+    store.fail_next("claim", psycopg_pool.PoolTimeout("couldn't get a connection"))
     worker = _worker(store, writer, clock)
     assert (await worker.round_once()).database_error is not None
     await worker.round_once()

@@ -17,9 +17,12 @@ or one whose record fails, leaves the lease to run out and the delivery to
 be sent again with the same ``webhook-id``. Each claim gives the attempt a
 new lease number; its end is recorded under that number or not at all.
 
-Database errors are logged once per episode and waited out; they never stop
-the loop. On stop, attempts in flight get their timeout to finish; any still
-running are abandoned to their leases.
+It reaches Postgres only through its store (worker/delivery/store.py).
+Database errors are logged once per episode (shared.db.ErrorEpisode) and
+waited out with the worker's one backoff (worker/backoff.py); they never
+stop the loop. Crash-only: killed at any line, what it leased is leased
+again when the lease runs out. On stop, attempts in flight get their
+timeout to finish; any still running are abandoned to their leases.
 """
 
 from __future__ import annotations
@@ -27,34 +30,36 @@ from __future__ import annotations
 import asyncio
 import ssl
 import time
+from collections.abc import Callable
 
 import httpx
-import psycopg
 import structlog
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from shared import text, webhooks
+from shared import db, text, webhooks
 from shared.config import WorkerSettings
-from shared.rows import DeliveryOutcome, WebhookDeliveryClaim
-from worker import store as worker_store
+from worker.backoff import Backoff
 from worker.delivery import metrics, send
+from worker.delivery.rows import DeliveryOutcome, WebhookDeliveryClaim
+from worker.delivery.store import DeliveryStore
 
 log = structlog.get_logger()
 
-BACKOFF_FIRST_S = 0.5
-BACKOFF_MAX_S = 5.0
 # what is kept of an error in last_error
 _ERROR_CHARS = 500
 
 
 class Deliverer:
-    def __init__(self, settings: WorkerSettings, pool: AsyncConnectionPool) -> None:
+    def __init__(self, settings: WorkerSettings, store: DeliveryStore, *,
+                 clock: Callable[[], float] = time.monotonic) -> None:
         self.settings = settings
-        self._pool = pool
+        self._store = store
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # built once: loading the trust store costs milliseconds
         self._ssl_context = ssl.create_default_context()
+        self._errors = db.ErrorEpisode("webhook", clock=clock, task="deliverer")
+        self._backoff = Backoff()
+        # the wait after the last claim failed; 0 while the database answers
         self._backoff_s = 0.0
 
     def stop(self) -> None:
@@ -99,24 +104,15 @@ class Deliverer:
         if free <= 0:
             return []
         try:
-            async with self._pool.connection() as conn:
-                claimed = await worker_store.webhook_delivery_claim(conn, limit=free, lease_s=self.settings.webhook_lease_s)
-        except (psycopg.Error, PoolTimeout) as exc:
-            self._database_failed(exc)
+            claimed = await self._store.claim(free, self.settings.webhook_lease_s)
+        except db.DB_ERRORS as exc:
+            self._errors.failed(exc)
+            self._backoff_s = self._backoff.next_s()
             return []
-        self._database_answered()
-        return claimed
-
-    def _database_failed(self, exc: Exception) -> None:
-        if not self._backoff_s:
-            log.warning("webhook.database_error", error=type(exc).__name__,
-                        sqlstate=getattr(exc, "sqlstate", None), detail=str(exc)[:200])
-        self._backoff_s = min(max(self._backoff_s * 2, BACKOFF_FIRST_S), BACKOFF_MAX_S)
-
-    def _database_answered(self) -> None:
-        if self._backoff_s:
-            log.info("webhook.database_back")
+        self._errors.succeeded()
+        self._backoff.reset()
         self._backoff_s = 0.0
+        return claimed
 
     async def _deliver(self, delivery: WebhookDeliveryClaim) -> None:
         bound = log.bind(delivery_id=delivery.id, job_id=str(delivery.job_public_id),
@@ -183,15 +179,13 @@ class Deliverer:
                       bound: structlog.typing.FilteringBoundLogger, retry_in_s: float = 0.0,
                       status_code: int | None = None, error: str | None = None) -> None:
         try:
-            async with self._pool.connection() as conn:
-                latency_s = await worker_store.webhook_delivery_finish(
-                    conn, delivery_id=delivery.id, lease=delivery.lease, outcome=outcome,
-                    retry_in_s=retry_in_s, status_code=status_code,
-                    error=None if error is None else text.storable(error[:_ERROR_CHARS]))
-        except (psycopg.Error, PoolTimeout) as exc:
+            latency_s = await self._store.finish(
+                delivery.id, delivery.lease, outcome, retry_in_s=retry_in_s, status_code=status_code,
+                error=None if error is None else text.storable(error[:_ERROR_CHARS]))
+        except db.DB_ERRORS as exc:
             # the lease runs out and the delivery is sent again: at least once
-            bound.warning("webhook.record_failed", outcome=outcome, error=type(exc).__name__,
-                          sqlstate=getattr(exc, "sqlstate", None))
+            bound.warning("webhook.record_failed", outcome=outcome, sqlstate=getattr(exc, "sqlstate", None),
+                          error=db.describe(exc))
             return
         if latency_s is None:
             metrics.DELIVERIES.labels(outcome="lost").inc()
