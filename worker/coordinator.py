@@ -1,32 +1,20 @@
 """The worker's coordinator: the one loop that owns the jobs this process holds.
 
-Each round first drains the inbox (worker/inbox.py), where every other task
-reports what it saw: a job's task that finished, a job the heartbeat found
-no longer ours, the provider's rate limit headers, a NOTIFY, SIGTERM, a
-helper that died. Then it decides and writes, alone: only the round adds to
-or removes from the held set, and what it did (counted and logged once) is
-what it returns. Its parts, each in its own module:
+Each round drains the inbox (worker/inbox.py), where every other task
+reports what it saw (a job's task finished, a job found no longer ours, the
+provider's rate limit headers, a NOTIFY, SIGTERM, a helper that died), then
+decides and writes, alone: only the round changes the held set, and what it
+did is what it returns. Its parts, one concern each: the held set
+(worker/held.py), the executor of one job's call (worker/executor.py), the
+end writer and its refusal policy (worker/ends.py), the claimer with the
+rate limits and adoption (worker/claimer.py); the heartbeat and the
+listener only report. A round writes the ends that are due, then settles
+written stories and claims for the free slots: two statements, each its own
+transaction, so a claim's refusal never touches a story that was paid for.
 
-* the held set (worker/held.py): the jobs held and their synchronous
-  transitions, from claim to written end;
-* the executor (worker/executor.py) runs one job's call in the job's task
-  and returns an outcome: Completed, Failed, Stopped or Lost; it stops when
-  the job's StopSignal is set;
-* the end writer (worker/ends.py): failures, stopped calls' ledger rows and
-  written stories, each in its own statement, and the policy for what the
-  database refuses;
-* the claimer (worker/claimer.py): when to claim and how many, the rate
-  limits, adoption after a claim's answer was lost;
-* the heartbeat (worker/heartbeat.py) and the listener
-  (worker/listener.py), which only report.
-
-A round writes the ends that are due, then settles written stories and
-claims for the free slots: two statements, each its own transaction, so a
-claim's refusal never touches a story that was paid for.
-
-Every database error is met the same way: logged once per episode with its
-SQLSTATE, waited out with backoff (worker/backoff.py), never fatal. A helper
-task that dies of anything else takes the worker down (``WorkerCrashed``).
+Every database error is logged once per episode and waited out with the
+worker's one backoff (worker/backoff.py), never fatal; a helper task that
+dies of anything else takes the worker down (``WorkerCrashed``).
 Crash-only: killed at any line, a held job stays ``running`` until the
 sweeper fails it, and nobody calls the LLM for it again. On SIGTERM the
 worker stops claiming, lets held jobs finish within WORKER_SHUTDOWN_GRACE_S,

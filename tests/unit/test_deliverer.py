@@ -1,0 +1,87 @@
+"""The delivery loop on a recording store: what it records for each answer,
+and how it meets a database that errs (logged once per episode, backed off
+with the worker's one policy, never stopping the loop). The HTTP side is a
+real receiver on loopback; no database."""
+
+from __future__ import annotations
+
+import asyncio
+
+import psycopg
+from structlog.testing import capture_logs
+
+from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
+from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from worker.backoff import FIRST_S
+from worker.delivery.loop import Deliverer
+
+
+def _deliverer(store: RecordingDeliveryStore) -> Deliverer:
+    return Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01, webhook_timeout_s=5.0),
+                     store)
+
+
+async def test_a_delivered_attempt_is_recorded_under_its_lease() -> None:
+    """A 2xx answer is recorded as delivered, with the attempt's own lease number."""
+    store = RecordingDeliveryStore()
+    with WebhookReceiver() as receiver:
+        secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        receiver.secrets.append(secret)
+        delivery = store.add(receiver.url, secret=secret, lease=7)
+        deliverer = _deliverer(store)
+        running = asyncio.create_task(deliverer.run())
+        try:
+            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
+        finally:
+            deliverer.stop()
+            await running
+    assert store.finished == [Finished(delivery.id, 7, "delivered", 204, None)]
+    assert [d.verified for d in receiver.deliveries()] == [True]
+
+
+async def test_a_database_that_errs_is_backed_off_and_logged_once_per_episode() -> None:
+    """Claims refused by a read-only database are waited out with the worker's backoff (each wait longer),
+    logged once when the episode starts and once when it ends; the delivery then goes."""
+    store = RecordingDeliveryStore()
+    for _ in range(2):
+        store.fail_next("claim", psycopg.errors.ReadOnlySqlTransaction("read-only"))
+    with WebhookReceiver() as receiver:
+        store.add(receiver.url)
+        deliverer = _deliverer(store)
+        with capture_logs() as logs:
+            running = asyncio.create_task(deliverer.run())
+            try:
+                await wait_until(lambda: bool(store.finished), timeout=20, what="the attempt after the outage")
+            finally:
+                deliverer.stop()
+                await running
+    events = [e["event"] for e in logs]
+    assert events.count("webhook.database_error") == 1 and events.count("webhook.database_recovered") == 1
+    (error,) = [e for e in logs if e["event"] == "webhook.database_error"]
+    assert error["sqlstate"] == "25006" and error["task"] == "deliverer"
+    (recovered,) = [e for e in logs if e["event"] == "webhook.database_recovered"]
+    # two waits of the doubling backoff: 0.5 + 1 s
+    assert recovered["down_s"] >= FIRST_S * 3 - 0.1
+    assert store.finished[0].outcome == "delivered"
+
+
+async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_goes_on() -> None:
+    """A finish the database refuses is logged with the delivery, and the loop records the next attempt:
+    the first delivery is sent again when its lease runs out (at least once)."""
+    store = RecordingDeliveryStore()
+    store.fail_next("finish", psycopg.OperationalError("connection lost"))
+    with WebhookReceiver() as receiver:
+        first, second = store.add(receiver.url), store.add(receiver.url)
+        deliverer = _deliverer(store)
+        with capture_logs() as logs:
+            running = asyncio.create_task(deliverer.run())
+            try:
+                await wait_until(lambda: bool(store.finished), what="the second attempt recorded")
+            finally:
+                deliverer.stop()
+                await running
+    assert [f.delivery_id for f in store.finished] == [second.id]
+    (failed,) = [e for e in logs if e["event"] == "webhook.record_failed"]
+    assert failed["delivery_id"] == first.id
