@@ -7,7 +7,7 @@ pgbench, 4 clients, over a bulk-inserted backlog, no Python in the loop:
   with \\gset), in the worker's claim order (created_at, id: the order of the
   live-jobs index), and a guarded completion, two commits per job;
 * one statement per job: the completion of the previous job and the claim of
-  the next in one CTE (as job_settle_and_claim does, without the story and
+  the next in one CTE (as the round statement once did, without the story and
   ledger rows), one commit per job.
 
 jobs/s = completed jobs / (last completed_at - first started_at), by the

@@ -62,7 +62,7 @@ SPECS = {
     "drain_jobs_per_s_fifo": FigureSpec("drain at scale, 4 connections: first-come claim", "jobs/s"),
     "drain_ratio": FigureSpec("drain at scale, fair / first-come", "×"),
 }
-FAIR = QUERIES["job_settle_and_claim"]
+FAIR = QUERIES["job_claim"]
 # the claim before turns: first come, first served across all clients
 FIFO = FAIR.replace("ORDER BY turn, id", "ORDER BY created_at, id")
 assert FIFO != FAIR
@@ -183,15 +183,20 @@ def _scale_fill(bench_db: BenchDatabase, *, clients: int, per_client: int) -> No
         conn.execute("VACUUM ANALYZE story_jobs")
 
 
-def _params(completions: list[Completion], claim_limit: int, worker_id: str) -> dict[str, Any]:
-    """What worker.store.job_settle_and_claim sends without a rate limit."""
+def _params(claim_limit: int, worker_id: str) -> dict[str, Any]:
+    """What worker.store.job_claim sends without a rate limit."""
     return {**UNLIMITED, "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
-            "model": "offline-writer", **worker_store.completion_params(completions)}
+            "model": "offline-writer"}
 
 
 async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: list[Completion],
                  claim_limit: int, worker_id: str = "bench-fair") -> list[dict[str, Any]]:
-    cur = await conn.execute(query, _params(completions, claim_limit, worker_id))
+    """A worker's round: the written stories settled, then the claim (``query``)."""
+    if completions:
+        await worker_store.job_settle(conn, worker_id=worker_id, completions=completions)
+    if not claim_limit:
+        return []
+    cur = await conn.execute(query, _params(claim_limit, worker_id))
     row = await cur.fetchone()
     assert row is not None
     claimed: list[dict[str, Any]] = msgspec.json.decode(row[0])

@@ -2,7 +2,7 @@
 
 Two databases with the same 10,000 pending jobs, one of them also holding
 1,000,000 finished jobs (bulk-inserted, then VACUUM ANALYZE as autovacuum
-would have). On each, from one connection: job_settle_and_claim with
+would have). On each, from one connection: job_claim with
 claim_limit=1 repeated 2,000 times through worker.store (latency per call,
 p50 and p99), then the claimed jobs are put back to pending and vacuumed;
 then sweeper passes (Sweeper.sweep_once with the default settings), timed.
@@ -168,7 +168,7 @@ async def _claim_access_path(conn: store.Conn) -> str:
                                          claim_limit=1, provider="offline",
                                          model="offline-writer")
     if explaining.plan is None:
-        return "(plan not captured: worker_store.job_settle_and_claim no longer calls conn.execute)"
+        return "(plan not captured: worker_store.job_claim no longer calls conn.execute)"
     claimable = next((node for node in _nodes(explaining.plan) if node.get("Subplan Name") == "CTE claimable"),
                      explaining.plan)
     scans = [node for node in _nodes(claimable) if node.get("Relation Name") == "story_jobs"]
