@@ -276,8 +276,8 @@ async def job_settle(
     """Completes written stories, claiming nothing; with a rate limit
     configured (``limited``), the model's bucket gets back what their calls
     did not use."""
-    params = {"worker_id": worker_id, "model": model, "limited": limited, **completion_params(completions)}
-    cur = await conn.execute(Q["job_settle"], params)
+    params = {"worker_id": worker_id, "model": model, **completion_params(completions)}
+    cur = await conn.execute(Q["job_settle_limited" if limited else "job_settle"], params)
     row = await cur.fetchone()
     assert row is not None
     completed_ids, already_completed_ids = row

@@ -283,7 +283,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
                             "call_outcome": "failed", "billed": True, "input_tokens": 0, "output_tokens": 0,
                             "cost_usd": 0} for job_id in running])
     claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m"}
-    settle = {"worker_id": "w", "model": "m", "limited": True,
+    settle = {"worker_id": "w", "model": "m",
               **worker_store.completion_params([story_written(job_id) for job_id in running])}
     limited = claim_params(RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0,
                                       input_tokens_capacity=5000.0, output_tokens_rate=1000.0,
@@ -291,6 +291,7 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     statements = [
         ("job_heartbeat", {"worker_id": "w", "beats": beats}),
         ("job_settle", settle),
+        ("job_settle_limited", settle),
         ("job_claim", claim),
         ("job_claim_limited", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),
