@@ -89,6 +89,16 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     # addresses: for development and tests only (the api checks endpoints'
     # URLs, the worker every address it connects to)
     webhook_allow_private: bool = False
+    # the batch lane (docs/batches.md): its pending jobs are collected for
+    # BATCH_COLLECT_S, or until BATCH_MAX_REQUESTS wait, into one message
+    # batch; batches in flight are looked at every BATCH_POLL_INTERVAL_S; a
+    # create whose answer was lost is looked for BATCH_RECONCILE_GRACE_S; a
+    # request that billed nothing is sent again, BATCH_MAX_ATTEMPTS in all
+    batch_collect_s: Seconds = 60.0
+    batch_max_requests: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 1000
+    batch_poll_interval_s: Seconds = 60.0
+    batch_reconcile_grace_s: Seconds = 600.0
+    batch_max_attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 3
 
     def price(self) -> Price:
         """LLM_MODEL's price, from the built-in table and LLM_PRICES."""
@@ -150,6 +160,18 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # a job's worst case is reserved when it is accepted
     budget_usd_per_day: Decimal | None = None
     client_budget_usd_per_day: Decimal | None = None
+    # the batch lane's own queue: live batch jobs (waiting for a batch or in
+    # one), of all clients and of each
+    batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 10_000
+    client_batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+
+    @property
+    def effective_client_batch_queue_max(self) -> int:
+        """CLIENT_BATCH_QUEUE_MAX, by default half of BATCH_QUEUE_MAX, for
+        the reason CLIENT_QUEUE_MAX is half of QUEUE_MAX."""
+        if self.client_batch_queue_max is None:
+            return max(1, self.batch_queue_max // 2)
+        return self.client_batch_queue_max
 
     @property
     def effective_client_queue_max(self) -> int:
@@ -165,6 +187,11 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
         if self.client_queue_max is not None and self.client_queue_max > self.queue_max:
             raise ConfigError(
                 f"CLIENT_QUEUE_MAX ({self.client_queue_max}) must not exceed QUEUE_MAX ({self.queue_max})"
+            )
+        if self.client_batch_queue_max is not None and self.client_batch_queue_max > self.batch_queue_max:
+            raise ConfigError(
+                f"CLIENT_BATCH_QUEUE_MAX ({self.client_batch_queue_max}) must not exceed BATCH_QUEUE_MAX "
+                f"({self.batch_queue_max})"
             )
         for name, budget in (("BUDGET_USD_PER_DAY", self.budget_usd_per_day),
                              ("CLIENT_BUDGET_USD_PER_DAY", self.client_budget_usd_per_day)):

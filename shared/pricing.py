@@ -28,4 +28,14 @@ class Price(msgspec.Struct, frozen=True):
         return (input_tokens * self.input_usd_per_mtok + output_tokens * self.output_usd_per_mtok) / 1_000_000
 
 
+    def batch(self) -> Price:
+        """The price of a request sent in a message batch (the batch lane)."""
+        return Price(self.input_usd_per_mtok * BATCH_PRICE_FACTOR, self.output_usd_per_mtok * BATCH_PRICE_FACTOR)
+
+
 FREE = Price(Decimal(0), Decimal(0))
+# What a message batch's request costs against the same request sent on its
+# own: half, as the provider's Message Batches API charges. Admission
+# reserves a batch job's worst case at it, and the job keeps the prices it
+# was admitted with, so every later charge is at it too.
+BATCH_PRICE_FACTOR = Decimal("0.5")

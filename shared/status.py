@@ -1,6 +1,7 @@
 """The job vocabulary: statuses, error codes and LLM call outcomes.
 
-Each exists once in SQL too: JobStatus is the enum type ``job_status``;
+Each exists once in SQL too: JobStatus is the enum type ``job_status``,
+Lane the enum type ``job_lane``;
 ErrorCode and LlmOutcome are the domains ``error_code`` and ``llm_outcome``
 (their constraints ``error_code_known`` and ``llm_outcome_known``).
 tests/integration/test_schema.py fails when the two sides drift apart.
@@ -14,6 +15,14 @@ class JobStatus(StrEnum):
     RUNNING = "running"
     COMPLETED = "completed"
     FAILED = "failed"
+
+
+class Lane(StrEnum):
+    """How a job reaches the provider: one call of its own (interactive), or
+    a request in a message batch, within the day at half the price."""
+
+    INTERACTIVE = "interactive"
+    BATCH = "batch"
 
 
 class ErrorCode(StrEnum):
@@ -47,8 +56,12 @@ class LlmOutcome(StrEnum):
     # nobody knows how it ended (its worker died, or its job was ended by
     # someone else while it was open): assumed billed
     INTERRUPTED = "interrupted"
+    # a batch's request that expired (its batch ended first) or was canceled
+    # with its batch before it was processed: not billed
+    EXPIRED = "expired"
+    CANCELED = "canceled"
 
     @property
     def certainly_unbilled(self) -> bool:
         return self in (LlmOutcome.RATE_LIMITED, LlmOutcome.OVERLOADED, LlmOutcome.CONNECT_FAILED,
-                        LlmOutcome.NOT_SENT)
+                        LlmOutcome.NOT_SENT, LlmOutcome.EXPIRED, LlmOutcome.CANCELED)

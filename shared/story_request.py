@@ -40,6 +40,7 @@ _TEXT = re.compile(TEXT_PATTERN)
 _UNSTORABLE = re.compile("[\x00-\x08\x0b\x0c\x0e-\x1f\ud800-\udfff]")
 
 StoryLength = Literal["short", "medium", "long"]
+StoryLane = Literal["interactive", "batch"]
 
 
 class FieldValueError(ValueError):
@@ -78,6 +79,11 @@ class StoryRequest(msgspec.Struct, frozen=True, forbid_unknown_fields=True, omit
         msgspec.Meta(pattern=r"^[A-Za-z]{2,3}(-[A-Za-z0-9]{2,8}){0,3}(?!\n)$",
                      description="BCP 47 language tag of the story, e.g. en, fr, pt-BR."),
     ] = "en"
+    # how it reaches the provider: at once, or in a message batch within the
+    # day at half the price (docs/batches.md)
+    lane: Annotated[StoryLane, msgspec.Meta(
+        description="interactive (default): written now; batch: within the day, at half the price, "
+                    "usually within the hour.")] = "interactive"
 
     def __post_init__(self) -> None:
         for field in ("prompt", "child_name"):
@@ -96,6 +102,9 @@ _AT_FIELD = re.compile(r" - at `\$\.(\w+)")
 _NAMED_FIELD = re.compile(r"field `(\w+)`")
 # what a pattern means, said instead of the pattern itself
 _PATTERN_MEANS = {"language": "is not a BCP 47 language tag such as en, fr or pt-BR"}
+# what an enumeration allows, said with its values
+_ONE_OF = {"lane": 'must be "interactive" (the default) or "batch"',
+           "length": 'must be "short", "medium" (the default) or "long"'}
 _INTEGER_FIELDS = ("age",)
 
 
@@ -130,6 +139,8 @@ def _explain(exc: msgspec.ValidationError) -> InvalidStoryRequest:
         field = at.group(1)
         if field in _PATTERN_MEANS and "matching regex" in message:
             return InvalidStoryRequest(field, _PATTERN_MEANS[field])
+        if field in _ONE_OF and "Invalid enum value" in message:
+            return InvalidStoryRequest(field, _ONE_OF[field])
         return InvalidStoryRequest(field, message[: at.start()])
     if named := _NAMED_FIELD.search(message):
         return InvalidStoryRequest(named.group(1), message)
@@ -137,6 +148,14 @@ def _explain(exc: msgspec.ValidationError) -> InvalidStoryRequest:
 
 
 def canonical_json(request: StoryRequest) -> bytes:
+    """The request as stored and fingerprinted: every field, defaults filled
+    in, keys sorted; but the lane only when it is not the default, so that
+    the fingerprint of an interactive request is what it was before the
+    lane existed (a key used then and sent again now is the same request)."""
+    if request.lane == "interactive":
+        fields = msgspec.structs.asdict(request)
+        del fields["lane"]
+        return msgspec.json.encode(fields, order="sorted")
     return msgspec.json.encode(request, order="sorted")
 
 

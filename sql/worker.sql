@@ -120,7 +120,7 @@ paused AS MATERIALIZED (
 ),
 claimable AS MATERIALIZED (
     SELECT id FROM story_jobs
-    WHERE status = 'pending'
+    WHERE status = 'pending' AND lane = 'interactive'
     ORDER BY turn, id
     LIMIT (SELECT CASE WHEN coalesce(until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END FROM paused)
     FOR NO KEY UPDATE SKIP LOCKED
@@ -200,7 +200,7 @@ claimable AS MATERIALIZED (
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
            coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
     FROM story_jobs
-    WHERE status = 'pending'
+    WHERE status = 'pending' AND lane = 'interactive'
     ORDER BY turn, id
     LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
            FROM bucket_now)

@@ -11,7 +11,7 @@ import psycopg
 import pytest
 
 from shared import db, migrate, store
-from shared.status import ErrorCode, JobStatus, LlmOutcome
+from shared.status import ErrorCode, JobStatus, Lane, LlmOutcome
 from tests.support.database import client_id_of, enqueue
 from tests.support.postgres_server import with_dbname
 
@@ -19,6 +19,12 @@ from tests.support.postgres_server import with_dbname
 async def test_status_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:
     """The Python JobStatus and the SQL job_status enum have the same values, in order."""
     assert await store.job_status_enum_values(conn) == [s.value for s in JobStatus]
+
+
+async def test_lane_enum_matches_sql(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The Python Lane and the SQL job_lane enum have the same values, in order."""
+    cur = await conn.execute("SELECT unnest(enum_range(NULL::job_lane))::text")
+    assert [row[0] for row in await cur.fetchall()] == [lane.value for lane in Lane]
 
 
 @pytest.mark.parametrize(("constraint", "vocabulary"), [

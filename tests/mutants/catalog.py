@@ -59,8 +59,9 @@ MUTANTS: tuple[Mutant, ...] = (
         tier="integration",
         file="sql/worker.sql",
         # the unlimited round's scan and the claim's own guard
-        edits=(("    WHERE status = 'pending'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until",
-                "    WHERE true\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until"),
+        edits=(("    WHERE status = 'pending' AND lane = 'interactive'\n    ORDER BY turn, id\n"
+                "    LIMIT (SELECT CASE WHEN coalesce(until",
+                "    WHERE lane = 'interactive'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until"),
                ("WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'",
                 "WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))")),
         tests=("tests/integration/test_races.py",),
