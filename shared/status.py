@@ -56,12 +56,14 @@ class LlmOutcome(StrEnum):
     # nobody knows how it ended (its worker died, or its job was ended by
     # someone else while it was open): assumed billed
     INTERRUPTED = "interrupted"
-    # a batch's request that expired (its batch ended first) or was canceled
-    # with its batch before it was processed: not billed
+    # a batch's request that expired (its batch ended first), was canceled
+    # with its batch before it was processed, or ended in an error other than
+    # a refusal of the request: not billed, sent again in a later batch
     EXPIRED = "expired"
     CANCELED = "canceled"
+    ERRORED = "errored"
 
     @property
     def certainly_unbilled(self) -> bool:
         return self in (LlmOutcome.RATE_LIMITED, LlmOutcome.OVERLOADED, LlmOutcome.CONNECT_FAILED,
-                        LlmOutcome.NOT_SENT, LlmOutcome.EXPIRED, LlmOutcome.CANCELED)
+                        LlmOutcome.NOT_SENT, LlmOutcome.EXPIRED, LlmOutcome.CANCELED, LlmOutcome.ERRORED)

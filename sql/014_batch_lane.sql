@@ -81,7 +81,10 @@ CREATE TABLE message_batch_items (
     custom_id text NOT NULL CHECK (custom_id ~ '^[a-zA-Z0-9_-]{1,64}$'),
     job_id    bigint NOT NULL,
     attempt   smallint NOT NULL,
-    result    text CHECK (result IN ('succeeded', 'errored', 'expired', 'canceled')),
+    -- how its request ended; unknown: its result could not be read (a line
+    -- the provider sent that names no request, or none at all): it may
+    -- have billed, and is charged its worst case
+    result    text CHECK (result IN ('succeeded', 'errored', 'expired', 'canceled', 'unknown')),
     read_at   timestamptz,
     PRIMARY KEY (batch_id, custom_id)
 );
@@ -101,8 +104,9 @@ INSERT INTO batch_leases (name) VALUES ('submitter');
 -- A batch attempt's ledger row names its batch.
 ALTER TABLE llm_calls ADD COLUMN batch_id bigint;
 
--- A batch item that expired or was canceled billed nothing.
+-- A batch's request that expired, was canceled or errored (other than a
+-- refusal of the request) billed nothing.
 ALTER DOMAIN llm_outcome DROP CONSTRAINT llm_outcome_known;
 ALTER DOMAIN llm_outcome ADD CONSTRAINT llm_outcome_known CHECK (VALUE IN (
     'started', 'succeeded', 'stopped', 'rate_limited', 'overloaded', 'connect_failed', 'not_sent',
-    'rejected', 'failed', 'interrupted', 'expired', 'canceled'));
+    'rejected', 'failed', 'interrupted', 'expired', 'canceled', 'errored'));
