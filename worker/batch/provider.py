@@ -249,9 +249,9 @@ class BatchNotEnded(BatchRefused):
 
 
 class ResultsInterrupted(BatchError):
-    """The results stream broke after ``lines_read`` lines (those were
-    yielded). Read the results again from the start: the provider serves
-    them whole again."""
+    """The results stream broke after ``lines_read`` whole lines (their
+    results were yielded; unreadable ones skipped). Read the results again
+    from the start: the provider serves them whole again."""
 
     def __init__(self, message: str, *, lines_read: int) -> None:
         super().__init__(message)
@@ -284,9 +284,11 @@ class BatchProvider(Protocol):
 
     def results(self, batch_id: str) -> AsyncIterator[BatchItemResult]:
         """The results of an ended batch, one per request, in the provider's
-        order (not the requests'). A line that names no request cannot be
-        given to anyone: it is logged and skipped, so a request without a
-        result after a whole read has an unknown outcome."""
+        order (not the requests'). Nothing is asked before the first
+        iteration, so every error above comes from ``async for``. A line that
+        names no request cannot be given to anyone: it is logged and skipped,
+        so a request without a result after a whole read has an unknown
+        outcome (it may have billed)."""
         ...
 
     async def cancel(self, batch_id: str) -> BatchInfo:
