@@ -1,5 +1,6 @@
 """A small Anthropic-compatible Messages API for tests, served by uvicorn in a
-background thread of the test process.
+background thread of the test process. Its Message Batches endpoints live in
+tests/fakes/anthropic_batches.py (``fake.batches``).
 
 It streams SSE as the real API does, and does what a test asks, request by
 request: answer 429/529/400/500, stall mid-stream, drop the connection, send
@@ -24,6 +25,8 @@ from typing import Any
 
 import uvicorn
 
+from tests.fakes.anthropic_batches import PREFIX as BATCHES_PREFIX
+from tests.fakes.anthropic_batches import FakeBatches
 from tests.support.waiting import wait_until_sync
 
 
@@ -140,6 +143,8 @@ class FakeAnthropic:
     # probability of answering 529 instead of the default plan
     overload_rate: float = 0.0
     seed: int = 1234
+    # the Message Batches endpoints, their plans and what they billed
+    batches: FakeBatches = field(default_factory=FakeBatches)
     calls: list[Call] = field(default_factory=list)
     _queued: deque[Plan] = field(default_factory=deque)
     _queued_for: dict[str, deque[Plan]] = field(default_factory=dict)
@@ -229,6 +234,9 @@ class FakeAnthropic:
                 elif message["type"] == "lifespan.shutdown":
                     await send({"type": "lifespan.shutdown.complete"})
                     return
+        if scope["path"] == BATCHES_PREFIX or scope["path"].startswith(BATCHES_PREFIX + "/"):
+            await self.batches.handle(scope, receive, send)
+            return
         if scope["path"] != "/v1/messages" or scope["method"] != "POST":
             await _json(send, 404, {"type": "error", "error": {"type": "not_found_error", "message": "no"}})
             return
@@ -399,7 +407,20 @@ class FakeAnthropicServer:
         config = uvicorn.Config(fake, log_level="critical", lifespan="off", access_log=False,
                                 loop="asyncio", http="h11", timeout_graceful_shutdown=1)
         self._server = uvicorn.Server(config)
+        fake.batches.abort_connection = self._abort
         self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [self._socket]}, daemon=True)
+
+    def _abort(self, scope: Any) -> bool:
+        """Closes the connection of the request with this ASGI scope at once,
+        without an answer, as a load balancer that loses it does. Called on
+        the server's own loop."""
+        client = tuple(scope.get("client") or ())
+        for connection in list(self._server.server_state.connections):
+            transport = getattr(connection, "transport", None)
+            if getattr(connection, "client", None) == client and transport is not None:
+                transport.abort()
+                return True
+        return False
 
     def __enter__(self) -> FakeAnthropicServer:
         self._thread.start()

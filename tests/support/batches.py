@@ -1,0 +1,40 @@
+"""What the batch provider tests share: a settable clock, batch requests
+made from story requests, and reading a results stream to the end."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from datetime import UTC, datetime, timedelta
+from typing import TypeVar
+
+from shared.story_request import StoryRequest
+from worker.batch.provider import BatchRequest
+
+T = TypeVar("T")
+
+
+class SettableClock:
+    """A UTC clock that moves only when the test moves it (read from the
+    fake provider's thread too: one attribute, replaced whole)."""
+
+    def __init__(self, start: datetime | None = None) -> None:
+        self.now = start or datetime.now(UTC).replace(microsecond=0)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now = self.now + timedelta(seconds=seconds)
+
+
+def batch_requests(count: int, *, prefix: str = "job", model: str = "claude-test",
+                   max_tokens: int = 300) -> list[BatchRequest]:
+    """``count`` requests, custom_ids ``{prefix}-0``..., each about its own story."""
+    return [BatchRequest(custom_id=f"{prefix}-{i}",
+                         request=StoryRequest(prompt=f"a lantern numbered {i} for {prefix}", length="short"),
+                         model=model, max_tokens=max_tokens)
+            for i in range(count)]
+
+
+async def collect(iterator: AsyncIterator[T]) -> list[T]:
+    return [item async for item in iterator]
