@@ -277,9 +277,11 @@ job AS MATERIALIZED (
 ),
 billed AS MATERIALIZED (
     SELECT g.*, j.client_id, j.ours,
-           -- as shared.pricing.Price.cost: to the micro-dollar, half up
-           round((g.input_tokens * coalesce(j.input_usd_per_mtok, 0)
-                  + g.output_tokens * coalesce(j.output_usd_per_mtok, 0)) / 1000000, 6) AS cost_usd
+           -- as shared.pricing.Price.cost: to the micro-dollar, half up; the
+           -- offline provider (%(free)s) bills nothing
+           CASE WHEN %(free)s THEN 0
+                ELSE round((g.input_tokens * coalesce(j.input_usd_per_mtok, 0)
+                            + g.output_tokens * coalesce(j.output_usd_per_mtok, 0)) / 1000000, 6) END AS cost_usd
     FROM got g JOIN job j ON j.id = g.job_id
     WHERE g.result IN ('succeeded', 'unknown')
 ),
@@ -337,7 +339,7 @@ SELECT (SELECT count(*) FROM got) AS read, (SELECT count(*) FROM completed) AS c
        (SELECT count(*) FROM billed WHERE NOT ours) AS billed_unseen,
        (SELECT count(*) FROM unbilled_failed) + (SELECT count(*) FROM unknown_failed) AS failed,
        (SELECT count(*) FROM waiting_again) AS waiting,
-       (SELECT coalesce(sum(cost_usd), 0) FROM billed)::text AS cost_usd;
+       (SELECT coalesce(sum(cost_usd), 0) FROM billed) AS cost_usd;
 
 -- name: batch_results_read
 -- Every item of an ended batch has been read: the batch is done with. An

@@ -176,7 +176,9 @@ SET finished_at = now(), outcome = 'interrupted',
 FROM story_jobs j
 WHERE j.public_id = ANY (%(job_ids)s::uuid[]) AND j.status = 'failed'
   AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
-  AND c.job_id = j.id AND c.outcome = 'started';
+  -- a batch's request is closed by its result alone (sql/batch.sql): it may
+  -- still be billed however its job ended
+  AND c.job_id = j.id AND c.outcome = 'started' AND c.batch_id IS NULL;
 
 -- name: budget_days_today
 -- Today's (UTC) spend and reservations, all clients (scope 'all') and each

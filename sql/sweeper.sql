@@ -14,11 +14,18 @@
 -- heartbeats nor their finished stories can be judged.
 -- Each rule's scan orders by (created_at, id), which only the active index
 -- provides, so the plan cannot drift to a walk of the whole table.
+--
+-- The batch lane has rules of its own (docs/batches.md): a batch job that
+-- waits for a batch (pending, or running after an attempt that billed
+-- nothing) fails as queue_timeout once it has waited BATCH_COLLECT_S and a
+-- day (%(batch_collect_s)s); one in a batch, as timed_out an hour after its
+-- batch expired (an intent never answered: a day after its fence). Its
+-- ledger row stays open: its batch's result may still bill it.
 WITH now_ AS (SELECT coalesce(%(now)s::timestamptz, now()) AS t),
 stale_pending AS MATERIALIZED (
     SELECT j.id, 'queue_timeout' AS reason
     FROM story_jobs j, now_
-    WHERE j.status = 'pending'
+    WHERE j.status = 'pending' AND j.lane = 'interactive'
       AND j.created_at < now_.t - make_interval(secs => %(pending_timeout_s)s::float8)
     ORDER BY j.created_at, j.id
     LIMIT %(batch_size)s
@@ -29,10 +36,33 @@ stale_running AS MATERIALIZED (
            CASE WHEN j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
                 THEN 'timed_out' ELSE 'interrupted' END AS reason
     FROM story_jobs j, now_
-    WHERE %(judge_running)s AND j.status = 'running'
+    WHERE %(judge_running)s AND j.status = 'running' AND j.lane = 'interactive'
       AND (j.started_at < now_.t - make_interval(secs => %(job_timeout_s)s::float8)
         OR j.heartbeat_at < now_.t - make_interval(secs => %(heartbeat_timeout_s)s::float8))
     ORDER BY j.created_at, j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale_batch_waiting AS MATERIALIZED (
+    SELECT j.id, 'queue_timeout' AS reason
+    FROM story_jobs j, now_
+    WHERE j.batch_ready_at IS NOT NULL
+      AND j.batch_ready_at < now_.t - make_interval(secs => %(batch_collect_s)s::float8) - interval '1 day'
+      AND j.status IN ('pending', 'running')
+    ORDER BY j.batch_ready_at, j.id
+    LIMIT %(batch_size)s
+    FOR NO KEY UPDATE OF j SKIP LOCKED
+),
+stale_batched AS MATERIALIZED (
+    SELECT j.id, 'timed_out' AS reason
+    FROM message_batches b
+    CROSS JOIN now_
+    JOIN message_batch_items i ON i.batch_id = b.id
+    JOIN story_jobs j ON j.id = i.job_id
+    WHERE %(judge_running)s AND b.state IN ('intent', 'sent')
+      AND coalesce(b.expires_at, b.fence_at + interval '1 day') < now_.t - interval '1 hour'
+      AND j.status = 'running' AND j.batch_id = b.id AND j.batch_ready_at IS NULL
+    ORDER BY j.id
     LIMIT %(batch_size)s
     FOR NO KEY UPDATE OF j SKIP LOCKED
 ),
@@ -40,15 +70,21 @@ stale AS (
     SELECT id, reason FROM stale_pending
     UNION ALL
     SELECT id, reason FROM stale_running
+    UNION ALL
+    SELECT id, reason FROM stale_batch_waiting
+    UNION ALL
+    SELECT id, reason FROM stale_batched
 )
 UPDATE story_jobs j
 SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
     -- a job that never ran cost nothing; one whose worker is gone or too slow
     -- may have been billed anything up to its worst case
     charged_usd = CASE stale.reason WHEN 'queue_timeout' THEN 0 ELSE j.reserved_usd END,
-    error_text = CASE stale.reason
-        WHEN 'queue_timeout' THEN 'no worker picked the job up in time'
-        WHEN 'timed_out' THEN 'the story took longer than the job timeout'
+    error_text = CASE
+        WHEN stale.reason = 'queue_timeout' AND j.lane = 'batch' THEN 'no batch took the job in time'
+        WHEN stale.reason = 'queue_timeout' THEN 'no worker picked the job up in time'
+        WHEN stale.reason = 'timed_out' AND j.lane = 'batch' THEN 'its batch expired without a result for it'
+        WHEN stale.reason = 'timed_out' THEN 'the story took longer than the job timeout'
         ELSE 'the worker stopped sending heartbeats'
     END
 FROM stale, now_
@@ -88,9 +124,13 @@ SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
 -- A job whose event is still being delivered (a delivery pending) is kept
 -- until each of its deliveries is delivered or dead: the retry schedule
 -- ends every one within about 28 hours, so the wait is bounded; an
--- undelivered event is never pruned.
+-- undelivered event is never pruned. The oldest rows looked at are finished
+-- ones: a live job ahead of them (a batch job waits up to a day for its
+-- batch, and may be sent up to BATCH_MAX_ATTEMPTS times) is walked past on
+-- the primary key, never stalling the prune behind it.
 WITH oldest AS (
-    SELECT id, status, completed_at FROM story_jobs ORDER BY id LIMIT %(batch_size)s
+    SELECT id, status, completed_at FROM story_jobs WHERE status IN ('completed', 'failed')
+    ORDER BY id LIMIT %(batch_size)s
 ),
 pruned AS (
     DELETE FROM story_jobs j
@@ -99,6 +139,8 @@ pruned AS (
       AND oldest.status IN ('completed', 'failed')
       AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = oldest.id AND d.state = 'pending')
+      -- nor a batch job whose request's result is still to be read
+      AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.job_id = oldest.id AND i.result IS NULL)
     RETURNING j.id, j.client_id, j.idempotency_key
 ),
 stories_pruned AS (

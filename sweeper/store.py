@@ -42,6 +42,7 @@ async def job_fail_stale(
     batch_size: int,
     lock_timeout_s: float,
     now: datetime | None = None,
+    batch_collect_s: float = 60.0,
 ) -> list[StaleJob]:
     """One batch of the sweeper's rules, and the ledger rows its jobs left
     open closed, in one transaction whose statements wait at most
@@ -58,6 +59,7 @@ async def job_fail_stale(
                 "pending_timeout_s": pending_timeout_s,
                 "judge_running": judge_running,
                 "batch_size": batch_size,
+                "batch_collect_s": batch_collect_s,
                 "now": now,
             },
         )
@@ -152,7 +154,7 @@ class SweeperStore(Protocol):
 
     async def fail_stale(
         self, *, heartbeat_timeout_s: float, job_timeout_s: float, pending_timeout_s: float, judge_running: bool,
-        batch_size: int, lock_timeout_s: float, now: datetime | None,
+        batch_size: int, lock_timeout_s: float, now: datetime | None, batch_collect_s: float = 60.0,
     ) -> list[StaleJob]:
         """One batch of the sweeper's rules (the rules about running jobs only
         when judge_running), and the ledger rows its jobs left open closed."""
@@ -187,13 +189,13 @@ class PgSweeperStore:
 
     async def fail_stale(
         self, *, heartbeat_timeout_s: float, job_timeout_s: float, pending_timeout_s: float, judge_running: bool,
-        batch_size: int, lock_timeout_s: float, now: datetime | None,
+        batch_size: int, lock_timeout_s: float, now: datetime | None, batch_collect_s: float = 60.0,
     ) -> list[StaleJob]:
         async with self._pool.connection() as conn:
             return await job_fail_stale(
                 conn, heartbeat_timeout_s=heartbeat_timeout_s, job_timeout_s=job_timeout_s,
                 pending_timeout_s=pending_timeout_s, judge_running=judge_running, batch_size=batch_size,
-                lock_timeout_s=lock_timeout_s, now=now,
+                lock_timeout_s=lock_timeout_s, now=now, batch_collect_s=batch_collect_s,
             )
 
     async def queue_gauges(self, *, now: datetime | None) -> QueueGauges:

@@ -112,6 +112,7 @@ class Sweeper:
                 batch_size=self.settings.sweeper_batch_size,
                 lock_timeout_s=self._lock_timeout_s,
                 now=now,
+                batch_collect_s=self.settings.batch_collect_s,
             )
             for job in stale:
                 counts[job.reason] += 1

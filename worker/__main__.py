@@ -1,5 +1,5 @@
-"""``python -m worker``: claim and run story jobs, and deliver webhooks,
-until SIGTERM."""
+"""``python -m worker``: claim and run story jobs, deliver webhooks, and
+run the batch lane when this worker holds its lease, until SIGTERM."""
 
 from __future__ import annotations
 
@@ -13,6 +13,9 @@ from psycopg_pool import AsyncConnectionPool
 from shared import db, process
 from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
+from worker.batch.lane import BatchLane
+from worker.batch.provider import BatchProvider
+from worker.batch.store import PgBatchStore
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
@@ -25,6 +28,16 @@ log = structlog.get_logger()
 # sweeper; 70 a helper task died (logged where it happened)
 EXIT_ABANDONED = 1
 EXIT_CRASHED = 70
+
+
+def make_batch_provider(settings: WorkerSettings) -> BatchProvider:
+    if settings.offline:
+        from worker.batch.offline_batches import OfflineBatches
+
+        return OfflineBatches.from_settings(settings)
+    from worker.batch.anthropic_batches import AnthropicBatches
+
+    return AnthropicBatches.from_settings(settings)
 
 
 def make_writer(settings: WorkerSettings) -> StoryWriter:
@@ -55,44 +68,53 @@ async def serve(settings: WorkerSettings) -> int:
         )
         await store.ensure_rate_bucket(RateLimits.from_settings(settings))
         coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen)
-        async with _deliveries_pool(settings) as deliveries_pool:
+        batch_provider = make_batch_provider(settings)
+        async with _side_pool(settings, "webhooks") as deliveries_pool, _side_pool(settings, "batches") as batch_pool:
             deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool))
+            lane = BatchLane(settings, PgBatchStore(batch_pool), batch_provider, holder=store.worker_id)
 
             def stop() -> None:
                 coordinator.stop()
                 deliverer.stop()
+                lane.stop()
 
             process.on_stop_signal(stop)
-            delivering = asyncio.create_task(deliverer.run())
+            helpers = [asyncio.create_task(deliverer.run(), name="deliverer"),
+                       asyncio.create_task(lane.run(), name="batch lane")]
 
-            def deliverer_ended(task: asyncio.Task[None]) -> None:
-                # the deliverer dying of a bug stops the worker too: a helper never dies silently
+            def helper_ended(task: asyncio.Task[None]) -> None:
+                # a helper dying of a bug stops the worker too: a helper never dies silently
                 if not task.cancelled() and task.exception() is not None:
                     coordinator.stop()
 
-            delivering.add_done_callback(deliverer_ended)
+            for task in helpers:
+                task.add_done_callback(helper_ended)
             try:
                 clean = await coordinator.run()
             except WorkerCrashed:
                 return EXIT_CRASHED
             finally:
                 deliverer.stop()
-                with contextlib.suppress(Exception):
-                    await delivering
+                lane.stop()
+                for task in helpers:
+                    with contextlib.suppress(Exception):
+                        await task
                 await writer.aclose()
-            if delivering.exception() is not None:
-                log.error("webhook.deliverer_crashed", exc_info=delivering.exception())
-                return EXIT_CRASHED
+                await batch_provider.aclose()
+            for task in helpers:
+                if task.exception() is not None:
+                    log.error("worker.helper_crashed", task=task.get_name(), exc_info=task.exception())
+                    return EXIT_CRASHED
     return 0 if clean else EXIT_ABANDONED
 
 
 @contextlib.asynccontextmanager
-async def _deliveries_pool(settings: WorkerSettings) -> AsyncIterator[AsyncConnectionPool]:
-    """The deliveries' own connection, so that webhooks never wait for the
-    job loop's connections (nor it for theirs): each claim and record is one
-    short statement, so one connection serves WEBHOOK_CONCURRENCY attempts."""
+async def _side_pool(settings: WorkerSettings, name: str) -> AsyncIterator[AsyncConnectionPool]:
+    """A connection of its own for the deliveries or the batch lane, so that
+    neither waits for the job loop's connections (nor it for theirs): each
+    of their statements is short, so one connection serves them."""
     pool = db.make_pool(
-        db.database_url(settings), application_name="storyjobs-worker-webhooks",
+        db.database_url(settings), application_name=f"storyjobs-worker-{name}",
         connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=10.0, min_size=1, max_size=1,
         wait_timeout_s=2.0, generic_plans=True, pooler=settings.database_pooler,
     )

@@ -60,11 +60,11 @@ class RecordingSweeperStore:
 
     async def fail_stale(
         self, *, heartbeat_timeout_s: float, job_timeout_s: float, pending_timeout_s: float, judge_running: bool,
-        batch_size: int, lock_timeout_s: float, now: datetime | None,
+        batch_size: int, lock_timeout_s: float, now: datetime | None, batch_collect_s: float = 60.0,
     ) -> list[StaleJob]:
         self._call("fail_stale", heartbeat_timeout_s=heartbeat_timeout_s, job_timeout_s=job_timeout_s,
                    pending_timeout_s=pending_timeout_s, judge_running=judge_running, batch_size=batch_size,
-                   lock_timeout_s=lock_timeout_s, now=now)
+                   lock_timeout_s=lock_timeout_s, now=now, batch_collect_s=batch_collect_s)
         batch = self.stale_batches.pop(0) if self.stale_batches else []
         # as the SQL does: the rules about running jobs only when judged
         return [job for job in batch if judge_running or job.reason == ErrorCode.QUEUE_TIMEOUT][:batch_size]

@@ -14,7 +14,6 @@ from structlog.testing import capture_logs
 
 from shared import prompt
 from shared.pricing import FREE
-from shared.rows import RetryStart
 from shared.status import LlmOutcome
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
@@ -36,6 +35,7 @@ from worker.batch.provider import (
     ResultsInterrupted,
     walk,
 )
+from worker.rows import RetryStart
 from worker.writing import JobCall
 
 
