@@ -19,6 +19,7 @@ from api import store as api_store
 from shared import prompt
 from shared.config import BaseSettings
 from shared.rows import Admission, EnqueueResult
+from shared.status import Lane
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 
 # the most POSTs one transaction carries
@@ -32,14 +33,16 @@ def admission(client_id: int, idempotency_key: str, request: StoryRequest, setti
     max_tokens its length allows, its input tokens estimated (for the rate
     limiter) and bounded (for its worst case, which a spend budget reserves)."""
     max_tokens = prompt.max_tokens(request, settings.llm_max_tokens)
-    price = settings.price()
+    lane = Lane(request.lane)
+    # a batch job keeps the batch price it is reserved at, and is charged at it
+    price = settings.price().batch() if lane is Lane.BATCH else settings.price()
     return Admission(
         client_id=client_id, idempotency_key=idempotency_key, request_fingerprint=fingerprint(request),
         request_json=canonical_json(request).decode(), max_tokens=max_tokens,
         input_tokens_estimate=prompt.input_tokens_estimate(request),
         worst_case_usd=price.worst_case(prompt.input_tokens_at_most(request), max_tokens),
         model=settings.llm_model, input_usd_per_mtok=price.input_usd_per_mtok,
-        output_usd_per_mtok=price.output_usd_per_mtok,
+        output_usd_per_mtok=price.output_usd_per_mtok, lane=lane,
     )
 
 
@@ -47,10 +50,13 @@ class AdmissionBatcher:
     def __init__(
         self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int,
         connection_wait_s: float, budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
+        batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000,
     ) -> None:
         self._pool = pool
         self._queue_max = queue_max
         self._client_queue_max = client_queue_max
+        self._batch_queue_max = batch_queue_max
+        self._client_batch_queue_max = client_batch_queue_max
         self._budget_usd = budget_usd
         self._client_budget_usd = client_budget_usd
         self._connection_wait_s = connection_wait_s
@@ -100,6 +106,7 @@ class AdmissionBatcher:
             answered = await api_store.job_insert_if_admitted(
                 conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
                 budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
+                batch_queue_max=self._batch_queue_max, client_batch_queue_max=self._client_batch_queue_max,
             )
         self.batches_written += 1
         results = []

@@ -196,7 +196,8 @@ def create_app(
         admissions=AdmissionBatcher(
             pool, queue_max=settings.queue_max, client_queue_max=settings.effective_client_queue_max,
             connection_wait_s=settings.api_db_wait_s, budget_usd=settings.budget_usd_per_day,
-            client_budget_usd=settings.client_budget_usd_per_day,
+            client_budget_usd=settings.client_budget_usd_per_day, batch_queue_max=settings.batch_queue_max,
+            client_batch_queue_max=settings.effective_client_batch_queue_max,
         ),
     )
     app.asgi_handler = _record_http_metrics(app.asgi_handler)

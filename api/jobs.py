@@ -16,6 +16,7 @@ from __future__ import annotations
 import math
 import re
 import uuid
+from datetime import datetime
 from typing import TYPE_CHECKING, Annotated, Any
 
 import structlog
@@ -41,9 +42,10 @@ from api.deps import ApiState, deadline, parse_public_id, provide_api_state
 from api.problems import FieldError, ProblemError, problem_responses
 from api.schemas import JobAccepted, JobError, JobState, Story
 from shared import store
+from shared.config import ApiSettings
 from shared.ratelimit import over_limit
-from shared.rows import JobRead
-from shared.status import JobStatus
+from shared.rows import Admission, JobRead
+from shared.status import JobStatus, Lane
 from shared.story_request import (
     InvalidStoryRequest,
     StoryRequest,
@@ -114,24 +116,29 @@ def _invalid_key(title: str, message: str, detail: str) -> ProblemError:
                         reason="invalid_request")
 
 
-def _accepted(job_id: uuid.UUID, status: JobStatus, *, replayed: bool) -> Response[JobAccepted]:
+def _accepted(job_id: uuid.UUID, status: JobStatus, *, replayed: bool, lane: Lane, created_at: datetime | None,
+              settings: ApiSettings) -> Response[JobAccepted]:
+    due_by = pacing.batch_due_by(settings, ready_at=created_at) if lane is Lane.BATCH and created_at else None
     headers = {
         "Location": f"/stories/jobs/{job_id}",
-        _RETRY_AFTER: str(pacing.DEFAULT_RETRY_AFTER_S),
+        _RETRY_AFTER: str(pacing.retry_after_for(lane, settings, pacing.DEFAULT_RETRY_AFTER_S)),
         **_NO_STORE,
     }
     if replayed:
         headers["Idempotent-Replayed"] = "true"
-    return Response(JobAccepted(job_id=job_id, status=status), status_code=202, headers=headers)
+    return Response(JobAccepted(job_id=job_id, status=status, lane=lane, due_by=due_by), status_code=202,
+                    headers=headers)
 
 
-def _replay(job_id: uuid.UUID, status: JobStatus, stored: bytes, requested: bytes) -> Response[JobAccepted]:
-    if stored != requested:
+def _replay(job_id: uuid.UUID, status: JobStatus, stored: bytes, requested: Admission,
+            created_at: datetime | None, settings: ApiSettings) -> Response[JobAccepted]:
+    if stored != requested.request_fingerprint:
         raise ProblemError(422, "Idempotency-Key reused",
                            "this Idempotency-Key was already used with a different request body",
                            reason="idempotency_mismatch")
     metrics.JOBS_REPLAYED.inc()
-    return _accepted(job_id, status, replayed=True)
+    # the same body, so the same lane
+    return _accepted(job_id, status, replayed=True, lane=requested.lane, created_at=created_at, settings=settings)
 
 
 @post(
@@ -177,10 +184,10 @@ async def generate_story(
         verify(found, api_key)
         assert found is not None
         new = admission(found.client_id, key, data, api_state.settings)
-        requested = new.request_fingerprint
         if found.public_id is not None:
             assert found.status is not None and found.request_fingerprint is not None
-            return _replay(found.public_id, found.status, found.request_fingerprint, requested)
+            return _replay(found.public_id, found.status, found.request_fingerprint, new, found.created_at,
+                           api_state.settings)
         if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
                                 output_tokens=new.max_tokens)) is not None:
             raise ProblemError(422, "Over the provider's rate limit",
@@ -196,6 +203,11 @@ async def generate_story(
                            "with the same key after the budget resets at midnight UTC",
                            headers={_RETRY_AFTER: str(max(1, math.ceil(result.day_ends_in_s)))},
                            reason=result.outcome, type=BUDGET_EXHAUSTED)
+    if result.outcome in ("batch_queue_full", "client_batch_queue_full"):
+        which = "the batch queue" if result.outcome == "batch_queue_full" else "your batch queue"
+        raise ProblemError(429, "Queue full", f"{which} is full; nothing was stored, retry later with the same key",
+                           headers={_RETRY_AFTER: str(math.ceil(api_state.settings.batch_collect_s))},
+                           reason=result.outcome)
     if result.outcome in ("queue_full", "client_queue_full"):
         stats = await api_state.drain_stats.get()
         which = "the queue" if result.outcome == "queue_full" else "your queue"
@@ -205,18 +217,20 @@ async def generate_story(
     assert result.public_id is not None and result.status is not None
     if result.outcome == "existing":
         assert result.request_fingerprint is not None
-        return _replay(result.public_id, result.status, result.request_fingerprint, requested)
+        return _replay(result.public_id, result.status, result.request_fingerprint, new, result.created_at,
+                       api_state.settings)
     metrics.JOBS_ACCEPTED.inc()
     log.info("job.accepted", job_id=str(result.public_id), client_id=found.client_id,
-             key_prefix=api_key.prefix, prompt_chars=len(data.prompt))
-    return _accepted(result.public_id, result.status, replayed=False)
+             key_prefix=api_key.prefix, prompt_chars=len(data.prompt), lane=new.lane.value)
+    return _accepted(result.public_id, result.status, replayed=False, lane=new.lane, created_at=result.created_at,
+                     settings=api_state.settings)
 
 
 def _per_s(per_minute: int | None) -> float | None:
     return None if per_minute is None else per_minute / 60.0
 
 
-def _job_state(job: JobRead, remaining_s: float | None) -> JobState:
+def _job_state(job: JobRead, remaining_s: float | None, settings: ApiSettings) -> JobState:
     fraction = pacing.fraction_done(job.progress, job.max_tokens)
     story = Story.of(job.story) if job.status is JobStatus.COMPLETED and job.story is not None else None
     return JobState(
@@ -233,7 +247,19 @@ def _job_state(job: JobRead, remaining_s: float | None) -> JobState:
         story_url=f"/stories/{story.story_id}" if story is not None else None,
         error=JobError(code=job.error_code or "unknown", message=job.error_text or "")
         if job.status is JobStatus.FAILED else None,
+        lane=job.lane,
+        due_by=_due_by(job, settings),
     )
+
+
+def _due_by(job: JobRead, settings: ApiSettings) -> datetime | None:
+    """A live batch job's due time: its batch's expiry once sent, else the
+    end of the collection it waits for plus a day."""
+    if job.lane is not Lane.BATCH or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+        return None
+    if job.batch_expires_at is not None:
+        return job.batch_expires_at
+    return pacing.batch_due_by(settings, ready_at=job.batch_ready_at or job.created_at)
 
 
 @get(
@@ -266,13 +292,15 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     headers = dict(_NO_STORE)
     remaining = None
     if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
-        remaining = pacing.seconds_remaining(
-            stats, status=job.status, queue_position=job.queue_position, started_at=job.started_at,
-            fraction=pacing.fraction_done(job.progress, job.max_tokens), now=job.now,
-            requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
-        )
-        headers[_RETRY_AFTER] = str(pacing.retry_after(job.status, remaining))
-    return Response(_job_state(job, remaining), headers=headers)
+        if job.lane is Lane.INTERACTIVE:
+            remaining = pacing.seconds_remaining(
+                stats, status=job.status, queue_position=job.queue_position, started_at=job.started_at,
+                fraction=pacing.fraction_done(job.progress, job.max_tokens), now=job.now,
+                requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
+            )
+        headers[_RETRY_AFTER] = str(pacing.retry_after_for(job.lane, api_state.settings,
+                                                           pacing.retry_after(job.status, remaining)))
+    return Response(_job_state(job, remaining, api_state.settings), headers=headers)
 
 
 @delete(
@@ -287,7 +315,8 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     dependencies=CLIENT_DEPENDENCIES,
 )
 async def cancel_job(
-    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient], job_id: _JOB_ID
+    api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient],
+    job_id: _JOB_ID,
 ) -> Response[JobState]:
     public_id = parse_public_id(job_id)
     result = await api_store.job_cancel(conn, client_id=client.client_id, job_id=public_id)
@@ -299,7 +328,7 @@ async def cancel_job(
     assert view is not None and view.job is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
              key_prefix=client.key_prefix)
-    return Response(_job_state(view.job, None), headers=_NO_STORE)
+    return Response(_job_state(view.job, None, api_state.settings), headers=_NO_STORE)
 
 
 @get(

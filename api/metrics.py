@@ -21,6 +21,8 @@ REJECT_REASONS = (
     "idempotency_mismatch",
     "queue_full",
     "client_queue_full",
+    "batch_queue_full",
+    "client_batch_queue_full",
     "budget_exhausted",
     "client_budget_exhausted",
     "database_unavailable",

@@ -10,7 +10,7 @@ import asyncio
 import math
 import time
 from collections.abc import Callable
-from datetime import datetime
+from datetime import datetime, timedelta
 
 import msgspec
 import structlog
@@ -18,8 +18,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
 from shared import db
+from shared.config import BaseSettings
 from shared.rows import DrainStats
-from shared.status import JobStatus
+from shared.status import JobStatus, Lane
+
+# a message batch ends, at the latest, this long after it was created
+BATCH_LIFETIME = timedelta(hours=24)
 
 log = structlog.get_logger()
 
@@ -138,6 +142,20 @@ def seconds_remaining(
         elapsed = max((now - started_at).total_seconds(), 0.0)
         return max(run - elapsed, run * 0.1)
     return None
+
+
+def batch_due_by(settings: BaseSettings, *, ready_at: datetime) -> datetime:
+    """When a batch job waiting for a batch since ``ready_at`` is due at the
+    latest: the collection's end, then a batch's whole lifetime."""
+    return ready_at + timedelta(seconds=settings.batch_collect_s) + BATCH_LIFETIME
+
+
+def retry_after_for(lane: Lane, settings: BaseSettings, seconds: int) -> int:
+    """Retry-After for a job of ``lane``: a batch job is looked at no more
+    often than its batches are (BATCH_POLL_INTERVAL_S)."""
+    if lane is Lane.BATCH:
+        return max(seconds, math.ceil(settings.batch_poll_interval_s))
+    return seconds
 
 
 def retry_after(status: JobStatus, remaining_s: float | None) -> int:

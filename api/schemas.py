@@ -9,12 +9,20 @@ from typing import Annotated, Literal
 import msgspec
 
 from shared.rows import StoryRow
-from shared.status import JobStatus
+from shared.status import JobStatus, Lane
+
+_LANE = msgspec.Meta(description="interactive: written now; batch: within the day, at half the price "
+                                 "(usually within the hour).")
+_DUE_BY = msgspec.Meta(description=(
+    "Batch lane only: when the story is due at the latest (RFC 3339): its batch's expiry once the batch is "
+    "sent, else the end of the collection it waits for plus 24 hours. Null on the interactive lane."))
 
 
 class JobAccepted(msgspec.Struct, frozen=True):
     job_id: uuid.UUID
     status: JobStatus
+    lane: Annotated[Lane, _LANE] = Lane.INTERACTIVE
+    due_by: Annotated[datetime, _DUE_BY] | None = None
 
 
 class JobError(msgspec.Struct, frozen=True):
@@ -69,6 +77,8 @@ class JobState(msgspec.Struct, frozen=True):
     story: Story | None
     story_url: str | None
     error: JobError | None
+    lane: Annotated[Lane, _LANE] = Lane.INTERACTIVE
+    due_by: Annotated[datetime, _DUE_BY] | None = None
 
 
 class Health(msgspec.Struct, frozen=True):

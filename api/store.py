@@ -5,10 +5,12 @@ a client's webhook endpoints."""
 from __future__ import annotations
 
 import uuid
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from decimal import Decimal
+from typing import Literal
 
 import msgspec
+from psycopg.types.json import Jsonb
 
 from shared.queries import QUERIES as Q
 from shared.rows import (
@@ -21,6 +23,7 @@ from shared.rows import (
     StoryView,
     WebhookEndpointRow,
 )
+from shared.status import Lane
 
 # the admission lock's key: a cancellation takes the lock too
 from shared.store import ADMISSION_LOCK_KEY as ADMISSION_LOCK_KEY
@@ -53,12 +56,45 @@ async def job_get_by_idempotency_key_for_key(
 async def job_insert_if_admitted(
     conn: Conn, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int,
     budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
+    batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000,
 ) -> list[EnqueueResult]:
     """Takes the admission lock, then admits the batch in order while the
     queues and the spend budgets have room, in one transaction sent as a
-    single pipelined round trip. One result per admission, in the same
-    order. The batch must not hold one (client, key) twice."""
-    requests = [
+    single pipelined round trip: the interactive lane's requests against
+    QUEUE_MAX and their clients' turns, then the batch lane's against its
+    own queue (sql/api.sql), both against the same budgets. One result per
+    admission, in the same order. The batch must not hold one (client,
+    key) twice."""
+    interactive = [(n, a) for n, a in enumerate(admissions) if a.lane is Lane.INTERACTIVE]
+    batch = [(n, a) for n, a in enumerate(admissions) if a.lane is Lane.BATCH]
+    budgets = {"budget_usd": budget_usd, "client_budget_usd": client_budget_usd}
+    cursors = []
+    async with conn.pipeline(), conn.transaction():
+        await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
+        for query, asked, bounds in (
+            ("job_insert_if_admitted", interactive, {"queue_max": queue_max, "client_queue_max": client_queue_max}),
+            ("job_insert_batch_if_admitted", batch,
+             {"queue_max": batch_queue_max, "client_queue_max": client_batch_queue_max}),
+        ):
+            if asked:
+                cur = conn.cursor(row_factory=struct_row(EnqueueResult))
+                await cur.execute(Q[query], {"requests": _requests(a for _, a in asked), **bounds, **budgets})
+                cursors.append((asked, cur, query == "job_insert_batch_if_admitted"))
+    answered: dict[int, EnqueueResult] = {}
+    for asked, cur, batch_lane in cursors:
+        for (n, _), result in zip(asked, await cur.fetchall(), strict=True):
+            if batch_lane and result.outcome in ("queue_full", "client_queue_full"):
+                result = msgspec.structs.replace(result, outcome=_BATCH_QUEUE_FULL[result.outcome])
+            answered[n] = msgspec.structs.replace(result, ord=n)
+    return [answered[n] for n in range(len(admissions))]
+
+
+_BATCH_QUEUE_FULL: dict[str, Literal["batch_queue_full", "client_batch_queue_full"]] = {
+    "queue_full": "batch_queue_full", "client_queue_full": "client_batch_queue_full"}
+
+
+def _requests(admissions: Iterable[Admission]) -> Jsonb:
+    return jsonb([
         {
             "ord": ord_,
             "client_id": a.client_id,
@@ -73,14 +109,7 @@ async def job_insert_if_admitted(
             "output_usd_per_mtok": a.output_usd_per_mtok,
         }
         for ord_, a in enumerate(admissions)
-    ]
-    params = {"requests": jsonb(requests), "queue_max": queue_max, "client_queue_max": client_queue_max,
-              "budget_usd": budget_usd, "client_budget_usd": client_budget_usd}
-    async with conn.pipeline(), conn.transaction():
-        await conn.execute(Q["job_admission_lock"], {"lock_key": ADMISSION_LOCK_KEY})
-        cur = conn.cursor(row_factory=struct_row(EnqueueResult))
-        await cur.execute(Q["job_insert_if_admitted"], params)
-    return await cur.fetchall()
+    ])
 
 
 _job_read = msgspec.json.Decoder(JobRead)

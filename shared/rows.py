@@ -10,7 +10,7 @@ from typing import Any, Literal
 
 import msgspec
 
-from shared.status import ErrorCode, JobStatus, LlmOutcome
+from shared.status import ErrorCode, JobStatus, Lane, LlmOutcome
 
 
 class KeyAuth(msgspec.Struct, frozen=True):
@@ -44,12 +44,13 @@ class Admission(msgspec.Struct, frozen=True):
     model: str
     input_usd_per_mtok: Decimal
     output_usd_per_mtok: Decimal
+    lane: Lane = Lane.INTERACTIVE
 
 
 class EnqueueResult(msgspec.Struct, frozen=True):
     ord: int
     outcome: Literal["inserted", "existing", "queue_full", "client_queue_full", "budget_exhausted",
-                     "client_budget_exhausted"]
+                     "client_budget_exhausted", "batch_queue_full", "client_batch_queue_full"]
     public_id: uuid.UUID | None
     status: JobStatus | None
     request_fingerprint: bytes | None
@@ -90,6 +91,10 @@ class JobRead(msgspec.Struct, frozen=True):
     max_tokens: int | None
     # the database's clock when it answered
     now: datetime
+    lane: Lane = Lane.INTERACTIVE
+    # a batch job: since when it waits for a batch, and its batch's expiry once sent
+    batch_ready_at: datetime | None = None
+    batch_expires_at: datetime | None = None
 
 
 class JobView(KeyAuth, frozen=True):

@@ -22,33 +22,11 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- locked and counted could count stale rows and overshoot.
 SELECT pg_advisory_xact_lock(%(lock_key)s);
 
--- name: job_insert_if_admitted
--- Admits a batch of new jobs (the POSTs an api process received while its
--- previous batch was being written): one admission lock, one statement, one
--- commit for all of them. Runs under the admission lock (job_admission_lock),
--- which makes the bounds exact. Requests are taken in order: a request whose
--- key was used meanwhile answers the existing job; the others are admitted
--- while their client's queue (CLIENT_QUEUE_MAX), then the whole queue
--- (QUEUE_MAX), then their client's spend budget and the day's budget have
--- room, and refused otherwise. Each check admits the longest run of the batch
--- that fits, in order.
---
--- job_admission keeps, per queue, a number never below its pending count:
--- every admission adds to it, and claims, cancellations and the sweeper only
--- ever lower the true count. While that bound leaves room for the batch, no
--- counting is done. Otherwise the pending jobs are counted, stopping at the
--- maximum (a count never costs more than QUEUE_MAX index entries), and the
--- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
---
--- A request carries its worst-case cost; where a budget applies (the day's,
--- %(budget_usd)s, or its client's: its own or %(client_budget_usd)s), it is
--- admitted only if today's spent + reserved + the batch's worst cases so far
--- stay within the budget, and its worst case is then reserved. Nothing but
--- admission adds to spent + reserved (a job's end replaces its reservation by
--- its cost, which is never more), so a budget holds across every replica.
---
--- The NOTIFY is delivered at commit and wakes an idle worker at once.
-WITH req AS MATERIALIZED (
+-- name: job_admission_request_ctes
+-- The requests of an admission statement (job_insert_if_admitted for the
+-- interactive lane, job_insert_batch_if_admitted for the batch lane), the
+-- jobs their keys made already, and the fresh ones ranked within their client.
+req AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
         ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
         max_tokens int, input_tokens_estimate int, worst_case_usd numeric,
@@ -70,39 +48,11 @@ fresh AS MATERIALIZED (
     SELECT r.*, row_number() OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_rank
     FROM req r
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
-),
--- For each queue: `kept` is the bound job_admission keeps (NULL if its row is
--- missing), and `counted` the pending jobs counted up to the maximum, only
--- when the kept bound does not leave room for the batch (NULL otherwise).
-client_depth AS MATERIALIZED (
-    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
-           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
-                ELSE (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs s
-                          WHERE s.status = 'pending' AND s.client_id = c.client_id
-                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
-           END AS counted
-    FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
-    LEFT JOIN job_admission a ON a.client_id = c.client_id
-),
-client_ok AS MATERIALIZED (
-    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
-    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
-),
-queue AS MATERIALIZED (
-    SELECT a.pending_at_most AS kept,
-           CASE WHEN a.pending_at_most + (SELECT count(*) FROM client_ok) <= %(queue_max)s THEN NULL
-                ELSE (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs WHERE status = 'pending'
-                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
-           END AS counted
-    FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
-),
-queue_ok AS MATERIALIZED (
-    SELECT c.* FROM client_ok c, queue
-    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
-),
+)
+
+-- name: job_admission_budget_ctes
+-- The spend budgets, for the requests a lane's queue admits (`queue_ok`):
+-- `admitted`, those whose worst cases today's budgets still hold, in order.
 -- Today's spend of all clients (client_id 0) and of each client asking, and
 -- the budget that applies to it (NULL: none).
 spend AS MATERIALIZED (
@@ -132,7 +82,119 @@ admitted AS MATERIALIZED (
         SELECT c.*, sum(c.reserved_usd) OVER (ORDER BY c.ord) AS cum FROM client_budget_ok c
     ) c, spend s
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
+)
+
+-- name: job_admission_keys_ctes
+-- The admitted jobs' idempotency keys (`inserted`), and their reservations
+-- on today's budget rows (`admitted`).
+keys_recorded AS (
+    INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
+    SELECT client_id, idempotency_key, id FROM inserted
 ),
+-- the reservations, on today's rows of all clients and of each client, the
+-- all-clients row first (see story_jobs_settle_budget)
+reservations_kept AS (
+    INSERT INTO budget_days (client_id, day, reserved_usd)
+    SELECT client_id, (now() AT TIME ZONE 'UTC')::date, sum(reserved_usd) FROM (
+        SELECT 0::bigint AS client_id, reserved_usd FROM admitted
+        UNION ALL
+        SELECT client_id, reserved_usd FROM admitted
+    ) r
+    GROUP BY client_id HAVING sum(reserved_usd) > 0
+    ORDER BY client_id
+    ON CONFLICT (client_id, day) DO UPDATE SET reserved_usd = budget_days.reserved_usd + excluded.reserved_usd
+)
+
+-- name: job_admission_answer
+-- One result per request of an admission statement, in order; `notified`:
+-- whether a NOTIFY went out (the batch lane sends none).
+SELECT r.ord,
+       CASE WHEN i.id IS NOT NULL THEN 'inserted'
+            WHEN e.ord IS NOT NULL THEN 'existing'
+            WHEN c.ord IS NULL THEN 'client_queue_full'
+            WHEN q.ord IS NULL THEN 'queue_full'
+            WHEN b.ord IS NULL THEN 'client_budget_exhausted'
+            ELSE 'budget_exhausted'
+       END AS outcome,
+       coalesce(i.public_id, e.public_id) AS public_id,
+       coalesce(i.status, e.status) AS status,
+       coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
+       coalesce(i.created_at, e.created_at) AS created_at,
+       (SELECT count(*) FROM notified) AS notified,
+       -- until the UTC day of the spend budgets ends, by the database's clock
+       extract(epoch FROM (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')
+                          - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
+FROM req r
+LEFT JOIN existing e ON e.ord = r.ord
+LEFT JOIN client_ok c ON c.ord = r.ord
+LEFT JOIN queue_ok q ON q.ord = r.ord
+LEFT JOIN client_budget_ok b ON b.ord = r.ord
+LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
+ORDER BY r.ord
+
+-- name: job_insert_if_admitted
+-- Admits a batch of new jobs (the POSTs an api process received while its
+-- previous batch was being written): one admission lock, one statement, one
+-- commit for all of them. Runs under the admission lock (job_admission_lock),
+-- which makes the bounds exact. Requests are taken in order: a request whose
+-- key was used meanwhile answers the existing job; the others are admitted
+-- while their client's queue (CLIENT_QUEUE_MAX), then the whole queue
+-- (QUEUE_MAX), then their client's spend budget and the day's budget have
+-- room, and refused otherwise. Each check admits the longest run of the batch
+-- that fits, in order.
+--
+-- job_admission keeps, per queue, a number never below its pending count:
+-- every admission adds to it, and claims, cancellations and the sweeper only
+-- ever lower the true count. While that bound leaves room for the batch, no
+-- counting is done. Otherwise the pending jobs are counted, stopping at the
+-- maximum (a count never costs more than QUEUE_MAX index entries), and the
+-- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
+--
+-- A request carries its worst-case cost; where a budget applies (the day's,
+-- %(budget_usd)s, or its client's: its own or %(client_budget_usd)s), it is
+-- admitted only if today's spent + reserved + the batch's worst cases so far
+-- stay within the budget, and its worst case is then reserved. Nothing but
+-- admission adds to spent + reserved (a job's end replaces its reservation by
+-- its cost, which is never more), so a budget holds across every replica.
+--
+-- The NOTIFY is delivered at commit and wakes an idle worker at once.
+WITH
+-- include: job_admission_request_ctes
+,
+-- For each queue: `kept` is the bound job_admission keeps (NULL if its row is
+-- missing), and `counted` the pending jobs counted up to the maximum, only
+-- when the kept bound does not leave room for the batch (NULL otherwise).
+client_depth AS MATERIALIZED (
+    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
+           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.status = 'pending' AND s.lane = 'interactive' AND s.client_id = c.client_id
+                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
+           END AS counted
+    FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
+    LEFT JOIN job_admission a ON a.client_id = c.client_id
+),
+client_ok AS MATERIALIZED (
+    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
+    WHERE coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
+),
+queue AS MATERIALIZED (
+    SELECT a.pending_at_most AS kept,
+           CASE WHEN a.pending_at_most + (SELECT count(*) FROM client_ok) <= %(queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
+           END AS counted
+    FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
+),
+queue_ok AS MATERIALIZED (
+    SELECT c.* FROM client_ok c, queue
+    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
+),
+-- include: job_admission_budget_ctes
+,
 -- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
 -- the turn being served now (the smallest pending one; with none pending,
 -- the end of the last turn given), or the end of its client's last turn if
@@ -142,7 +204,8 @@ admitted AS MATERIALIZED (
 -- (job_turns_given_back_ctes), and never dropped for a client found with no
 -- pending job (one served in this round has had its turn).
 serving AS MATERIALIZED (
-    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' ORDER BY turn, id LIMIT 1),
+    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+                     ORDER BY turn, id LIMIT 1),
                     (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
 ),
 turns AS MATERIALIZED (
@@ -167,10 +230,8 @@ inserted AS (
     FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
-keys_recorded AS (
-    INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
-    SELECT client_id, idempotency_key, id FROM inserted
-),
+-- include: job_admission_keys_ctes
+,
 -- The new bound of each queue, never below its pending count: the kept bound
 -- plus what was admitted; or an exact count (below this replica's maximum)
 -- plus what was admitted; or, when the count stopped at this replica's
@@ -205,45 +266,65 @@ bounds_kept AS (
     ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
         last_turn = greatest(job_admission.last_turn, excluded.last_turn)
 ),
--- the reservations, on today's rows of all clients and of each client, the
--- all-clients row first (see story_jobs_settle_budget)
-reservations_kept AS (
-    INSERT INTO budget_days (client_id, day, reserved_usd)
-    SELECT client_id, (now() AT TIME ZONE 'UTC')::date, sum(reserved_usd) FROM (
-        SELECT 0::bigint AS client_id, reserved_usd FROM admitted
-        UNION ALL
-        SELECT client_id, reserved_usd FROM admitted
-    ) r
-    GROUP BY client_id HAVING sum(reserved_usd) > 0
-    ORDER BY client_id
-    ON CONFLICT (client_id, day) DO UPDATE SET reserved_usd = budget_days.reserved_usd + excluded.reserved_usd
-),
 notified AS (
     SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM admitted)
 )
-SELECT r.ord,
-       CASE WHEN i.id IS NOT NULL THEN 'inserted'
-            WHEN e.ord IS NOT NULL THEN 'existing'
-            WHEN c.ord IS NULL THEN 'client_queue_full'
-            WHEN q.ord IS NULL THEN 'queue_full'
-            WHEN b.ord IS NULL THEN 'client_budget_exhausted'
-            ELSE 'budget_exhausted'
-       END AS outcome,
-       coalesce(i.public_id, e.public_id) AS public_id,
-       coalesce(i.status, e.status) AS status,
-       coalesce(i.request_fingerprint, e.request_fingerprint) AS request_fingerprint,
-       coalesce(i.created_at, e.created_at) AS created_at,
-       (SELECT count(*) FROM notified) AS notified,
-       -- until the UTC day of the spend budgets ends, by the database's clock
-       extract(epoch FROM (date_trunc('day', now() AT TIME ZONE 'UTC') + interval '1 day')
-                          - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
-FROM req r
-LEFT JOIN existing e ON e.ord = r.ord
-LEFT JOIN client_ok c ON c.ord = r.ord
-LEFT JOIN queue_ok q ON q.ord = r.ord
-LEFT JOIN client_budget_ok b ON b.ord = r.ord
-LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
-ORDER BY r.ord;
+-- include: job_admission_answer
+;
+
+-- name: job_insert_batch_if_admitted
+-- The batch lane's admissions (docs/batches.md), run after
+-- job_insert_if_admitted in the same transaction, under the same admission
+-- lock, so that the spend budgets both lanes reserve against are exact. A
+-- request is admitted while its client's live batch jobs (pending, or
+-- running in or between batches) stay within %(client_queue_max)s
+-- (CLIENT_BATCH_QUEUE_MAX), all clients' within %(queue_max)s
+-- (BATCH_QUEUE_MAX), and the budgets hold its worst case at the batch
+-- price. No turn (the interactive claim never takes a batch job) and no
+-- NOTIFY: the batch lane's holder collects what waits, every few seconds.
+-- The live batch jobs are counted, up to the maximum, on
+-- story_jobs_batch_live_idx: a batch admission costs O(BATCH_QUEUE_MAX)
+-- index entries at most.
+WITH
+-- include: job_admission_request_ctes
+,
+client_depth AS MATERIALIZED (
+    SELECT c.client_id, (SELECT count(*) FROM (
+               SELECT 1 FROM story_jobs s
+               WHERE s.lane = 'batch' AND s.status IN ('pending', 'running') AND s.client_id = c.client_id
+               LIMIT %(client_queue_max)s) q) AS counted
+    FROM (SELECT DISTINCT client_id FROM fresh) c
+),
+client_ok AS MATERIALIZED (
+    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
+    WHERE d.counted + f.client_rank <= %(client_queue_max)s
+),
+queue AS MATERIALIZED (
+    SELECT count(*) AS counted FROM (
+        SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
+        LIMIT %(queue_max)s) q
+),
+queue_ok AS MATERIALIZED (
+    SELECT c.* FROM client_ok c, queue WHERE queue.counted + c.queue_rank <= %(queue_max)s
+),
+-- include: job_admission_budget_ctes
+,
+inserted AS (
+    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
+                            max_tokens, input_tokens_estimate, reserved_usd,
+                            model, input_usd_per_mtok, output_usd_per_mtok, lane, batch_ready_at)
+    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
+           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, 'batch', now()
+    FROM admitted a ORDER BY a.ord
+    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
+),
+-- include: job_admission_keys_ctes
+,
+notified AS (SELECT 1 WHERE false)
+-- include: job_admission_answer
+;
 
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
@@ -261,10 +342,14 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'public_id', j.public_id, 'status', j.status, 'error_code', j.error_code, 'error_text', j.error_text,
            'progress', j.progress, 'created_at', j.created_at, 'started_at', j.started_at,
            'completed_at', j.completed_at,
-           'queue_position', CASE WHEN j.status = 'pending' THEN
+           'queue_position', CASE WHEN j.status = 'pending' AND j.lane = 'interactive' THEN
                (SELECT count(*) + 1 FROM story_jobs p
-                WHERE p.status = 'pending' AND (p.turn, p.id) < (j.turn, j.id))
+                WHERE p.status = 'pending' AND p.lane = 'interactive' AND (p.turn, p.id) < (j.turn, j.id))
            END,
+           -- a batch job's due time comes from these (api.jobs)
+           'lane', j.lane, 'batch_ready_at', j.batch_ready_at,
+           'batch_expires_at', (SELECT b.expires_at FROM message_batches b
+                                WHERE b.id = j.batch_id AND j.batch_ready_at IS NULL),
            -- one shape for a story, here and in story_get_for_key (cost as text: exact)
            'story', CASE WHEN s.id IS NOT NULL THEN json_build_object(
                'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,

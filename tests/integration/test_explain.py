@@ -26,7 +26,7 @@ ADMISSION_PARAMS = {
     "queue_max": 1000, "client_queue_max": 1000, "budget_usd": None, "client_budget_usd": None,
 }
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
-                "judge_running": True, "batch_size": 100, "now": None}
+                "judge_running": True, "batch_size": 100, "now": None, "batch_collect_s": 60}
 
 
 async def _fill(conn: psycopg.AsyncConnection[Any], *, finished: int, pending: int, analyze_first: bool) -> None:
@@ -86,7 +86,7 @@ async def test_the_claim_uses_the_turn_index(
 
 
 @pytest.mark.parametrize("analyze_first", [False, True], ids=["fresh-stats", "stale-stats"])
-async def test_the_sweeper_gauges_and_admission_use_the_active_index(
+async def test_the_sweeper_gauges_and_admission_read_live_jobs_by_index(
     conn: psycopg.AsyncConnection[Any], analyze_first: bool
 ) -> None:
     """The sweeper's pass, its queue gauges and the admission count read live jobs through the
@@ -101,12 +101,16 @@ async def test_the_sweeper_gauges_and_admission_use_the_active_index(
     for query, params in queries:
         plan = await _plan(conn, query, params)
         indexes = {n["Index Name"] for n in _plan_nodes(plan) if n.get("Index Name")}
-        assert "story_jobs_active_idx" in indexes, (query, indexes)
+        # (the admission counts the interactive lane's pending jobs, which the
+        # claim's partial index holds alone)
+        assert {"story_jobs_active_idx", "story_jobs_turn_idx"} & indexes, (query, indexes)
         assert not any(s.startswith("Seq Scan") for s in _story_jobs_scans(plan)), query
         # other indexes only fetch rows already found, by key (or, for the
-        # admission, the first pending turn)
+        # admission, the first pending turn; for the sweeper, the batch jobs
+        # waiting for a batch, on their own partial index)
         for node in _plan_nodes(plan):
-            if node.get("Index Name") not in (None, "story_jobs_active_idx", "story_jobs_turn_idx"):
+            if node.get("Index Name") not in (None, "story_jobs_active_idx", "story_jobs_turn_idx",
+                                              "story_jobs_batch_ready_idx", "message_batches_live_idx"):
                 assert " = " in node.get("Index Cond", ""), (query, node)
 
 

@@ -144,17 +144,16 @@ class AdminSampler:
 
 async def enqueue_batch(conn: psycopg.AsyncConnection[Any], client_id: int, prompt: str, *,
                         waited_s: float = 3600.0) -> uuid.UUID:
-    """A pending job of the batch lane, admitted ``waited_s`` ago (so that a
-    collection is due), priced at the batch price, its worst case reserved
-    against a day's budget of 1,000 USD."""
+    """A job of the batch lane, admitted as the api admits it (its worst case
+    reserved at the batch price against a day's budget of 1,000 USD), then
+    made ``waited_s`` older, so that a collection is due."""
+    request = StoryRequest(prompt=prompt, lane="batch")
     (result,) = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client_id, uuid.uuid4().hex, StoryRequest(prompt=prompt), ApiSettings())],
+        conn, admissions=[admission(client_id, uuid.uuid4().hex, request, ApiSettings())],
         queue_max=1_000_000, client_queue_max=1_000_000, budget_usd=Decimal(1000))
     assert result.outcome == "inserted" and result.public_id is not None, result
     await conn.execute(
-        "UPDATE story_jobs SET lane = 'batch', turn = NULL, request = request || '{\"lane\": \"batch\"}', "
-        "created_at = created_at - make_interval(secs => %(waited_s)s), "
-        "batch_ready_at = created_at - make_interval(secs => %(waited_s)s), "
-        "input_usd_per_mtok = input_usd_per_mtok / 2, output_usd_per_mtok = output_usd_per_mtok / 2 "
-        "WHERE public_id = %(job_id)s", {"job_id": result.public_id, "waited_s": waited_s})
+        "UPDATE story_jobs SET created_at = created_at - make_interval(secs => %(waited_s)s), "
+        "batch_ready_at = batch_ready_at - make_interval(secs => %(waited_s)s) WHERE public_id = %(job_id)s",
+        {"job_id": result.public_id, "waited_s": waited_s})
     return result.public_id
