@@ -156,6 +156,19 @@ def test_an_endpoint_that_is_no_http_url_is_refused(
         telemetry.tracer_provider("storyjobs-api", exporter=memory)
 
 
+def test_a_process_with_a_refused_protocol_exits_at_start_with_one_line() -> None:
+    """The sweeper with OTEL_EXPORTER_OTLP_PROTOCOL=grpc stops at start, status 2, one line naming the variable."""
+    result = subprocess.run(
+        [sys.executable, "-m", "sweeper"], cwd=REPO, capture_output=True, text=True, timeout=60,
+        env={"PATH": "", "PYTHONPATH": str(REPO), "OTEL_EXPORTER_OTLP_ENDPOINT": ENDPOINT,
+             "OTEL_EXPORTER_OTLP_PROTOCOL": "grpc", "LOG_FORMAT": "json"},
+    )
+    assert result.returncode == 2
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1, result.stderr
+    assert lines[0].startswith("storyjobs: configuration error: OTEL_EXPORTER_OTLP_PROTOCOL must be http/protobuf")
+
+
 # -- a job's trace context --------------------------------------------------------------
 
 
