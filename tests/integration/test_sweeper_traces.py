@@ -69,8 +69,8 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
     client = await client_id_of(conn)
     traced = await enqueue(conn, client, "a fox")
     untraced = await enqueue(conn, client, "a crow")
-    result = await worker_store.job_settle_and_claim(conn, worker_id="w1", completions=[], claim_limit=1,
-                                                     provider="offline", model="offline-writer")
+    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1, provider="offline",
+                                          model="offline-writer")
     assert [job.id for job in result.claimed] == [1]
     admitted = await _store_trace_context(conn, 1, provider)
     await conn.execute("UPDATE story_jobs SET started_at = now() - interval '1 hour' WHERE id = 1")
