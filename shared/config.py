@@ -11,7 +11,7 @@ import os
 import sys
 from collections.abc import Mapping
 from decimal import Decimal
-from typing import Annotated, Literal, TypeVar
+from typing import Annotated, Literal, NoReturn, TypeVar
 
 import msgspec
 
@@ -323,5 +323,11 @@ def load_or_exit(settings_type: type[S]) -> S:
     try:
         return load(settings_type)
     except ConfigError as exc:
-        sys.stderr.write(f"storyjobs: configuration error: {exc}\n")
-        raise SystemExit(2) from None
+        exit_on_config_error(exc)
+
+
+def exit_on_config_error(exc: ConfigError) -> NoReturn:
+    """How a process stops at start for a bad setting, whoever found it: one
+    line on stderr naming the variable, exit status 2."""
+    sys.stderr.write(f"storyjobs: configuration error: {exc}\n")
+    raise SystemExit(2) from None

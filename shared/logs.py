@@ -2,7 +2,8 @@
 
 JSON lines off a terminal, readable console lines on one. Events have dotted
 names (``job.claimed``) and key-value fields; ``job_id`` and ``worker_id`` are
-bound in contextvars so every line about a job carries them.
+bound in contextvars so every line about a job carries them, and a line
+written while a span is current carries its ``trace_id`` and ``span_id``.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ import sys
 from typing import Literal
 
 import structlog
+
+from shared import telemetry
 
 _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
@@ -32,6 +35,7 @@ def configure(
         renderer = structlog.dev.ConsoleRenderer()
     processors: list[structlog.typing.Processor] = [
         structlog.contextvars.merge_contextvars,
+        telemetry.add_trace_ids,
         structlog.processors.add_log_level,
         structlog.processors.TimeStamper(fmt="iso", utc=True),
     ]
@@ -53,6 +57,7 @@ def configure(
             processor=renderer,
             foreign_pre_chain=[
                 structlog.contextvars.merge_contextvars,
+                telemetry.add_trace_ids,
                 structlog.stdlib.add_log_level,
                 structlog.stdlib.add_logger_name,
                 structlog.processors.TimeStamper(fmt="iso", utc=True),

@@ -1,5 +1,5 @@
 """What the worker and the sweeper do alike as processes: read their settings
-and set up logs and metrics in ``main()``, wait for a migrated database, open
+and set up logs, traces and metrics in ``main()``, wait for a migrated database, open
 a pool, and turn SIGTERM or SIGINT into a graceful stop."""
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import uvloop
 from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, logs
+from shared import db, logs, telemetry
 from shared.config import BaseSettings, load_or_exit
 from shared.startup import wait_for_schema
 
@@ -23,15 +23,23 @@ S = TypeVar("S", bound=BaseSettings)
 
 
 def main(settings_type: type[S], *, process: str, serve: Callable[[S], Coroutine[Any, Any, int]],
-         metrics_port: Callable[[S], int]) -> NoReturn:
+         metrics_port: Callable[[S], int], traced: bool = False) -> NoReturn:
     """A process's ``main()``: settings (a bad one exits with one line),
-    logs, the metrics endpoint (port 0: none), then ``serve``'s exit code."""
+    logs, traces when ``traced`` and the OTEL_* variables ask for them (as
+    service storyjobs-<process>; shared/telemetry.py), the metrics endpoint
+    (port 0: none), then ``serve``'s exit code, once the spans still batched
+    are exported."""
     settings = load_or_exit(settings_type)
     logs.configure(settings.log_level, settings.log_format, process=process)
+    tracing = telemetry.setup_tracing_or_exit(f"storyjobs-{process}") if traced else None
     port = metrics_port(settings)
     if port:
         start_http_server(port, addr="0.0.0.0")
-    sys.exit(uvloop.run(serve(settings)))
+    try:
+        code = uvloop.run(serve(settings))
+    finally:
+        telemetry.shutdown_tracing(tracing)
+    sys.exit(code)
 
 
 @contextlib.asynccontextmanager

@@ -133,6 +133,14 @@ class StaleJob(msgspec.Struct, frozen=True):
     public_id: uuid.UUID
     reason: ErrorCode
     worker_id: str | None
+    # the job's stored trace context (shared/telemetry.py): any jsonb value,
+    # read with telemetry.link_from_carrier, which ignores what is not one
+    trace_context: Any = None
+
+
+class PrunedJob(msgspec.Struct, frozen=True):
+    id: int
+    trace_context: Any = None
 
 
 class QueueGauges(msgspec.Struct, frozen=True):

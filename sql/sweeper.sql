@@ -89,7 +89,8 @@ SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
     END
 FROM stale, now_
 WHERE j.id = stale.id AND j.status IN ('pending', 'running')
-RETURNING j.id, j.public_id, stale.reason, j.worker_id;
+-- the job's trace context: the sweeper's span for the job links to its trace
+RETURNING j.id, j.public_id, stale.reason, j.worker_id, j.trace_context;
 
 -- name: transaction_lock_timeout_set
 -- How long the statements of this transaction may wait for a lock before
@@ -141,7 +142,7 @@ pruned AS (
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = oldest.id AND d.state = 'pending')
       -- nor a batch job whose request's result is still to be read
       AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.job_id = oldest.id AND i.result IS NULL)
-    RETURNING j.id, j.client_id, j.idempotency_key
+    RETURNING j.id, j.client_id, j.idempotency_key, j.trace_context
 ),
 stories_pruned AS (
     DELETE FROM stories s USING pruned WHERE s.job_id = pruned.id
@@ -154,7 +155,8 @@ keys_pruned AS (
 deliveries_pruned AS (
     DELETE FROM webhook_deliveries d USING pruned WHERE d.job_id = pruned.id
 )
-SELECT id FROM pruned;
+-- with each job's trace context: the prune's span links to the jobs' traces
+SELECT id, trace_context FROM pruned;
 
 -- name: budget_over_reservation_total
 -- What the charges of every day's jobs have passed their reservations by

@@ -58,7 +58,8 @@ async def serve(settings: SweeperSettings) -> int:
 
 
 def main() -> None:
-    process.main(SweeperSettings, process="sweeper", serve=serve, metrics_port=lambda s: s.metrics_port)
+    process.main(SweeperSettings, process="sweeper", serve=serve, metrics_port=lambda s: s.metrics_port,
+                 traced=True)
 
 
 if __name__ == "__main__":

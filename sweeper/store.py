@@ -22,6 +22,7 @@ from shared.queries import QUERIES as Q
 from shared.rows import (
     ROLLUP_BOUNDS_S,
     BudgetDay,
+    PrunedJob,
     QueueGauges,
     StaleJob,
     WebhookDeliveryGauges,
@@ -94,13 +95,21 @@ async def job_queue_gauges(conn: Conn, *, now: datetime | None = None) -> QueueG
     return row
 
 
+async def job_prune_finished_jobs(
+    conn: Conn, *, retention_s: float, batch_size: int, now: datetime | None = None
+) -> list[PrunedJob]:
+    """Deletes one batch of jobs finished longer ago than retention_s; the
+    jobs deleted, each with its trace context."""
+    return await fetch_all(
+        conn, PrunedJob, "job_prune_finished", {"retention_s": retention_s, "batch_size": batch_size, "now": now}
+    )
+
+
 async def job_prune_finished(
     conn: Conn, *, retention_s: float, batch_size: int, now: datetime | None = None
 ) -> int:
-    ids = await fetch_scalars(
-        conn, "job_prune_finished", {"retention_s": retention_s, "batch_size": batch_size, "now": now}
-    )
-    return len(ids)
+    """job_prune_finished_jobs, counted."""
+    return len(await job_prune_finished_jobs(conn, retention_s=retention_s, batch_size=batch_size, now=now))
 
 
 async def budget_over_reservation_total(conn: Conn) -> Decimal:
@@ -172,8 +181,10 @@ class SweeperStore(Protocol):
 
     async def budget_over_reservation_total(self) -> Decimal: ...
 
-    async def prune_finished(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
-        """Deletes one batch of jobs finished longer ago than retention_s; how many."""
+    async def prune_finished(
+        self, *, retention_s: float, batch_size: int, now: datetime | None,
+    ) -> list[PrunedJob]:
+        """Deletes one batch of jobs finished longer ago than retention_s; the jobs deleted."""
         ...
 
 
@@ -218,6 +229,8 @@ class PgSweeperStore:
         async with self._pool.connection() as conn:
             return await budget_over_reservation_total(conn)
 
-    async def prune_finished(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
+    async def prune_finished(
+        self, *, retention_s: float, batch_size: int, now: datetime | None,
+    ) -> list[PrunedJob]:
         async with self._pool.connection() as conn:
-            return await job_prune_finished(conn, retention_s=retention_s, batch_size=batch_size, now=now)
+            return await job_prune_finished_jobs(conn, retention_s=retention_s, batch_size=batch_size, now=now)

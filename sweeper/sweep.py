@@ -14,18 +14,32 @@ writable for a whole HEARTBEAT_TIMEOUT_S: every pass and every probe between
 passes (at the heartbeat interval) takes the lock a heartbeat takes, under a
 lock timeout of one heartbeat interval, and fails as a heartbeat would on a
 read-only database. Any failure starts that wait again.
+
+Traces (when shared/telemetry.py turns them on): a pass is a span,
+``storyjobs.sweep``, with its counts as attributes; in it, a span per batch
+of the rules (``storyjobs.sweep.fail_stale``) and per prune batch
+(``storyjobs.sweep.prune``), and a span per job failed
+(``storyjobs.sweep.job_failed``: its id, reason and worker) linked to the
+job's own trace, whose context the job carries. A pruned job's trace is
+linked from its prune batch's span. Attributes hold ids, reasons and counts
+only, never a prompt or a story.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from collections.abc import Callable
 from datetime import datetime
 
 import msgspec
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
+from shared import telemetry
 from shared.config import SweeperSettings
+from shared.rows import StaleJob
 from shared.status import ErrorCode, JobStatus
 from sweeper import metrics
 from sweeper.store import SweeperStore
@@ -59,10 +73,13 @@ class Sweeper:
         store: SweeperStore,
         *,
         clock: Callable[[], float] = time.monotonic,
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
         self._store = store
         self._clock = clock
+        # the global provider's (a no-op one while tracing is off); tests pass their own
+        self._tracer = tracer or trace.get_tracer(__name__)
         self._writable_since: float | None = None
         self._server_started_at: datetime | None = None
 
@@ -97,28 +114,37 @@ class Sweeper:
         )
 
     async def sweep_once(self, *, now: datetime | None = None) -> SweepResult:
-        """One pass. ``now`` replaces the database's clock (tests)."""
+        """One pass, as one span (storyjobs.sweep) with its counts. ``now``
+        replaces the database's clock (tests)."""
+        with self._tracer.start_as_current_span("storyjobs.sweep", record_exception=False,
+                                                set_status_on_exception=False) as span:
+            try:
+                result = await self._sweep(now)
+            except Exception as exc:
+                _failed(span, exc)
+                raise
+            span.set_attributes({
+                "storyjobs.sweep.failed": result.reclaimed,
+                "storyjobs.sweep.failed.interrupted": result.interrupted,
+                "storyjobs.sweep.failed.timed_out": result.timed_out,
+                "storyjobs.sweep.failed.queue_timeout": result.queue_timeout,
+                "storyjobs.sweep.pruned": result.pruned,
+                "storyjobs.sweep.judged_running": result.judged_running,
+                "storyjobs.jobs.pending": result.pending,
+                "storyjobs.jobs.running": result.running,
+            })
+            return result
+
+    async def _sweep(self, now: datetime | None) -> SweepResult:
         counts = dict.fromkeys(metrics.REASONS, 0)
         pruned = 0
         self._writable(await self._store.probe(lock_timeout_s=self._lock_timeout_s))
         judge_running = self.running_jobs_judgeable()
         metrics.HEARTBEAT_CHECKS.set(1 if judge_running else 0)
         while True:
-            stale = await self._store.fail_stale(
-                heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
-                job_timeout_s=self.settings.job_timeout_s,
-                pending_timeout_s=self.settings.pending_timeout_s,
-                judge_running=judge_running,
-                batch_size=self.settings.sweeper_batch_size,
-                lock_timeout_s=self._lock_timeout_s,
-                now=now,
-                batch_collect_s=self.settings.batch_collect_s,
-            )
+            stale = await self._fail_stale(judge_running, now)
             for job in stale:
                 counts[job.reason] += 1
-                metrics.RECLAIMED.labels(reason=job.reason).inc()
-                log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
-                            worker_id=job.worker_id)
             if len(stale) < self.settings.sweeper_batch_size:
                 break
         gauges = await self._store.queue_gauges(now=now)
@@ -127,9 +153,7 @@ class Sweeper:
         outbox = await self._store.webhook_delivery_gauges(now=now)
         over_reservation = await self._store.budget_over_reservation_total()
         for _ in range(_PRUNE_BATCHES_PER_PASS):
-            deleted = await self._store.prune_finished(
-                retention_s=self.settings.job_retention_s, batch_size=self.settings.sweeper_batch_size, now=now,
-            )
+            deleted = await self._prune(now)
             pruned += deleted
             if deleted == 0:
                 break
@@ -158,3 +182,77 @@ class Sweeper:
             log.info("sweeper.pass", reclaimed=result.reclaimed, interrupted=result.interrupted,
                      timed_out=result.timed_out, queue_timeout=result.queue_timeout, pruned=pruned)
         return result
+
+    async def _fail_stale(self, judge_running: bool, now: datetime | None) -> list[StaleJob]:
+        """One batch of the rules, as a span (storyjobs.sweep.fail_stale) with
+        its counts; each job failed gets a span of its own, linked to the
+        job's trace when it carries one."""
+        with self._tracer.start_as_current_span("storyjobs.sweep.fail_stale", record_exception=False,
+                                                set_status_on_exception=False) as span:
+            try:
+                stale = await self._store.fail_stale(
+                    heartbeat_timeout_s=self.settings.heartbeat_timeout_s,
+                    job_timeout_s=self.settings.job_timeout_s,
+                    pending_timeout_s=self.settings.pending_timeout_s,
+                    judge_running=judge_running,
+                    batch_size=self.settings.sweeper_batch_size,
+                    lock_timeout_s=self._lock_timeout_s,
+                    now=now,
+                    batch_collect_s=self.settings.batch_collect_s,
+                )
+            except Exception as exc:
+                _failed(span, exc)
+                raise
+            by_reason = Counter(job.reason for job in stale)
+            span.set_attributes({
+                "storyjobs.sweep.failed": len(stale),
+                **{f"storyjobs.sweep.failed.{reason.value}": by_reason[reason] for reason in metrics.REASONS},
+            })
+            for job in stale:
+                self._job_failed(job)
+        return stale
+
+    def _job_failed(self, job: StaleJob) -> None:
+        """What the sweeper did to one job: a metric, a log line, and a span
+        in the pass's trace linked to the job's own."""
+        link = telemetry.link_from_carrier(job.trace_context)
+        with self._tracer.start_as_current_span(
+            "storyjobs.sweep.job_failed",
+            links=[link] if link is not None else None,
+            attributes={
+                "storyjobs.job.id": str(job.public_id),
+                "storyjobs.job.error_code": job.reason.value,
+                **({"storyjobs.worker.id": job.worker_id} if job.worker_id is not None else {}),
+            },
+        ):
+            metrics.RECLAIMED.labels(reason=job.reason).inc()
+            log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
+                        worker_id=job.worker_id)
+
+    async def _prune(self, now: datetime | None) -> int:
+        """One prune batch, as a span (storyjobs.sweep.prune) with its count
+        and a link to each pruned job's trace (up to the SDK's link limit,
+        OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default; the rest are counted as
+        dropped)."""
+        with self._tracer.start_as_current_span("storyjobs.sweep.prune", record_exception=False,
+                                                set_status_on_exception=False) as span:
+            try:
+                jobs = await self._store.prune_finished(
+                    retention_s=self.settings.job_retention_s, batch_size=self.settings.sweeper_batch_size,
+                    now=now,
+                )
+            except Exception as exc:
+                _failed(span, exc)
+                raise
+            span.set_attribute("storyjobs.sweep.pruned", len(jobs))
+            if span.is_recording():
+                for job in jobs:
+                    if (link := telemetry.link_from_carrier(job.trace_context)) is not None:
+                        span.add_link(link.context)
+        return len(jobs)
+
+
+def _failed(span: Span, exc: Exception) -> None:
+    # the error's type only: a message could quote a row
+    span.set_status(Status(StatusCode.ERROR))
+    span.set_attribute("error.type", type(exc).__qualname__)

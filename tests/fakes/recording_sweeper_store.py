@@ -14,15 +14,15 @@ from decimal import Decimal
 from typing import Any
 
 from shared.config import SweeperSettings
-from shared.rows import BudgetDay, QueueGauges, StaleJob, WebhookDeliveryGauges
+from shared.rows import BudgetDay, PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 from shared.status import ErrorCode
 from sweeper.store import SweeperStore
 
 SERVER_STARTED_AT = datetime(2026, 1, 1, tzinfo=UTC)
 
 
-def stale(reason: ErrorCode, worker_id: str | None = "w-1") -> StaleJob:
-    return StaleJob(id=0, public_id=uuid.uuid4(), reason=reason, worker_id=worker_id)
+def stale(reason: ErrorCode, worker_id: str | None = "w-1", trace_context: object = None) -> StaleJob:
+    return StaleJob(id=0, public_id=uuid.uuid4(), reason=reason, worker_id=worker_id, trace_context=trace_context)
 
 
 class RecordingSweeperStore:
@@ -30,8 +30,10 @@ class RecordingSweeperStore:
         self.calls: list[tuple[str, dict[str, Any]]] = []
         # what the next fail_stale calls answer, one batch each (then none)
         self.stale_batches: list[list[StaleJob]] = []
-        # what the next prune_finished calls delete (then 0)
+        # what the next prune_finished calls delete: how many jobs (then 0),
+        # or the jobs themselves (prune_batches, read first)
         self.prune_counts: list[int] = []
+        self.prune_batches: list[list[PrunedJob]] = []
         self.server_started_at = SERVER_STARTED_AT
         self.gauges = QueueGauges(pending=0, running=0, oldest_pending_age_seconds=0.0)
         self.budget_days: list[BudgetDay] = []
@@ -89,9 +91,14 @@ class RecordingSweeperStore:
         self._call("budget_over_reservation_total")
         return self.over_reservation
 
-    async def prune_finished(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
+    async def prune_finished(
+        self, *, retention_s: float, batch_size: int, now: datetime | None,
+    ) -> list[PrunedJob]:
         self._call("prune_finished", retention_s=retention_s, batch_size=batch_size, now=now)
-        return self.prune_counts.pop(0) if self.prune_counts else 0
+        if self.prune_batches:
+            return self.prune_batches.pop(0)
+        count = self.prune_counts.pop(0) if self.prune_counts else 0
+        return [PrunedJob(id=n + 1) for n in range(count)]
 
 
 # mypy rejects this line when the fake drifts from the interface it stands for

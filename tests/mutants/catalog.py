@@ -47,8 +47,8 @@ MUTANTS: tuple[Mutant, ...] = (
         tier="integration",
         file="sql/sweeper.sql",
         # the running rule's scan and the update's own guard
-        edits=(("    WHERE %(judge_running)s AND j.status = 'running'\n",
-                "    WHERE %(judge_running)s AND j.status <> 'pending'\n"),
+        edits=(("    WHERE %(judge_running)s AND j.status = 'running' AND j.lane = 'interactive'\n",
+                "    WHERE %(judge_running)s AND j.status <> 'pending' AND j.lane = 'interactive'\n"),
                ("WHERE j.id = stale.id AND j.status IN ('pending', 'running')",
                 "WHERE j.id = stale.id")),
         tests=("tests/integration/test_races.py", "tests/integration/test_sweeper.py"),

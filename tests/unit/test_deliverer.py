@@ -68,8 +68,8 @@ async def test_a_database_that_errs_is_backed_off_and_logged_once_per_episode() 
 
 
 async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_goes_on() -> None:
-    """A finish the database refuses is logged with the delivery, and the loop records the next attempt:
-    the first delivery is sent again when its lease runs out (at least once)."""
+    """A finish the database refuses is logged with its delivery, and the loop records the other attempt:
+    the refused one is sent again when its lease runs out (at least once)."""
     store = RecordingDeliveryStore()
     store.fail_next("finish", psycopg.OperationalError("connection lost"))
     with WebhookReceiver() as receiver:
@@ -82,6 +82,7 @@ async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_g
             finally:
                 deliverer.stop()
                 await running
-    assert [f.delivery_id for f in store.finished] == [second.id]
+    # the two attempts run at once: whichever records first meets the refusal
     (failed,) = [e for e in logs if e["event"] == "webhook.record_failed"]
-    assert failed["delivery_id"] == first.id
+    (recorded,) = [f.delivery_id for f in store.finished]
+    assert {failed["delivery_id"], recorded} == {first.id, second.id}
