@@ -14,7 +14,7 @@ import os
 import shutil
 import tempfile
 from collections.abc import AsyncIterator, Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 import uvicorn
@@ -23,9 +23,12 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
 from api.server import BoundedHttpToolsProtocol
-from shared import db, logs
+from shared import db, logs, telemetry
 from shared.config import ApiSettings, load_or_exit
 from shared.startup import wait_for_schema
+
+if TYPE_CHECKING:
+    from opentelemetry.sdk.trace import TracerProvider
 
 log = structlog.get_logger()
 
@@ -51,6 +54,8 @@ def build_app() -> Litestar:
     """The app of one api process, with its own pool, open while the server runs."""
     settings = load_or_exit(ApiSettings)
     logs.configure(settings.log_level, settings.log_format, process="api")
+    # each uvicorn worker process builds its app here: a provider of its own
+    tracer_provider = telemetry.setup_tracing_or_exit("storyjobs-api")
     pool = db.make_pool(
         db.database_url(settings),
         application_name="storyjobs-api",
@@ -61,7 +66,21 @@ def build_app() -> Litestar:
         wait_timeout_s=settings.api_db_wait_s,
         pooler=settings.database_pooler,
     )
-    return create_app(settings, pool, lifespan=[pool_lifespan(pool)])
+    return create_app(settings, pool, lifespan=[pool_lifespan(pool), traces_flushed(tracer_provider)],
+                      tracer_provider=tracer_provider)
+
+
+def traces_flushed(provider: TracerProvider | None) -> Callable[[Litestar], contextlib.AbstractAsyncContextManager[None]]:
+    """A lifespan that exports the spans still batched when the server stops."""
+
+    @contextlib.asynccontextmanager
+    async def flushed(_: Litestar) -> AsyncIterator[None]:
+        try:
+            yield
+        finally:
+            telemetry.shutdown_tracing(provider)
+
+    return flushed
 
 
 def main() -> None:

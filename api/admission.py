@@ -13,10 +13,12 @@ from __future__ import annotations
 import asyncio
 from decimal import Decimal
 
+from opentelemetry import trace
+from opentelemetry.trace import Tracer
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import prompt
+from shared import prompt, telemetry
 from shared.config import BaseSettings
 from shared.rows import Admission, EnqueueResult
 from shared.status import Lane
@@ -24,6 +26,8 @@ from shared.story_request import StoryRequest, canonical_json, fingerprint
 
 # the most POSTs one transaction carries
 MAX_BATCH = 256
+# the links a span keeps (the SDK's default OTEL_SPAN_LINK_COUNT_LIMIT)
+_LINKS_MAX = 128
 
 _Key = tuple[int, str]
 
@@ -43,6 +47,7 @@ def admission(client_id: int, idempotency_key: str, request: StoryRequest, setti
         worst_case_usd=price.worst_case(prompt.input_tokens_at_most(request), max_tokens),
         model=settings.llm_model, input_usd_per_mtok=price.input_usd_per_mtok,
         output_usd_per_mtok=price.output_usd_per_mtok, lane=lane,
+        trace_context=telemetry.current_context_carrier(),
     )
 
 
@@ -50,9 +55,11 @@ class AdmissionBatcher:
     def __init__(
         self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int,
         connection_wait_s: float, budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
-        batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000,
+        batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000, tracer: Tracer | None = None,
     ) -> None:
         self._pool = pool
+        # one span per batch written, linked to each admitted job's trace
+        self._tracer = tracer or trace.get_tracer("storyjobs.api")
         self._queue_max = queue_max
         self._client_queue_max = client_queue_max
         self._batch_queue_max = batch_queue_max
@@ -102,12 +109,16 @@ class AdmissionBatcher:
             if key not in first:
                 first[key] = len(unique)
                 unique.append(admission)
-        async with self._pool.connection(timeout=self._connection_wait_s) as conn:
-            answered = await api_store.job_insert_if_admitted(
-                conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
-                budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
-                batch_queue_max=self._batch_queue_max, client_batch_queue_max=self._client_batch_queue_max,
-            )
+        links = [link for a in unique
+                 if (link := telemetry.link_from_carrier(a.trace_context)) is not None][:_LINKS_MAX]
+        with self._tracer.start_as_current_span("storyjobs.admission", links=links,
+                                                attributes={"storyjobs.admission.requests": len(unique)}):
+            async with self._pool.connection(timeout=self._connection_wait_s) as conn:
+                answered = await api_store.job_insert_if_admitted(
+                    conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
+                    budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
+                    batch_queue_max=self._batch_queue_max, client_batch_queue_max=self._client_batch_queue_max,
+                )
         self.batches_written += 1
         results = []
         seen: set[_Key] = set()

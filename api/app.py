@@ -18,6 +18,7 @@ import os
 import time
 from collections.abc import Callable, Sequence
 from contextlib import AbstractAsyncContextManager
+from typing import Any
 
 import psycopg
 from litestar import Litestar, MediaType, Response, get
@@ -27,6 +28,8 @@ from litestar.openapi.config import OpenAPIConfig
 from litestar.openapi.plugins import JsonRenderPlugin
 from litestar.openapi.spec import Components, SecurityScheme
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
     REGISTRY,
@@ -150,10 +153,22 @@ def create_app(
     pool: AsyncConnectionPool,
     *,
     lifespan: Sequence[Callable[[Litestar], AbstractAsyncContextManager[None]]] = (),
+    tracer_provider: TracerProvider | None = None,
 ) -> Litestar:
     """The api around ``pool``; ``lifespan`` wraps the server's life (the
-    process's own pool is opened and closed there)."""
+    process's own pool is opened and closed there); ``tracer_provider``:
+    traces on (api/tracing.py), else none at all."""
+    plugins: list[Any] = []
+    middleware: list[Any] = []
+    if tracer_provider is not None:
+        # imported only then: without traces nothing of the instrumentation is loaded
+        from api import tracing
+
+        plugins.append(tracing.plugin(tracer_provider))
+        middleware.append(tracing.route_span_name)
     app = Litestar(
+        plugins=plugins,
+        middleware=middleware,
         route_handlers=[ROUTES, webhooks.ROUTES, ops.ROUTES, healthz, readyz, prometheus_metrics,
                         *page.ROUTES, *(docs_pages.ROUTES if settings.api_docs_pages else [])],
         dependencies={
@@ -198,6 +213,7 @@ def create_app(
             connection_wait_s=settings.api_db_wait_s, budget_usd=settings.budget_usd_per_day,
             client_budget_usd=settings.client_budget_usd_per_day, batch_queue_max=settings.batch_queue_max,
             client_batch_queue_max=settings.effective_client_batch_queue_max,
+            tracer=trace.get_tracer("storyjobs.api", tracer_provider=tracer_provider),
         ),
     )
     app.asgi_handler = _record_http_metrics(app.asgi_handler)

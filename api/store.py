@@ -107,6 +107,7 @@ def _requests(admissions: Iterable[Admission]) -> Jsonb:
             "model": a.model,
             "input_usd_per_mtok": a.input_usd_per_mtok,
             "output_usd_per_mtok": a.output_usd_per_mtok,
+            "trace_context": a.trace_context or None,
         }
         for ord_, a in enumerate(admissions)
     ])

@@ -45,6 +45,8 @@ class Admission(msgspec.Struct, frozen=True):
     input_usd_per_mtok: Decimal
     output_usd_per_mtok: Decimal
     lane: Lane = Lane.INTERACTIVE
+    # the W3C trace context of the span that admitted it (empty: none)
+    trace_context: dict[str, str] = {}
 
 
 class EnqueueResult(msgspec.Struct, frozen=True):

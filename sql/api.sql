@@ -30,7 +30,7 @@ req AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
         ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
         max_tokens int, input_tokens_estimate int, worst_case_usd numeric,
-        model text, input_usd_per_mtok numeric, output_usd_per_mtok numeric)
+        model text, input_usd_per_mtok numeric, output_usd_per_mtok numeric, trace_context jsonb)
 ),
 -- LATERAL: one primary-key lookup per request, never a join over the table
 existing AS MATERIALIZED (
@@ -223,10 +223,10 @@ turns AS MATERIALIZED (
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
                             max_tokens, input_tokens_estimate, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok, turn)
+                            model, input_usd_per_mtok, output_usd_per_mtok, turn, trace_context)
     SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
            a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
-           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn, a.trace_context
     FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),
@@ -313,10 +313,10 @@ queue_ok AS MATERIALIZED (
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
                             max_tokens, input_tokens_estimate, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok, lane, batch_ready_at)
+                            model, input_usd_per_mtok, output_usd_per_mtok, lane, batch_ready_at, trace_context)
     SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
            a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
-           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, 'batch', now()
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, 'batch', now(), a.trace_context
     FROM admitted a ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
 ),

@@ -68,7 +68,7 @@ moved AS MATERIALIZED (
     FROM batch b
     WHERE j.id = ANY (ARRAY(SELECT id FROM ready)) AND j.batch_ready_at IS NOT NULL AND j.lane = 'batch'
       AND j.status IN ('pending', 'running')
-    RETURNING j.id, j.request, j.max_tokens, j.model, b.id AS batch_id,
+    RETURNING j.id, j.request, j.max_tokens, j.model, j.trace_context, b.id AS batch_id,
               (SELECT coalesce(max(c.attempt), 0) + 1 FROM llm_calls c WHERE c.job_id = j.id) AS attempt
 ),
 items AS (
@@ -82,7 +82,8 @@ ledger AS (
 SELECT b.id, b.fence_at,
        (SELECT json_agg(json_build_object(
             'custom_id', 'sj-' || m.batch_id || '-' || m.id || '-' || m.attempt, 'job_id', m.id,
-            'attempt', m.attempt, 'request', m.request, 'max_tokens', m.max_tokens, 'model', m.model)
+            'attempt', m.attempt, 'request', m.request, 'max_tokens', m.max_tokens, 'model', m.model,
+            'trace_context', m.trace_context)
             ORDER BY m.id)
         FROM moved m)::text AS items
 FROM batch b;
@@ -358,7 +359,7 @@ RETURNING b.id;
 -- which a worst case and a cost are reckoned. For a stray batch, those of
 -- the lost intent it may be.
 SELECT i.custom_id, i.job_id, i.attempt, j.request, j.max_tokens, j.model, j.input_usd_per_mtok,
-       j.output_usd_per_mtok
+       j.output_usd_per_mtok, j.trace_context
 FROM message_batch_items i JOIN story_jobs j ON j.id = i.job_id
 WHERE i.batch_id = %(batch_id)s AND i.result IS NULL
 ORDER BY i.custom_id;

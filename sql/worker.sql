@@ -74,7 +74,8 @@ claimed AS (
         worker_id = %(worker_id)s
     WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
     RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok
+              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok,
+              j.trace_context
 ),
 first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
@@ -89,7 +90,8 @@ coalesce((
         'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
         'input_tokens_estimate', c.input_tokens_estimate, 'model', c.model,
         -- as text: exact
-        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text)
+        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text,
+        'trace_context', c.trace_context)
         ORDER BY c.id)
     FROM claimed c
 )::text, '[]') AS claimed
@@ -461,7 +463,8 @@ UPDATE story_jobs j
 SET heartbeat_at = now()
 WHERE j.id = ANY (ARRAY(SELECT id FROM lost)) AND j.status = 'running' AND j.worker_id = %(worker_id)s
 RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-          j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok;
+          j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok,
+          j.trace_context;
 
 -- name: llm_call_start
 -- A retry's ledger row, written before its request is sent, and only while
@@ -702,7 +705,7 @@ claimed AS (
     FROM due
     WHERE d.id = due.id AND d.state = 'pending'
     RETURNING d.id, d.attempts, d.lease, d.endpoint_id, d.job_public_id, d.job_status, d.error_code, d.story_id,
-              d.occurred_at, d.created_at, due.within_schedule
+              d.occurred_at, d.created_at, d.trace_context, due.within_schedule
 ),
 expired_endpoints_marked AS (
     UPDATE webhook_endpoints e SET failing_since = coalesce(e.failing_since, now())
@@ -711,7 +714,8 @@ expired_endpoints_marked AS (
 SELECT c.id, c.attempts, c.lease, c.endpoint_id, e.url, e.secret,
        CASE WHEN e.previous_secret_expires_at > now() THEN e.previous_secret END AS previous_secret,
        e.disabled_at IS NOT NULL AS endpoint_disabled,
-       c.job_public_id, c.job_status::text AS job_status, c.error_code, c.story_id, c.occurred_at, c.created_at
+       c.job_public_id, c.job_status::text AS job_status, c.error_code, c.story_id, c.occurred_at, c.created_at,
+       c.trace_context
 FROM claimed c JOIN webhook_endpoints e ON e.id = c.endpoint_id
 WHERE c.within_schedule
 ORDER BY c.id;

@@ -8,9 +8,10 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import structlog
+from opentelemetry import trace
 from psycopg_pool import AsyncConnectionPool
 
-from shared import db, process
+from shared import db, process, telemetry
 from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
 from worker.batch.lane import BatchLane
@@ -67,10 +68,11 @@ async def serve(settings: WorkerSettings) -> int:
             connect_timeout_s=settings.db_connect_timeout_s, default_max_tokens=settings.llm_max_tokens,
         )
         await store.ensure_rate_bucket(RateLimits.from_settings(settings))
-        coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen)
+        tracer = trace.get_tracer("storyjobs.worker") if telemetry.tracing_enabled() else None
+        coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen, tracer=tracer)
         batch_provider = make_batch_provider(settings)
         async with _side_pool(settings, "webhooks") as deliveries_pool, _side_pool(settings, "batches") as batch_pool:
-            deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool))
+            deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool), tracer=tracer)
             lane = BatchLane(settings, PgBatchStore(batch_pool), batch_provider, holder=store.worker_id)
 
             def stop() -> None:
@@ -126,7 +128,7 @@ async def _side_pool(settings: WorkerSettings, name: str) -> AsyncIterator[Async
 
 
 def main() -> None:
-    process.main(WorkerSettings, process="worker", serve=serve, metrics_port=lambda s: s.metrics_port)
+    process.main(WorkerSettings, process="worker", serve=serve, metrics_port=lambda s: s.metrics_port, traced=True)
 
 
 if __name__ == "__main__":

@@ -25,13 +25,17 @@ shared.provider_numbers before it is used.
 from __future__ import annotations
 
 import asyncio
+from typing import Literal
 
 import anthropic
 import httpx2
 import stamina
 import structlog
+from anthropic import OpenTelemetryOptions
+from opentelemetry import trace
+from opentelemetry.trace import TracerProvider
 
-from shared import prompt
+from shared import prompt, telemetry
 from shared.config import WorkerSettings
 from shared.provider_numbers import header_number, token_count
 from shared.status import ErrorCode, LlmOutcome
@@ -156,10 +160,27 @@ def _request_id(exc: anthropic.APIError) -> str | None:
     return None
 
 
+def sdk_tracing(tracer_provider: TracerProvider | None = None) -> OpenTelemetryOptions | Literal[False]:
+    """The SDK's own tracing, always set explicitly, so that no environment
+    variable (ANTHROPIC_OPEN_TELEMETRY_TRACES_CONTENT_MODE included) can put a
+    prompt or a story in a span: a span per attempt with its metadata only,
+    when traces are on; none at all otherwise. The trace context is not sent
+    to the provider: it would tell them nothing they need, and our trace ids
+    are ours (docs/operations.md, "Traces")."""
+    if tracer_provider is None and not telemetry.tracing_enabled():
+        return False
+    options: OpenTelemetryOptions = {"traces": {"enabled": True, "content_mode": "metadata_only"},
+                                     "propagation": False}
+    if tracer_provider is not None:
+        options["tracer_provider"] = tracer_provider
+    return options
+
+
 class AnthropicWriter:
     provider = "anthropic"
 
-    def __init__(self, settings: WorkerSettings, *, client: anthropic.AsyncAnthropic | None = None) -> None:
+    def __init__(self, settings: WorkerSettings, *, client: anthropic.AsyncAnthropic | None = None,
+                 tracer_provider: TracerProvider | None = None) -> None:
         self.model = settings.llm_model
         self.price = settings.price()
         self._settings = settings
@@ -168,6 +189,7 @@ class AnthropicWriter:
             base_url=settings.anthropic_base_url,
             max_retries=0,
             timeout=anthropic.Timeout(settings.llm_read_timeout_s, connect=5.0),
+            open_telemetry=sdk_tracing(tracer_provider),
         )
 
     async def aclose(self) -> None:
@@ -194,6 +216,11 @@ class AnthropicWriter:
                             unbilled = exc
                             log.info("llm.retryable", outcome=exc.outcome.value, attempt=call.attempt,
                                      retry_after_s=exc.retry_after_s)
+                            # the wait before the next attempt, on the job's run span
+                            trace.get_current_span().add_event("storyjobs.llm.retry_wait", {
+                                "storyjobs.llm.outcome": exc.outcome.value, "storyjobs.llm.attempt": call.attempt,
+                                **({"storyjobs.llm.retry_after_s": exc.retry_after_s}
+                                   if exc.retry_after_s is not None else {})})
                             if exc.outcome is LlmOutcome.RATE_LIMITED:
                                 # every worker holds its requests, not only this one
                                 await call.rate_limited(exc.retry_after_s or _DEFAULT_429_PAUSE_S)
@@ -260,6 +287,9 @@ class AnthropicWriter:
             await manager.__aexit__(None, None, None)
         call.finished(_input_tokens(message.usage.input_tokens, call, final=True),
                       _output_tokens(message.usage.output_tokens, call, final=True))
+        if message.stop_reason:
+            # what the GenAI conventions ask of the call and the SDK's span lacks
+            trace.get_current_span().set_attribute("gen_ai.response.finish_reasons", [message.stop_reason])
         text = "".join(block.text for block in message.content if block.type == "text")
         title, body = prompt.split_title(text)
         if not body:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 from typing import Any
 
 import structlog
+from opentelemetry.trace import Tracer
 
 from shared import db
 from shared.config import WorkerSettings
@@ -109,8 +110,11 @@ class Coordinator:
         clock: Callable[[], float] = time.monotonic,
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         statement_timeout_s: float = STATEMENT_TIMEOUT_S,
+        tracer: Tracer | None = None,
     ) -> None:
         self.settings = settings
+        # traces on: each job's run is a span in its trace (worker/executor.py)
+        self._tracer = tracer
         self.store = store
         self.worker_id = store.worker_id
         self._writer = writer
@@ -276,7 +280,8 @@ class Coordinator:
         self.claims += 1
         if self._shutdown is not None and self._shutdown.streams_stopped:
             held.stop.set(SHUTDOWN)
-        held.task = asyncio.create_task(execute(job, self._writer, call, held.stop), name=f"job-{job.id}")
+        held.task = asyncio.create_task(execute(job, self._writer, call, held.stop, tracer=self._tracer),
+                                        name=f"job-{job.id}")
         held.task.add_done_callback(lambda _: self.inbox.put(Finished(job.id)))
 
     # -- waiting and helpers ----------------------------------------------------------

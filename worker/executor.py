@@ -22,8 +22,9 @@ from collections.abc import Awaitable, Callable, Mapping
 
 import msgspec
 import structlog
+from opentelemetry.trace import Span, StatusCode, Tracer
 
-from shared import db, prompt
+from shared import db, prompt, telemetry
 from shared.ratelimit import ProviderView, RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
@@ -95,11 +96,31 @@ class Lost(msgspec.Struct, frozen=True):
 Outcome = Completed | Failed | Stopped | Lost
 
 
-async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal) -> Outcome:
+async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal, *,
+                  tracer: Tracer | None = None) -> Outcome:
+    """The job's call, as the span ``storyjobs.job.run`` in the job's trace
+    when traces are on (``tracer``): the provider's SDK makes each attempt's
+    span inside it (worker/anthropic_writer.py)."""
     structlog.contextvars.bind_contextvars(job_id=str(job.public_id))
     if stop.reason is not None:
         # stopped before its first step: nothing was sent
         return Stopped(call.record(LlmOutcome.STOPPED), stop.reason)
+    if tracer is None:
+        return await _run(job, writer, call, stop)
+    parent = telemetry.context_from_carrier(telemetry.carrier_of(job.trace_context))
+    with tracer.start_as_current_span("storyjobs.job.run", context=parent, record_exception=False,
+                                      set_status_on_exception=False, attributes={
+                                          "storyjobs.job.id": str(job.public_id),
+                                          "gen_ai.operation.name": "chat",
+                                          "gen_ai.provider.name": writer.provider,
+                                          "gen_ai.request.model": call.model,
+                                          "gen_ai.request.max_tokens": call.max_tokens}) as span:
+        outcome = await _run(job, writer, call, stop)
+        _describe(span, outcome)
+        return outcome
+
+
+async def _run(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal) -> Outcome:
     log.debug("job.started", queue_wait_s=(job.started_at - job.created_at).total_seconds())
     try:
         request = msgspec.convert(job.request, StoryRequest)
@@ -125,6 +146,25 @@ async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: Sto
         return Failed(ErrorCode.INTERNAL_ERROR, f"the worker failed unexpectedly: {type(exc).__name__}",
                       call.record(LlmOutcome.FAILED))
     return Completed(draft, call.record(LlmOutcome.SUCCEEDED))
+
+
+def _describe(span: Span, outcome: Outcome) -> None:
+    """What the run span says of its end: the usage the ledger charges, the
+    attempts, whether it was billed; an error type and status on failure.
+    Never the prompt or the story."""
+    record = outcome.call
+    span.set_attributes({
+        "storyjobs.llm.attempts": record.attempt,
+        "storyjobs.llm.outcome": record.outcome.value,
+        "storyjobs.llm.billed": record.billed,
+        "gen_ai.usage.input_tokens": record.input_tokens,
+        "gen_ai.usage.output_tokens": record.output_tokens,
+    })
+    if isinstance(outcome, Failed):
+        span.set_attribute("error.type", outcome.error_code.value)
+        span.set_status(StatusCode.ERROR, outcome.error_code.value)
+    elif isinstance(outcome, (Stopped, Lost)):
+        span.set_attribute("storyjobs.job.stopped", outcome.reason)
 
 
 def outcome_of(task: asyncio.Task[Outcome], call: JobCall, stop: StopSignal) -> Outcome:

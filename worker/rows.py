@@ -32,6 +32,9 @@ class ClaimedJob(msgspec.Struct, frozen=True):
     model: str | None = None
     input_usd_per_mtok: Decimal | None = None
     output_usd_per_mtok: Decimal | None = None
+    # the trace context of the span that admitted it (W3C), if any: its run
+    # joins that trace (shared/telemetry.py reads it, whatever it holds)
+    trace_context: Any = None
 
     def price(self) -> Price | None:
         """The prices the job's reservation assumed, if it carries them."""

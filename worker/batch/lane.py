@@ -33,16 +33,19 @@ not answer is asked again at the next tick.
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 
 import msgspec
 import structlog
+from opentelemetry import trace
+from opentelemetry.trace import Link, Tracer
 
-from shared import db, prompt
+from shared import db, prompt, telemetry
 from shared.config import WorkerSettings
 from shared.pricing import BATCH_PRICE_FACTOR, FREE
 from shared.story_request import StoryRequest
@@ -79,6 +82,8 @@ INGEST_CHUNK = 100
 # the lease outlasts a create call by this much, so that a holder never sends
 # under a lease that can run out before the call ends
 LEASE_MARGIN_S = 30.0
+# the links a span keeps (the SDK's default OTEL_SPAN_LINK_COUNT_LIMIT)
+_LINKS_MAX = 128
 # how often a worker that does not hold the lease asks for it
 _STANDBY_S = 30.0
 
@@ -108,8 +113,11 @@ class _Seen:
 
 class BatchLane:
     def __init__(self, settings: WorkerSettings, store: BatchStore, provider: BatchProvider, *,
-                 holder: str | None = None, clock: Callable[[], float] = time.monotonic) -> None:
+                 holder: str | None = None, clock: Callable[[], float] = time.monotonic,
+                 tracer: Tracer | None = None) -> None:
         self.settings = settings
+        # traces on: the create and each ingestion a span, linked to the jobs' traces
+        self._tracer = tracer or trace.get_tracer("storyjobs.worker.batch")
         self._store = store
         self._provider = provider
         self.holder = holder or f"lane-{uuid.uuid4().hex[:12]}"
@@ -248,6 +256,12 @@ class BatchLane:
         return requests
 
     async def _create(self, intent: Intent, requests: Sequence[BatchRequest], result: TickResult) -> None:
+        links = _links(item.trace_context for item in intent.items)
+        with self._tracer.start_as_current_span("storyjobs.batch.create", links=links, attributes={
+                "storyjobs.batch.id": intent.id, "storyjobs.batch.requests": len(requests)}):
+            await self._create_traced(intent, requests, result)
+
+    async def _create_traced(self, intent: Intent, requests: Sequence[BatchRequest], result: TickResult) -> None:
         try:
             info = await self._provider.create(requests)
         except BatchNotCreated as exc:
@@ -380,6 +394,7 @@ class BatchLane:
         assert batch.provider_batch_id is not None
         owner = self._owner(batch)
         items = {item.custom_id: item for item in await self._store.items_of(owner)}
+        every = dict(items)
         chunk: list[ResultRecord] = []
         try:
             async for item_result in self._provider.results(batch.provider_batch_id):
@@ -388,16 +403,16 @@ class BatchLane:
                     continue  # read before, or not a request of ours
                 chunk.append(self._record(item_result, item))
                 if len(chunk) >= INGEST_CHUNK:
-                    await self._ingest_chunk(owner, chunk, result)
+                    await self._ingest_chunk(owner, chunk, result, [every[r.custom_id] for r in chunk])
                     chunk = []
         except (ResultsInterrupted, BatchError) as exc:
             # what was ingested stays; the rest is read again next time
             if chunk:
-                await self._ingest_chunk(owner, chunk, result)
+                await self._ingest_chunk(owner, chunk, result, [every[r.custom_id] for r in chunk])
             log.info("batch.results_interrupted", batch=batch.id, error=exc.message)
             return
         if chunk:
-            await self._ingest_chunk(owner, chunk, result)
+            await self._ingest_chunk(owner, chunk, result, [every[r.custom_id] for r in chunk])
         if batch.state == "stray":
             await self._store.stray_read(batch.id)
             return
@@ -407,7 +422,8 @@ class BatchLane:
                                                     error_message="its batch ended with no result for it"), item)
                        for c, item in items.items()]
             for start in range(0, len(missing), INGEST_CHUNK):
-                await self._ingest_chunk(owner, missing[start:start + INGEST_CHUNK], result)
+                part = missing[start:start + INGEST_CHUNK]
+                await self._ingest_chunk(owner, part, result, [every[r.custom_id] for r in part])
         if await self._store.results_read(batch.id):
             metrics.BATCHES.labels(event="read").inc()
             log.info("batch.results_read", batch=batch.id, provider_batch_id=batch.provider_batch_id)
@@ -422,7 +438,8 @@ class BatchLane:
                                                 error_message="the provider no longer knows its batch"), item)
                    for item in items]
         for start in range(0, len(records), INGEST_CHUNK):
-            await self._ingest_chunk(owner, records[start:start + INGEST_CHUNK], result)
+            await self._ingest_chunk(owner, records[start:start + INGEST_CHUNK], result,
+                                     items[start:start + INGEST_CHUNK])
         await self._store.results_read(batch.id)
         log.warning("batch.not_found", batch=batch.id, provider_batch_id=batch.provider_batch_id,
                     requests=len(records), detail=f"its unread requests were read as {kind.value}")
@@ -453,9 +470,13 @@ class BatchLane:
                             request_id=item_result.provider_id,
                             error_text=storable(f"the batch's request ended {kind.value}: {detail}"[:500]))
 
-    async def _ingest_chunk(self, owner: int, chunk: list[ResultRecord], result: TickResult) -> None:
-        answer = await self._store.ingest(owner, chunk, max_attempts=self.settings.batch_max_attempts,
-                                          free=self._price is FREE)
+    async def _ingest_chunk(self, owner: int, chunk: list[ResultRecord], result: TickResult,
+                            items: Sequence[BatchItemRow] = ()) -> None:
+        with self._tracer.start_as_current_span("storyjobs.batch.ingest", links=_links(i.trace_context for i in items),
+                                                attributes={"storyjobs.batch.id": owner,
+                                                            "storyjobs.batch.results": len(chunk)}):
+            answer = await self._store.ingest(owner, chunk, max_attempts=self.settings.batch_max_attempts,
+                                              free=self._price is FREE)
         result.completed += answer.completed
         result.failed += answer.failed
         result.waiting += answer.waiting
@@ -469,3 +490,9 @@ class BatchLane:
                      failed=answer.failed, waiting=answer.waiting, billed_unseen=answer.billed_unseen,
                      cost_usd=str(answer.cost_usd))
 
+
+
+def _links(carriers: Iterable[object]) -> list[Link]:
+    """Links to the jobs' traces, as many as a span keeps."""
+    found = (telemetry.link_from_carrier(carrier) for carrier in carriers)
+    return list(itertools.islice((link for link in found if link is not None), _LINKS_MAX))

@@ -34,6 +34,7 @@ class IntentItem(msgspec.Struct, frozen=True):
     request: dict[str, Any]
     max_tokens: int | None = None
     model: str | None = None
+    trace_context: Any = None
 
 
 class Intent(msgspec.Struct, frozen=True):
@@ -72,6 +73,7 @@ class BatchItemRow(msgspec.Struct, frozen=True):
     model: str | None
     input_usd_per_mtok: Decimal | None
     output_usd_per_mtok: Decimal | None
+    trace_context: Any = None
 
     def price(self, fallback: Price) -> Price:
         if self.input_usd_per_mtok is None or self.output_usd_per_mtok is None:

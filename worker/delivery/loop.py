@@ -34,8 +34,11 @@ from collections.abc import Callable
 
 import httpx
 import structlog
+from opentelemetry import trace
+from opentelemetry.context import Context
+from opentelemetry.trace import SpanKind, StatusCode, Tracer
 
-from shared import db, text, webhooks
+from shared import db, telemetry, text, webhooks
 from shared.config import WorkerSettings
 from worker.backoff import Backoff
 from worker.delivery import metrics, send
@@ -50,9 +53,11 @@ _ERROR_CHARS = 500
 
 class Deliverer:
     def __init__(self, settings: WorkerSettings, store: DeliveryStore, *,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic, tracer: Tracer | None = None) -> None:
         self.settings = settings
         self._store = store
+        # traces on: a span per attempt (_traced)
+        self._tracer = tracer
         self._stopping = asyncio.Event()
         self._tasks: set[asyncio.Task[None]] = set()
         # built once: loading the trust store costs milliseconds
@@ -73,7 +78,7 @@ class Deliverer:
             while not self._stopping.is_set():
                 claimed = await self._claim()
                 for delivery in claimed:
-                    task = asyncio.create_task(self._deliver(delivery))
+                    task = asyncio.create_task(self._traced(delivery) if self._tracer else self._deliver(delivery))
                     self._tasks.add(task)
                     task.add_done_callback(self._task_done)
                 free = self.settings.webhook_concurrency - len(self._tasks)
@@ -113,6 +118,27 @@ class Deliverer:
         self._backoff.reset()
         self._backoff_s = 0.0
         return claimed
+
+    async def _traced(self, delivery: WebhookDeliveryClaim) -> None:
+        """An attempt as the span ``storyjobs.webhook.attempt``: the first
+        in the job's trace, a later one (minutes or hours after) in a trace
+        of its own, linked to the job's. No URL and no secret in it: the
+        endpoint's id says where. The receiver is sent no trace context: its
+        traces are not ours to join."""
+        assert self._tracer is not None
+        carrier = telemetry.carrier_of(delivery.trace_context)
+        first = delivery.attempts == 1
+        link = None if first else telemetry.link_from_carrier(carrier)
+        with self._tracer.start_as_current_span(
+                "storyjobs.webhook.attempt", kind=SpanKind.CLIENT,
+                context=telemetry.context_from_carrier(carrier) if first else Context(),
+                links=[link] if link is not None else [], record_exception=False, set_status_on_exception=False,
+                attributes={"storyjobs.webhook.attempt": delivery.attempts,
+                            "storyjobs.webhook.delivery_id": delivery.id,
+                            "storyjobs.webhook.endpoint_id": str(delivery.endpoint_id),
+                            "storyjobs.webhook.event": webhooks.event_of(delivery.job_status, delivery.error_code),
+                            "storyjobs.job.id": str(delivery.job_public_id)}):
+            await self._deliver(delivery)
 
     async def _deliver(self, delivery: WebhookDeliveryClaim) -> None:
         bound = log.bind(delivery_id=delivery.id, job_id=str(delivery.job_public_id),
@@ -187,6 +213,13 @@ class Deliverer:
             bound.warning("webhook.record_failed", outcome=outcome, sqlstate=getattr(exc, "sqlstate", None),
                           error=db.describe(exc))
             return
+        span = trace.get_current_span()
+        if status_code is not None:
+            span.set_attribute("http.response.status_code", status_code)
+        span.set_attribute("storyjobs.webhook.outcome", outcome if latency_s is not None else "lost")
+        if outcome != "delivered":
+            span.set_attribute("error.type", str(status_code) if status_code is not None else "no_answer")
+            span.set_status(StatusCode.ERROR, outcome)
         if latency_s is None:
             metrics.DELIVERIES.labels(outcome="lost").inc()
             bound.info("webhook.lost_race", outcome=outcome)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Literal
+from typing import Any, Literal
 
 import msgspec
 
@@ -27,6 +27,8 @@ class WebhookDeliveryClaim(msgspec.Struct, frozen=True):
     story_id: uuid.UUID | None
     occurred_at: datetime
     created_at: datetime
+    # the job's trace context (W3C), if any: the first attempt joins its trace
+    trace_context: Any = None
 
 
 # how one attempt ended, as webhook_delivery_finish records it
