@@ -26,6 +26,9 @@ from tests.support.database import create_key
 from tests.support.outcome import failed_in_call
 from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable
 
+# fixtures every tier shares: a tracer provider of a test's own (span_exporter, tracer_provider)
+pytest_plugins = ["tests.support.tracing"]
+
 _counter = itertools.count()
 
 # make mutants: a counterexample found is a mutant killed, so the search stops

@@ -5,13 +5,11 @@ jobs it deletes."""
 from __future__ import annotations
 
 import json
-from collections.abc import Iterator
 from typing import Any
 
 import psycopg
 import pytest
-from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
-from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace import TracerProvider
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from opentelemetry.trace import StatusCode
 from psycopg_pool import AsyncConnectionPool
@@ -22,6 +20,7 @@ from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support.database import client_id_of, enqueue
 from tests.support.settings import sweeper_settings
+from tests.support.tracing import named
 from worker import store as worker_store
 
 
@@ -33,35 +32,17 @@ class FakeClock:
         return self.now
 
 
-@pytest.fixture
-def exporter() -> InMemorySpanExporter:
-    return InMemorySpanExporter()
-
-
-@pytest.fixture
-def provider(exporter: InMemorySpanExporter) -> Iterator[TracerProvider]:
-    """A provider of the test's own (the global one stays unset), exporting each span as it ends."""
-    provider = TracerProvider(shutdown_on_exit=False)
-    provider.add_span_processor(SimpleSpanProcessor(exporter))
-    yield provider
-    provider.shutdown()
-
-
-def named(exporter: InMemorySpanExporter, name: str) -> list[ReadableSpan]:
-    return [span for span in exporter.get_finished_spans() if span.name == name]
-
-
-async def _store_trace_context(conn: psycopg.AsyncConnection[Any], job_id: int, provider: TracerProvider) -> Any:
+async def _store_trace_context(conn: psycopg.AsyncConnection[Any], job_id: int, tracer_provider: TracerProvider) -> Any:
     """The trace context the api would have stored with the job: an admission span's; its span context."""
-    with provider.get_tracer("tests.admission").start_as_current_span("admission") as admission:
+    with tracer_provider.get_tracer("tests.admission").start_as_current_span("admission") as admission:
         carrier = telemetry.current_context_carrier()
     await conn.execute("UPDATE story_jobs SET trace_context = %s::jsonb WHERE id = %s", (json.dumps(carrier), job_id))
     return admission.get_span_context()
 
 
 async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its_trace(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, provider: TracerProvider,
-    exporter: InMemorySpanExporter,
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
 ) -> None:
     """A pass that fails a timed-out job (with a stored trace context) and a queue-timed-out one (without)
     is one storyjobs.sweep span with the counts by reason; in it a fail_stale batch span, and a
@@ -72,20 +53,20 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
     result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1, provider="offline",
                                           model="offline-writer")
     assert [job.id for job in result.claimed] == [1]
-    admitted = await _store_trace_context(conn, 1, provider)
+    admitted = await _store_trace_context(conn, 1, tracer_provider)
     await conn.execute("UPDATE story_jobs SET started_at = now() - interval '1 hour' WHERE id = 1")
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '1 day' WHERE id = 2")
     clock = FakeClock()
     sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800),
-                      PgSweeperStore(pool), clock=clock, tracer=provider.get_tracer("sweeper"))
+                      PgSweeperStore(pool), clock=clock, tracer=tracer_provider.get_tracer("sweeper"))
     await sweeper.probe()
     clock.now += 61
-    exporter.clear()
+    span_exporter.clear()
     with capture_logs(processors=[telemetry.add_trace_ids]) as logs:
         swept = await sweeper.sweep_once()
     assert (swept.timed_out, swept.queue_timeout) == (1, 1)
 
-    (sweep,) = named(exporter, "storyjobs.sweep")
+    (sweep,) = named(span_exporter, "storyjobs.sweep")
     assert sweep.parent is None
     assert dict(sweep.attributes or {}) == {
         "storyjobs.sweep.failed": 2, "storyjobs.sweep.failed.interrupted": 0,
@@ -93,13 +74,13 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
         "storyjobs.sweep.pruned": 0, "storyjobs.sweep.judged_running": True,
         "storyjobs.jobs.pending": 0, "storyjobs.jobs.running": 0,
     }
-    (batch,) = named(exporter, "storyjobs.sweep.fail_stale")
+    (batch,) = named(span_exporter, "storyjobs.sweep.fail_stale")
     assert batch.parent is not None and batch.parent.span_id == sweep.context.span_id
     assert dict(batch.attributes or {}) == {
         "storyjobs.sweep.failed": 2, "storyjobs.sweep.failed.interrupted": 0,
         "storyjobs.sweep.failed.timed_out": 1, "storyjobs.sweep.failed.queue_timeout": 1}
 
-    failed = {span.attributes["storyjobs.job.id"]: span for span in named(exporter, "storyjobs.sweep.job_failed")
+    failed = {span.attributes["storyjobs.job.id"]: span for span in named(span_exporter, "storyjobs.sweep.job_failed")
               if span.attributes is not None}
     assert set(failed) == {str(traced), str(untraced)}
     for span in failed.values():
@@ -121,8 +102,8 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
 
 
 async def test_a_prune_batch_links_to_the_traces_of_the_jobs_it_deletes(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, provider: TracerProvider,
-    exporter: InMemorySpanExporter,
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
 ) -> None:
     """Pruning two expired jobs, one with a stored trace context and one whose value is junk, is a
     storyjobs.sweep.prune span counting both and linking to the one trace; the batch that finds nothing
@@ -132,16 +113,16 @@ async def test_a_prune_batch_links_to_the_traces_of_the_jobs_it_deletes(
         await enqueue(conn, client, f"story {n}")
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
                        "completed_at = now() - interval '40 days' WHERE id IN (1, 2)")
-    admitted = await _store_trace_context(conn, 1, provider)
+    admitted = await _store_trace_context(conn, 1, tracer_provider)
     await conn.execute("""UPDATE story_jobs SET trace_context = '["not", "a", "carrier"]' WHERE id = 2""")
     sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), PgSweeperStore(pool), clock=FakeClock(),
-                      tracer=provider.get_tracer("sweeper"))
-    exporter.clear()
+                      tracer=tracer_provider.get_tracer("sweeper"))
+    span_exporter.clear()
     assert (await sweeper.sweep_once()).pruned == 2
 
-    (sweep,) = named(exporter, "storyjobs.sweep")
+    (sweep,) = named(span_exporter, "storyjobs.sweep")
     assert sweep.attributes is not None and sweep.attributes["storyjobs.sweep.pruned"] == 2
-    first, last = named(exporter, "storyjobs.sweep.prune")
+    first, last = named(span_exporter, "storyjobs.sweep.prune")
     assert [dict(span.attributes or {}) for span in (first, last)] == [
         {"storyjobs.sweep.pruned": 2}, {"storyjobs.sweep.pruned": 0}]
     assert first.parent is not None and first.parent.span_id == sweep.context.span_id
@@ -150,18 +131,18 @@ async def test_a_prune_batch_links_to_the_traces_of_the_jobs_it_deletes(
 
 
 async def test_a_pass_that_fails_is_an_error_span_naming_only_the_error_s_type(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, provider: TracerProvider,
-    exporter: InMemorySpanExporter,
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, tracer_provider: TracerProvider,
+    span_exporter: InMemorySpanExporter,
 ) -> None:
     """A pass whose statement fails (the table locked past the lock timeout) ends its spans with an error
     status and error.type, and no exception event whose message could quote the database."""
     sweeper = Sweeper(sweeper_settings(heartbeat_interval_s=0.2, heartbeat_timeout_s=1.0), PgSweeperStore(pool),
-                      clock=FakeClock(), tracer=provider.get_tracer("sweeper"))
+                      clock=FakeClock(), tracer=tracer_provider.get_tracer("sweeper"))
     async with conn.transaction():
         await conn.execute("LOCK TABLE story_jobs IN ACCESS EXCLUSIVE MODE")
         with pytest.raises(psycopg.errors.LockNotAvailable):
             await sweeper.sweep_once()
-    (sweep,) = named(exporter, "storyjobs.sweep")
+    (sweep,) = named(span_exporter, "storyjobs.sweep")
     assert sweep.status.status_code == StatusCode.ERROR
     assert dict(sweep.attributes or {}) == {"error.type": "LockNotAvailable"}
     assert list(sweep.events) == []

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+from opentelemetry.trace import TracerProvider
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
@@ -21,14 +22,14 @@ from worker.offline import OfflineWriter
 
 
 @contextlib.asynccontextmanager
-async def api_client(pool: AsyncConnectionPool, api_key: str | None = None,
-                     **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
+async def api_client(pool: AsyncConnectionPool, api_key: str | None = None, *,
+                     tracer_provider: TracerProvider | None = None, **settings: Any) -> AsyncIterator[httpx.AsyncClient]:
     """An HTTP client of ``create_app(api_settings(**settings), pool)`` running
     in this event loop (httpx's ASGI transport), so that concurrent requests
     really run concurrently on the test's pool. (Litestar's AsyncTestClient
     runs the app on a thread of its own and blocks this loop while a request
     runs: requests would queue, and a pool of this loop could not grow.)"""
-    app = create_app(api_settings(**settings), pool)
+    app = create_app(api_settings(**settings), pool, tracer_provider=tracer_provider)
     headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
     # Litestar types the ASGI scope narrower than httpx does; the app is the same ASGI app
     transport = httpx.ASGITransport(app=app)  # type: ignore[arg-type]
