@@ -9,8 +9,8 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
-from opentelemetry.trace import TracerProvider
 import psycopg
+from opentelemetry.trace import TracerProvider
 from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
