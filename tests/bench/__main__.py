@@ -44,6 +44,7 @@ from tests.bench import (
     scale,
     statement_cost,
     stop,
+    tracing,
     webhooks,
 )
 from tests.bench.harness import RESULTS_DIR, BenchContext, BenchResult
@@ -52,7 +53,7 @@ from tests.support import postgres_server
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model, webhooks, fair_claim, provider_limit)
+                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 
