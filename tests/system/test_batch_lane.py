@@ -60,7 +60,7 @@ def test_three_batch_stories_go_through_one_offline_batch_and_complete_with_thei
     closed, billed at nothing."""
     key = create_key_sync(database_url, "parent")
     operator = seed.seeded(database_url, seed.operator_key)
-    lane = {"BATCH_COLLECT_S": 3, "BATCH_POLL_INTERVAL_S": 1, "OFFLINE_DELAY_S": 1}
+    lane: dict[str, Any] = {"BATCH_COLLECT_S": 3, "BATCH_POLL_INTERVAL_S": 1, "OFFLINE_DELAY_S": 1}
     api = system.api(**lane)
     worker = system.worker(**lane)
     started = worker.wait_for_event("batch.lane_started")
@@ -107,8 +107,8 @@ def test_a_worker_killed_with_its_batch_in_flight_loses_nothing_and_the_next_hol
     create, each request billed once, each ledger row closed billed at the batch price."""
     fake = fake_llm.fake.batches
     key = create_key_sync(database_url, "parent")
-    lane = {"BATCH_COLLECT_S": 1, "BATCH_POLL_INTERVAL_S": 1, "BATCH_CREATE_TIMEOUT_S": 2}
-    llm = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url}
+    lane: dict[str, Any] = {"BATCH_COLLECT_S": 1, "BATCH_POLL_INTERVAL_S": 1, "BATCH_CREATE_TIMEOUT_S": 2}
+    llm: dict[str, Any] = {"ANTHROPIC_API_KEY": "test", "ANTHROPIC_BASE_URL": fake_llm.base_url}
     api = system.api(**lane)
     first = system.worker(**llm, **lane)
     first_holder = first.wait_for_event("batch.lane_started")["holder"]
