@@ -18,7 +18,9 @@ from psycopg_pool import AsyncConnectionPool
 
 from tests.fakes.anthropic_batches import FakeBatches
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
-from tests.support.database import client_id_of, enqueue_batch
+from shared.rows import QueueGauges
+from sweeper.store import job_queue_gauges
+from tests.support.database import client_id_of, enqueue, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
@@ -89,3 +91,17 @@ async def test_results_read_count_requests_by_result_and_what_the_lane_saved(
     cost = _sample("storyjobs_batch_cost_usd_total") - before["storyjobs_batch_cost_usd_total"]
     saved = _sample("storyjobs_batch_saved_usd_total") - before["storyjobs_batch_saved_usd_total"]
     assert cost == pytest.approx(float(ledger)) and saved == pytest.approx(float(ledger))
+
+
+async def test_the_sweepers_queue_gauges_count_the_interactive_lane_only(conn: Conn) -> None:
+    """Batch jobs waiting for a batch (for hours, here) are neither pending jobs nor the oldest pending age of
+    the sweeper's gauges, which watch the queue the workers claim from (StoryjobsNoWorkerClaiming,
+    StoryjobsOldestPendingJobTooOld)."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a kite numbered 1", waited_s=7200)
+    await enqueue_batch(conn, client, "a kite numbered 2", waited_s=7200)
+    assert await job_queue_gauges(conn) == QueueGauges(pending=0, running=0, oldest_pending_age_seconds=0.0)
+    await enqueue(conn, client, "a dragon who cannot sleep")
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '30 seconds' WHERE lane = 'interactive'")
+    gauges = await job_queue_gauges(conn)
+    assert (gauges.pending, gauges.running) == (1, 0) and 29 <= gauges.oldest_pending_age_seconds < 3600
