@@ -16,10 +16,10 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from tests.fakes.anthropic_batches import FakeBatches
-from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from shared.rows import QueueGauges
 from sweeper.store import job_queue_gauges
+from tests.fakes.anthropic_batches import FakeBatches
+from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.support.database import client_id_of, enqueue, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
