@@ -1,9 +1,10 @@
 """The batch lane's metrics on Postgres against the fake provider: what the
 lease holder reports of the batches in flight, and that a worker that no
 longer holds the lease stops reporting them (a stale figure would keep an
-alert firing). Each worker is a process of its own in production; here the
-registry is the test process's, so each test reads it right after the tick
-it checks."""
+alert firing); requests by result, cost and saving; and the sweeper's
+queue gauges, which leave the batch lane out. Each worker is a process of
+its own in production; here the registry is the test process's, so each
+test reads it right after the tick it checks."""
 
 from __future__ import annotations
 
