@@ -51,6 +51,7 @@ _MEDIA_TYPES = {
     "ops-ui.js": "text/javascript",
     "ops-overview.js": "text/javascript",
     "ops-jobs.js": "text/javascript",
+    "ops-batches.js": "text/javascript",
     "ops-job.js": "text/javascript",
     "ops-clients.js": "text/javascript",
     "ops-workers.js": "text/javascript",

@@ -230,6 +230,11 @@ class WorkerSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # multiplies the retry schedule (5 s ... 10 h) and Retry-After: below 1
     # only for tests, which cannot wait hours
     webhook_retry_scale: Annotated[float, msgspec.Meta(gt=0, le=1)] = 1.0
+    # the longest a message batch's create call may take (the provider
+    # accepts up to 256 MB in one); the batch lane's submitter lease lasts
+    # twice this and a margin, so it is also about how long the lease takes
+    # to pass to another worker when its holder dies
+    batch_create_timeout_s: Annotated[float, msgspec.Meta(gt=0, le=600)] = 120.0
 
     @property
     def webhook_lease_s(self) -> float:

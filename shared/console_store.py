@@ -25,6 +25,7 @@ from shared.rows import (
     OperatorActionRow,
     OperatorKeyAuth,
     OperatorKeyListRow,
+    OpsBatchRow,
     OpsClient,
     OpsJobDetail,
     OpsJobRow,
@@ -179,6 +180,14 @@ async def ops_client_today(conn: Conn, *, from_id: int, day_start: datetime) -> 
 
 async def ops_workers(conn: Conn) -> list[WorkerRow]:
     return await fetch_all(conn, WorkerRow, "ops_workers", {})
+
+
+# -- the batch lane ------------------------------------------------------------------
+
+
+async def ops_batch_list(conn: Conn, *, before_id: int | None, limit: int) -> list[OpsBatchRow]:
+    """Message batches newest first, below before_id (None: from the newest)."""
+    return await fetch_all(conn, OpsBatchRow, "ops_batch_list", {"before_id": before_id, "limit": limit})
 
 
 # -- webhooks ------------------------------------------------------------------------

@@ -39,3 +39,10 @@ FREE = Price(Decimal(0), Decimal(0))
 # reserves a batch job's worst case at it, and the job keeps the prices it
 # was admitted with, so every later charge is at it too.
 BATCH_PRICE_FACTOR = Decimal("0.5")
+
+
+def saved_by_batch(cost_at_batch_price: Decimal) -> Decimal:
+    """What a cost paid at the batch price saved against the same requests
+    at the interactive price: cost × (1 / BATCH_PRICE_FACTOR − 1), to the
+    micro-dollar."""
+    return (cost_at_batch_price * (1 / BATCH_PRICE_FACTOR - 1)).quantize(_MICRO_USD, rounding=ROUND_HALF_UP)

@@ -212,6 +212,7 @@ class OpsJobRow(msgspec.Struct, frozen=True):
     client_id: int
     client_name: str
     status: str
+    lane: Lane
     error_code: str | None
     worker_id: str | None
     progress: int
@@ -231,6 +232,7 @@ class OpsJobDetail(msgspec.Struct, frozen=True):
     client_id: int
     client_name: str
     status: str
+    lane: Lane
     error_code: str | None
     error_text: str | None
     worker_id: str | None
@@ -248,6 +250,39 @@ class OpsJobDetail(msgspec.Struct, frozen=True):
     story_input_tokens: int | None
     story_output_tokens: int | None
     story_cost_usd: Decimal | None
+    # a batch job: since when it waits for a batch (null: it is in one, or ended)
+    batch_ready_at: datetime | None = None
+    # a batch job's batch: the one that owns it, or its last while it waits for the next
+    batch_id: int | None = None
+    batch_state: str | None = None
+    batch_provider_id: str | None = None
+    batch_processing_status: str | None = None
+    batch_expires_at: datetime | None = None
+
+
+class OpsBatchRow(msgspec.Struct, frozen=True):
+    """A message batch as the console's batches screen and ``storyjobs
+    batches`` show it, with what its ledger rows cost."""
+
+    id: int
+    state: str
+    provider_batch_id: str | None
+    model: str
+    request_count: int
+    holder: str | None
+    created_at: datetime
+    sent_at: datetime | None
+    expires_at: datetime | None
+    ended_at: datetime | None
+    results_read_at: datetime | None
+    processing_status: str | None
+    # what the provider last said: processing, succeeded, errored, canceled, expired
+    request_counts: dict[str, int] | None
+    cancel_asked_at: datetime | None
+    lost_batch_id: int | None
+    age_s: float
+    billed_requests: int
+    cost_usd: Decimal
 
 
 class PendingCount(msgspec.Struct, frozen=True):
@@ -273,9 +308,12 @@ class OpsClient(msgspec.Struct, frozen=True):
 
 
 class OpsOverviewRow(msgspec.Struct, frozen=True):
+    # the interactive lane's queue
     pending: int
     running: int
     oldest_pending_age_s: float
+    # the batch lane's live jobs: waiting for a batch, or in one
+    batch_live: int
     hour_completed: int
     hour_failed: int
     hour_cancelled: int

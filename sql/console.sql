@@ -62,7 +62,7 @@ RETURNING key_prefix;
 -- read from its own ledger rows (their primary key), only for the rows of
 -- the page.
 WITH page AS MATERIALIZED (
-    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+    SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
            j.created_at, j.started_at, j.completed_at
     FROM story_jobs j
     WHERE j.id < %(before_id)s AND j.id >= %(floor_id)s
@@ -79,9 +79,9 @@ ORDER BY p.id DESC;
 
 -- name: ops_job_list_page
 -- What both jobs lists answer for the rows of their `page`: each job with
--- its client's name and what its calls cost (billed calls only).
+-- its lane, its client's name and what its calls cost (billed calls only).
 SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
-       p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
+       p.lane::text AS lane, p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
        cost.calls, cost.billed_calls, cost.cost_usd
 FROM page p
 LEFT JOIN api_clients c ON c.id = p.client_id
@@ -96,7 +96,7 @@ CROSS JOIN LATERAL (
 -- (created_at, id) below the cursor: the order of the live-jobs index, read
 -- backwards, so the answer costs what the queue holds, never the history.
 WITH page AS MATERIALIZED (
-    SELECT j.id, j.public_id, j.client_id, j.status, j.error_code, j.worker_id, j.progress,
+    SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
            j.created_at, j.started_at, j.completed_at
     FROM story_jobs j
     WHERE j.status = %(status)s::job_status AND j.status IN ('pending', 'running')
@@ -115,16 +115,20 @@ ORDER BY p.created_at DESC, p.id DESC;
 -- name: ops_job_get
 -- A job's page (and `storyjobs jobs show ID`): the job, its client and its
 -- story (kept also when the job failed after the story was paid for), by
--- the public id's unique index.
+-- the public id's unique index; a batch job's batch (the one that owns it,
+-- or its last, while it waits for the next) by that batch's primary key.
 SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.status::text AS status,
-       j.error_code, j.error_text, j.worker_id, j.progress, j.request,
-       j.created_at, j.started_at, j.heartbeat_at, j.completed_at,
+       j.lane::text AS lane, j.error_code, j.error_text, j.worker_id, j.progress, j.request,
+       j.created_at, j.started_at, j.heartbeat_at, j.completed_at, j.batch_ready_at,
        s.id AS story_id, s.title AS story_title, s.body AS story_body, s.model AS story_model,
        s.prompt_version AS story_prompt_version, s.input_tokens AS story_input_tokens,
-       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd
+       s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd,
+       b.id AS batch_id, b.state AS batch_state, b.provider_batch_id AS batch_provider_id,
+       b.processing_status AS batch_processing_status, b.expires_at AS batch_expires_at
 FROM story_jobs j
 LEFT JOIN api_clients c ON c.id = j.client_id
 LEFT JOIN stories s ON s.job_id = j.id
+LEFT JOIN message_batches b ON b.id = j.batch_id
 WHERE j.public_id = %(job_id)s;
 
 -- name: ops_job_count_pending
@@ -200,7 +204,9 @@ FROM client;
 
 -- name: ops_overview
 -- The console's overview (and `storyjobs stats`) in one statement. Live jobs come from the
--- live-jobs index. Finished jobs are counted by when they finished, among
+-- live-jobs indexes: the interactive queue (what QUEUE_MAX bounds) apart from
+-- the batch lane's live jobs (what BATCH_QUEUE_MAX bounds), which wait for a
+-- batch by design. Finished jobs are counted by when they finished, among
 -- the rows from %(day_from_id)s up: the caller takes that id from
 -- job_id_bounds at a day plus the longest a job can wait and run before the
 -- sweeper fails it, so no job finished in the window is left out (unless the
@@ -257,11 +263,13 @@ calls AS (
         WHERE l.started_at >= now() - interval '1 day'
     ) day
 )
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending' AND lane = 'interactive') AS pending,
+       (SELECT count(*) FROM story_jobs WHERE status = 'running' AND lane = 'interactive') AS running,
        coalesce(extract(epoch FROM now() - (
-           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
+           SELECT created_at FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+           ORDER BY created_at, id LIMIT 1
        )), 0)::float8 AS oldest_pending_age_s,
+       (SELECT count(*) FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')) AS batch_live,
        jobs.*, undelivered.*, calls.*
 FROM jobs, undelivered, calls;
 
@@ -313,12 +321,14 @@ GROUP BY client_id;
 -- name: ops_workers
 -- The workers seen in the last hour: those holding running jobs (with their
 -- jobs' last heartbeat, on the live-jobs index) and those that sent a request
--- (the ledger, by time).
+-- (the ledger, by time). A running batch job is held by its batch, not by a
+-- worker, and sends no heartbeat: it is on the batches screen instead; the
+-- worker that sent its batch is seen by its ledger row.
 WITH busy AS (
     SELECT worker_id, count(*) AS running, max(heartbeat_at) AS last_heartbeat_at,
            array_agg(public_id ORDER BY id) AS job_ids
     FROM story_jobs
-    WHERE status = 'running'
+    WHERE status = 'running' AND lane = 'interactive'
     GROUP BY worker_id
 ),
 seen AS (
@@ -392,4 +402,28 @@ SELECT a.id, k.name AS operator, k.key_prefix AS operator_key_prefix, a.action, 
 FROM operator_actions a JOIN operator_keys k ON k.id = a.operator_key_id
 WHERE %(before_id)s::bigint IS NULL OR a.id < %(before_id)s::bigint
 ORDER BY a.id DESC
+LIMIT %(limit)s;
+
+-- name: ops_batch_list
+-- The console's batches screen and `storyjobs batches`: message batches
+-- newest first, below %(before_id)s when paging, on the primary key; each
+-- with what its ledger rows cost (its items' rows, each found by its
+-- primary key: a batch's cost is read in as many lookups as it has
+-- requests, never by a scan of the ledger). A stray batch has no items of
+-- its own: what it billed is charged to the rows of the lost intent it was
+-- found for.
+SELECT b.id, b.state, b.provider_batch_id, b.model, b.request_count, b.holder, b.created_at, b.sent_at,
+       b.expires_at, b.ended_at, b.results_read_at, b.processing_status, b.request_counts, b.cancel_asked_at,
+       b.lost_batch_id, extract(epoch FROM now() - b.created_at)::float8 AS age_s,
+       ledger.billed_requests, ledger.cost_usd
+FROM message_batches b
+CROSS JOIN LATERAL (
+    SELECT count(*) FILTER (WHERE l.billed AND l.outcome <> 'started') AS billed_requests,
+           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+    FROM message_batch_items i
+    JOIN llm_calls l ON l.job_id = i.job_id AND l.attempt = i.attempt
+    WHERE i.batch_id = b.id
+) ledger
+WHERE %(before_id)s::bigint IS NULL OR b.id < %(before_id)s::bigint
+ORDER BY b.id DESC
 LIMIT %(limit)s;

@@ -20,12 +20,14 @@ for _reason in REASONS:
 
 PRUNED = Counter("storyjobs_sweeper_pruned_total", "Finished jobs deleted past JOB_RETENTION_S.")
 
-JOBS = Gauge("storyjobs_jobs", "Live jobs by status, read from the database at each pass.", ["status"])
+JOBS = Gauge("storyjobs_jobs", "Live jobs of the interactive lane by status, read from the database at each pass "
+             "(the batch lane's are on storyjobs_batches_in_flight).", ["status"])
 for _status in (JobStatus.PENDING, JobStatus.RUNNING):
     JOBS.labels(status=_status)
 
 OLDEST_PENDING_AGE = Gauge(
-    "storyjobs_oldest_pending_age_seconds", "Age of the oldest pending job at the last pass (0 when none)."
+    "storyjobs_oldest_pending_age_seconds",
+    "Age of the oldest pending job of the interactive lane at the last pass (0 when none)."
 )
 LAST_RUN = Gauge(
     "storyjobs_sweeper_last_run_timestamp_seconds", "Unix time the last sweeper pass finished."

@@ -3,9 +3,10 @@
     storyjobs migrate
     storyjobs keys create NAME [--operator] [--weight N] | keys list | keys revoke PREFIX
     storyjobs jobs list [--status S] [--limit N] | jobs show JOB_ID
+    storyjobs batches [--limit N]
     storyjobs stats
     storyjobs webhooks endpoints [--client-id N] | webhooks deliveries [--endpoint ID] [--state S] [--limit N]
-    storyjobs generate PROMPT [--wait] [--json]      (see tools/client.py)
+    storyjobs generate PROMPT [--wait] [--json] [--lane batch]      (see tools/client.py)
 
 The database commands read DATABASE_URL (unset: the embedded Postgres);
 ``migrate`` holds a session advisory lock, so it connects to
@@ -28,6 +29,7 @@ import psycopg
 
 from shared import console_store, db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
+from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
 from shared.ratelimit import KINDS, RateLimits
 from shared.rows import JobFilter
 from shared.status import JobStatus
@@ -139,10 +141,10 @@ async def cmd_jobs_list(args: argparse.Namespace) -> int:
         # the console's jobs list, over every id
         rows = await console_store.ops_job_list(conn, before_id=_NO_ID_ABOVE, floor_id=0,
                                                 filters=JobFilter(status=args.status), limit=args.limit)
-    _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
+    _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'LANE':<11} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
-        _out(f"{row.public_id!s:<36}  {row.status:<9} {row.error_code or '-':<14} {row.client_name[:16]:<16} "
-             f"{_when(row.created_at):<25} {_when(row.completed_at)}")
+        _out(f"{row.public_id!s:<36}  {row.status:<9} {row.lane:<11} {row.error_code or '-':<14} "
+             f"{row.client_name[:16]:<16} {_when(row.created_at):<25} {_when(row.completed_at)}")
     return 0
 
 
@@ -161,6 +163,12 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
     _out(f"job        {job.public_id}")
     _out(f"client     {job.client_name}")
     _out(f"status     {job.status}" + (f" ({job.error_code}: {job.error_text})" if job.error_code else ""))
+    _out(f"lane       {job.lane}")
+    if job.batch_id is not None:
+        _out(f"batch      #{job.batch_id} {job.batch_state}, {job.batch_provider_id or 'not sent'}, "
+             f"expires {_when(job.batch_expires_at)}")
+    if job.batch_ready_at is not None and job.status in (JobStatus.PENDING, JobStatus.RUNNING):
+        _out(f"waiting    for a batch since {_when(job.batch_ready_at)}")
     _out(f"created    {_when(job.created_at)}")
     _out(f"started    {_when(job.started_at)}")
     _out(f"heartbeat  {_when(job.heartbeat_at)}")
@@ -192,7 +200,8 @@ async def cmd_stats(_: argparse.Namespace) -> int:
         stats = await console_store.ops_overview(conn, day_from_id=bounds.lo_id)
         budgets = await store.budget_days_today(conn)
         buckets = await console_store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
-    _out(f"queue      {stats.pending} pending, {stats.running} running")
+    _out(f"queue      {stats.pending} pending, {stats.running} running; "
+         f"batch lane {stats.batch_live} waiting for or in a batch")
     _out("last hour")
     # hour_failed counts cancellations too: the console shows them apart
     _out(f"  stories  {stats.hour_completed} written ({stats.hour_completed / 60:.1f}/min), "
@@ -220,6 +229,39 @@ async def cmd_stats(_: argparse.Namespace) -> int:
         left = [f"{kind} {_refilled(getattr(bucket, kind), limits, kind)}"
                 for kind in KINDS if getattr(bucket, kind) is not None]
         _out(f"  {bucket.model}: {paused}{', '.join(left) or 'no configured limit'}")
+    return 0
+
+
+def _batch_counts(counts: dict[str, int] | None, request_count: int) -> str:
+    """What the provider last counted of a batch's requests (the console's words)."""
+    if counts is None:
+        return f"{request_count} requests"
+    shown = [f"{counts.get(name, 0)} {name}" for name in ("succeeded", "errored", "expired", "canceled", "processing")
+             if counts.get(name, 0)]
+    return ", ".join(shown) or f"{request_count} requests"
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.0f} min"
+    return f"{seconds / 3600:.1f} h"
+
+
+async def cmd_batches(args: argparse.Namespace) -> int:
+    async with await _connect() as conn:
+        # the console's batches screen, its first page
+        rows = await console_store.ops_batch_list(conn, before_id=None, limit=args.limit)
+    _out(f"{'BATCH':>7}  {'STATE':<8} {'PROVIDER_ID':<36} {'AGE':>8}  {'EXPIRES':<25} {'COST_USD':>11} "
+         f"{'SAVED_USD':>11}  REQUESTS")
+    for row in rows:
+        _out(f"{row.id:>7}  {row.state:<8} {row.provider_batch_id or '-':<36} {_age(row.age_s):>8}  "
+             f"{_when(row.expires_at):<25} {row.cost_usd!s:>11} {saved_by_batch(row.cost_usd)!s:>11}  "
+             f"{_batch_counts(row.request_counts, row.request_count)}")
+    cost = sum((row.cost_usd for row in rows), Decimal(0))
+    _out(f"{len(rows)} batches: ${cost} at {BATCH_PRICE_FACTOR:.0%} of the interactive price, "
+         f"${saved_by_batch(cost)} saved")
     return 0
 
 
@@ -300,6 +342,11 @@ def _parser() -> argparse.ArgumentParser:
 
     commands.add_parser("stats", help="queue depth, throughput and spend over the last hour").set_defaults(
         run=cmd_stats)
+
+    batches = commands.add_parser("batches", help="the batch lane's message batches, newest first: state, "
+                                                  "provider id, age, expiry, cost, saving, requests")
+    batches.add_argument("--limit", type=int, default=50)
+    batches.set_defaults(run=cmd_batches)
 
     hook_commands = commands.add_parser("webhooks", help="webhook endpoints and deliveries").add_subparsers(
         dest="webhooks_command", required=True)

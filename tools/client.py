@@ -2,6 +2,7 @@
 
     export STORYJOBS_API_KEY=sj_...          # from `storyjobs keys create NAME`
     storyjobs generate "a dragon who can't sleep" --wait
+    storyjobs generate "a week of sea stories, day 1" --lane batch
 
 It talks to STORYJOBS_URL (default http://127.0.0.1:8000) with the key from
 STORYJOBS_API_KEY, or from --key-file. Each run makes one Idempotency-Key and
@@ -16,6 +17,12 @@ place on a terminal, a line per change otherwise.
 Without --wait it prints the job id; with --wait, the story (title, a blank
 line, the text). --json prints the api's JSON instead: the accepted job, or
 the finished one.
+
+--lane batch asks for the story through the batch lane: within the day, half
+the price; usually within the hour. Its job waits for the next message
+batch, and stderr says when it is due at the latest; waiting for it, the
+client polls as seldom as the api asks (Retry-After, at least
+BATCH_POLL_INTERVAL_S), up to every BATCH_POLL_MAX_S.
 
 Exit codes:
     0  the job was accepted (without --wait) or the story is written
@@ -39,6 +46,7 @@ import sys
 import time
 import uuid
 from collections.abc import Callable
+from datetime import datetime
 from pathlib import Path
 from typing import Any, TextIO
 
@@ -65,6 +73,10 @@ POST_ATTEMPTS = 5
 RETRY_AFTER_MAX_S = 60.0
 POLL_INTERVAL_DEFAULT_S = 2.0
 POLL_INTERVAL_MAX_S = 5.0
+# a batch job takes minutes to hours: nobody needs it asked after every few seconds
+BATCH_POLL_MAX_S = 300.0
+# the batch lane, in its own words
+BATCH_LANE_WORDS = "within the day, half the price; usually within the hour"
 # stamina's jittered exponential backoff, when the api sent no Retry-After:
 # jittered, so clients cut off together do not come back together
 BACKOFF_FIRST_S = 0.5
@@ -299,7 +311,8 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine)
         _show_job(job, status, remaining)
         if job["status"] in TERMINAL:
             return job
-        await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S, POLL_INTERVAL_MAX_S))
+        longest = BATCH_POLL_MAX_S if job.get("lane") == "batch" else POLL_INTERVAL_MAX_S
+        await asyncio.sleep(min(_retry_after_s(response) or POLL_INTERVAL_DEFAULT_S, longest))
 
 
 def _gave_up(job_id: str, trouble: str) -> ClientError:
@@ -307,7 +320,21 @@ def _gave_up(job_id: str, trouble: str) -> ClientError:
                                          "the job goes on, ask for it again later")
 
 
+def _due_text(job: dict[str, Any]) -> str:
+    """A batch job's due time, in this machine's time zone."""
+    try:
+        due = datetime.fromisoformat(str(job["due_by"])).astimezone()
+    except (KeyError, TypeError, ValueError):
+        return ""
+    return f"due by {due:%Y-%m-%d %H:%M %Z}".rstrip()
+
+
 def _show_job(job: dict[str, Any], status: StatusLine, remaining: Remaining) -> None:
+    if job.get("lane") == "batch" and job["status"] in (JobStatus.PENDING, JobStatus.RUNNING):
+        # no position nor percentage: the story comes with its whole batch
+        state = "waiting for the next batch" if job["status"] == JobStatus.PENDING else "in a batch"
+        status.show(f"{state},", _due_text(job))
+        return
     estimate = _wait_text(remaining.update(job.get("estimated_seconds_remaining")))
     if job["status"] == JobStatus.PENDING:
         position = job.get("queue_position")
@@ -358,7 +385,7 @@ def _base_url() -> str:
 
 def _story_request(args: argparse.Namespace) -> dict[str, Any]:
     options = {"child_name": args.child_name, "age": args.age, "length": args.length,
-               "language": args.language}
+               "language": args.language, "lane": args.lane}
     # options left out take the api's defaults
     return {"prompt": args.prompt, **{name: value for name, value in options.items() if value is not None}}
 
@@ -376,13 +403,16 @@ async def run_generate(args: argparse.Namespace) -> int:
             accepted = await start_job(http, _story_request(args), status)
             job_id = accepted["job_id"]
             status.end()
+            if args.wait:
+                status.say(f"job {job_id} accepted")
+            if accepted.get("lane") == "batch":
+                status.say(f"batch lane: {BATCH_LANE_WORDS}; {_due_text(accepted)}")
             if not args.wait:
                 if args.json:
                     _print_json(accepted)
                 else:
                     sys.stdout.write(f"{job_id}\n")
                 return EXIT_OK
-            status.say(f"job {job_id} accepted")
             job = await wait_for_job(http, job_id, status)
         status.end()
         return _report(job, args.json)
@@ -409,6 +439,8 @@ def add_generate_command(commands: Any) -> None:
     generate.add_argument("--age", type=int, help="the listener's age, 2-12")
     generate.add_argument("--length", choices=["short", "medium", "long"], help="default: medium")
     generate.add_argument("--language", help="BCP 47 tag of the story's language, e.g. en, fr, pt-BR")
+    generate.add_argument("--lane", choices=["interactive", "batch"],
+                          help=f"interactive (default): written now; batch: {BATCH_LANE_WORDS}")
     generate.add_argument("--key-file", type=Path,
                           help="read the API key from this file instead of STORYJOBS_API_KEY")
     generate.set_defaults(run=run_generate)

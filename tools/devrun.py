@@ -128,7 +128,8 @@ def main() -> None:
     _say("")
     _say(f"== storyjobs is running at {base}  (Ctrl-C stops everything)")
     if offline:
-        _say("   ANTHROPIC_API_KEY is not set: the workers use the offline story writer")
+        _say("   ANTHROPIC_API_KEY is not set: the workers use the offline story writer, and the batch lane "
+             "the offline batch writer")
     _say(f"   page:     {base}/  (API key below)")
     _say(f"   API key:  {key}")
     _say(f"   console:  {base}/ops/  (operator key: {operator_key})")
@@ -143,6 +144,9 @@ curl -s -X POST {base}/stories/generate \\
 curl -s {base}/stories/jobs/JOB_ID -H 'Authorization: Bearer {key}'
 
 STORYJOBS_URL={base} STORYJOBS_API_KEY={key} .venv/bin/storyjobs generate "a dragon who cannot sleep" --wait
+
+# the batch lane: within the day, half the price; usually within the hour (a batch every BATCH_COLLECT_S)
+STORYJOBS_URL={base} STORYJOBS_API_KEY={key} .venv/bin/storyjobs generate "a whale who hums" --lane batch --wait
 """)
 
     stopping = False

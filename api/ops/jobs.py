@@ -5,6 +5,7 @@ operator's name and key prefix."""
 
 from __future__ import annotations
 
+from datetime import datetime
 from decimal import Decimal
 from typing import Annotated
 
@@ -13,7 +14,8 @@ from litestar import get, post
 from litestar.di import NamedDependency
 from litestar.params import JSONBody, Parameter
 
-from api.deps import parse_public_id
+from api import pacing
+from api.deps import ApiState, parse_public_id
 from api.ops.cursor import Position
 from api.ops.guard import Operator
 from api.ops.paging import LIVE_STATUSES, job_page
@@ -30,6 +32,7 @@ from api.ops.params import (
 from api.ops.schemas import (
     TOKEN_PATTERN,
     CancelPending,
+    JobBatch,
     JobCancelled,
     JobDetail,
     JobErrorDetail,
@@ -42,8 +45,9 @@ from api.ops.schemas import (
 )
 from api.problems import ProblemError, problem_responses
 from shared import console_store as store
-from shared.rows import JobFilter
-from shared.status import JobStatus
+from shared.config import ApiSettings
+from shared.rows import JobFilter, OpsJobDetail
+from shared.status import JobStatus, Lane
 
 log = structlog.get_logger()
 
@@ -78,10 +82,11 @@ async def list_jobs(
 
 @get(
     "/jobs/{job_id:str}",
-    summary="A job: its timeline, worker, every ledger attempt, its error and its story",
+    summary="A job: its lane, timeline, worker, every ledger attempt, its error and its story; a batch job's batch",
     responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
 )
-async def get_job_detail(conn: NamedDependency[store.Conn], job_id: JobIdParam) -> JobDetail:
+async def get_job_detail(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn],
+                         job_id: JobIdParam) -> JobDetail:
     job = await store.ops_job_get(conn, job_id=parse_public_id(job_id))
     if job is None:
         raise ProblemError(404, "Not Found", "no such job")
@@ -97,6 +102,7 @@ async def get_job_detail(conn: NamedDependency[store.Conn], job_id: JobIdParam) 
     billed = [call for call in calls if call.billed]
     return JobDetail(
         job_id=job.public_id, client_id=job.client_id, client_name=job.client_name, status=job.status,
+        lane=job.lane,
         error=JobErrorDetail(code=job.error_code, message=job.error_text or "") if job.error_code else None,
         worker_id=job.worker_id, progress=job.progress, request=job.request,
         timeline=Timeline(created_at=job.created_at, claimed_at=job.started_at,
@@ -105,7 +111,23 @@ async def get_job_detail(conn: NamedDependency[store.Conn], job_id: JobIdParam) 
         billed_calls=len(billed),
         cost_usd=usd(sum((call.cost_usd for call in billed), Decimal("0.000000"))),
         story=story,
+        batch=None if job.batch_id is None else JobBatch(
+            id=job.batch_id, state=job.batch_state or "", provider_batch_id=job.batch_provider_id,
+            processing_status=job.batch_processing_status, expires_at=job.batch_expires_at),
+        waiting_for_batch_since=job.batch_ready_at if job.status in LIVE_STATUSES else None,
+        due_by=_due_by(job, api_state.settings),
     )
+
+
+def _due_by(job: OpsJobDetail, settings: ApiSettings) -> datetime | None:
+    """A live batch job's due time, as its client's poll says it (api/jobs.py):
+    its batch's expiry while it is in one, else the end of the collection it
+    waits for plus a day."""
+    if job.lane is not Lane.BATCH or job.status not in LIVE_STATUSES:
+        return None
+    if job.batch_ready_at is None and job.batch_expires_at is not None:
+        return job.batch_expires_at
+    return pacing.batch_due_by(settings, ready_at=job.batch_ready_at or job.created_at)
 
 
 @post(

@@ -1,4 +1,4 @@
-"""GET /ops/api/overview: the queue now; jobs, spend, undelivered stories and
+"""GET /ops/api/overview: the queue now (the batch lane's jobs apart); jobs, spend, undelivered stories and
 the provider's refusals over the last hour and day; today's budget and the
 shared rate limiter as they stand."""
 
@@ -75,7 +75,8 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDa
         writers=writers,
         generated_at=datetime.now(UTC),
         queue=Queue(pending=row.pending, running=row.running,
-                    oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max),
+                    oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max,
+                    batch_live=row.batch_live, batch_queue_max=settings.batch_queue_max),
         jobs=JobWindows(
             last_hour=_job_counts(row.hour_completed, row.hour_failed, row.hour_cancelled),
             last_day=_job_counts(row.day_completed, row.day_failed, row.day_cancelled),

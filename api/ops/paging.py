@@ -24,7 +24,7 @@ LIVE_STATUSES = (JobStatus.PENDING, JobStatus.RUNNING)
 def _summary(row: OpsJobRow) -> JobSummary:
     return JobSummary(
         job_id=row.public_id, client_id=row.client_id, client_name=row.client_name, status=row.status,
-        error_code=row.error_code, worker_id=row.worker_id, progress=row.progress, created_at=row.created_at,
+        lane=row.lane, error_code=row.error_code, worker_id=row.worker_id, progress=row.progress, created_at=row.created_at,
         started_at=row.started_at, completed_at=row.completed_at, calls=row.calls,
         billed_calls=row.billed_calls, cost_usd=usd(row.cost_usd),
     )

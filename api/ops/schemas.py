@@ -18,6 +18,7 @@ import msgspec
 
 from api.schemas import WrittenStory
 from shared.rows import LlmCallRow, OpsClientKey, WebhookDeliveryRow, WebhookEndpointAdminRow
+from shared.status import Lane
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]
 _MICRO_USD = Decimal("0.000001")
@@ -38,12 +39,16 @@ def usd(value: Decimal | None) -> str:
 
 
 class Queue(msgspec.Struct, frozen=True):
-    """The live jobs, now."""
+    """The live jobs, now: the interactive lane's queue, and the batch lane's jobs apart."""
 
-    pending: Count
-    running: Count
+    pending: Annotated[int, msgspec.Meta(ge=0, description="Interactive jobs waiting for a worker.")]
+    running: Annotated[int, msgspec.Meta(ge=0, description="Interactive jobs a worker is writing.")]
     oldest_pending_age_s: Annotated[float, msgspec.Meta(ge=0, description="0 when nothing is pending.")]
     queue_max: Annotated[int, msgspec.Meta(description="QUEUE_MAX: the most pending jobs admitted.")]
+    batch_live: Annotated[int, msgspec.Meta(
+        ge=0, description="Batch lane jobs waiting for a batch or in one (see /ops/api/batches).")] = 0
+    batch_queue_max: Annotated[int, msgspec.Meta(
+        description="BATCH_QUEUE_MAX: the most live batch jobs admitted.")] = 0
 
 
 class JobCounts(msgspec.Struct, frozen=True):
@@ -199,11 +204,15 @@ class Workers(msgspec.Struct, frozen=True):
 # -- jobs ----------------------------------------------------------------------------
 
 
+_LANE = msgspec.Meta(description="interactive, or batch: sent in a message batch, within the day at half the price.")
+
+
 class JobSummary(msgspec.Struct, frozen=True):
     job_id: uuid.UUID
     client_id: int
     client_name: str
     status: str
+    lane: Annotated[Lane, _LANE]
     error_code: str | None
     worker_id: str | None
     progress: Annotated[int, msgspec.Meta(description="Output tokens written.")]
@@ -242,11 +251,24 @@ class JobStory(WrittenStory, frozen=True):
         description="False when the job failed after the story was written (and paid for).")]
 
 
+class JobBatch(msgspec.Struct, frozen=True):
+    """The message batch of a batch job: the one that owns it, or its last one while it waits for the next
+    (see /ops/api/batches)."""
+
+    id: Id
+    state: str
+    provider_batch_id: Annotated[str, msgspec.Meta(description="The provider's id; null for an intent.")] | None
+    processing_status: Annotated[str, msgspec.Meta(
+        description="What the provider last said: in_progress, canceling or ended.")] | None
+    expires_at: datetime | None
+
+
 class JobDetail(msgspec.Struct, frozen=True):
     job_id: uuid.UUID
     client_id: int
     client_name: str
     status: str
+    lane: Annotated[Lane, _LANE]
     error: JobErrorDetail | None
     worker_id: str | None
     progress: int
@@ -257,6 +279,68 @@ class JobDetail(msgspec.Struct, frozen=True):
     billed_calls: Count
     cost_usd: Annotated[str, msgspec.Meta(description="What its billed calls cost, in US dollars.")]
     story: JobStory | None
+    batch: JobBatch | None = None
+    waiting_for_batch_since: Annotated[datetime, msgspec.Meta(
+        description="A batch job waiting to be put into a batch: since when (admitted, or its last attempt "
+                    "billed nothing).")] | None = None
+    due_by: Annotated[datetime, msgspec.Meta(
+        description="A live batch job: when it is due at the latest, as its client is told.")] | None = None
+
+
+# -- the batch lane ------------------------------------------------------------------
+
+
+class BatchRequestCounts(msgspec.Struct, frozen=True):
+    """The batch's requests as the provider last counted them: processing until the whole batch ends, then
+    the other four, which add up to its size."""
+
+    processing: Count = 0
+    succeeded: Count = 0
+    errored: Count = 0
+    canceled: Count = 0
+    expired: Count = 0
+
+
+class OpsBatch(msgspec.Struct, frozen=True):
+    """One message batch and what it cost."""
+
+    id: Id
+    state: Annotated[str, msgspec.Meta(description=(
+        "intent (committed before its create call, not yet answered: reconciled by listing), sent (in flight at "
+        "the provider), ended (its results all read), refused (the create was refused: nothing billed), lost (no "
+        "batch of it found in time: its jobs failed as calls of unknown outcome), stray (a batch nobody knew, "
+        "found after a lost one: cancelled, its results charged)."))]
+    provider_batch_id: str | None
+    model: str
+    request_count: Annotated[int, msgspec.Meta(ge=0, description="Requests in it.")]
+    counts: Annotated[BatchRequestCounts, msgspec.Meta(
+        description="What the provider last said; null before it was seen there.")] | None
+    processing_status: str | None
+    created_at: Annotated[datetime, msgspec.Meta(description="When its intent was committed (for a stray: "
+                                                             "when it was found).")]
+    age_s: Annotated[float, msgspec.Meta(ge=0)]
+    sent_at: datetime | None
+    expires_at: Annotated[datetime, msgspec.Meta(
+        description="When the provider ends it at the latest (its unfinished requests then expire).")] | None
+    ended_at: datetime | None
+    results_read_at: datetime | None
+    cancel_asked_at: datetime | None
+    lost_batch_id: Annotated[int, msgspec.Meta(description="A stray: the lost batch it may be.")] | None
+    holder: Annotated[str, msgspec.Meta(description="The worker that held the submitter lease and made it.")] | None
+    billed_requests: Annotated[int, msgspec.Meta(ge=0, description="Its ledger rows closed as billed.")]
+    cost_usd: Annotated[str, msgspec.Meta(description="What its ledger rows cost, at the batch price, in US dollars.")]
+    saved_usd: Annotated[str, msgspec.Meta(description=(
+        "What the same requests would have cost more at the interactive price: cost × (1 / BATCH_PRICE_FACTOR − 1)."
+    ))]
+
+
+class BatchPage(msgspec.Struct, frozen=True):
+    """A page of message batches, newest first."""
+
+    batches: list[OpsBatch]
+    next_cursor: Annotated[str, msgspec.Meta(description="Opaque: pass as `cursor` for older batches.")] | None
+    price_factor: Annotated[str, msgspec.Meta(
+        description="BATCH_PRICE_FACTOR: a batch's request costs this share of the interactive price.")]
 
 
 # -- actions -------------------------------------------------------------------------

@@ -12,6 +12,9 @@ const JOB_STORAGE = "storyjobs.jobId";
 const POLL_DEFAULT_MS = 2000;
 // someone is watching: never wait longer than this between polls
 const POLL_MAX_MS = 5000;
+// a story of the batch lane comes with its whole batch, in minutes or hours:
+// the api's Retry-After is honoured, up to this
+const BATCH_POLL_MAX_MS = 5 * 60 * 1000;
 // a busy queue is waited out for as long as a story itself may take
 // (JOB_TIMEOUT_S's default) before the page stops and offers "Try again"
 const BUSY_RETRY_FOR_MS = 8 * 60 * 1000;
@@ -46,6 +49,7 @@ const view = {
   age: byId("age"),
   length: byId("length"),
   language: byId("language"),
+  tonight: byId("tonight"),
   submit: byId("submit"),
   job: byId("job"),
   status: byId("status"),
@@ -183,6 +187,29 @@ export function timeLeftText(seconds) {
   return ` About ${Math.round(seconds / 60)} minutes left.`;
 }
 
+// When a story of the batch lane is due at the latest, in the parent's own
+// time: "by Thu 21:30" (a day and a time, as it may be tomorrow).
+export function dueText(iso) {
+  const due = new Date(iso);
+  if (!iso || Number.isNaN(due.getTime())) return "";
+  const day = due.toLocaleDateString(undefined, { weekday: "short" });
+  const time = due.toLocaleTimeString(undefined, { hour: "2-digit", minute: "2-digit" });
+  return `by ${day} ${time}`;
+}
+
+// A story of the batch lane waits for its batch: no place in line, no
+// percentage, only when it is due.
+function showBatchJob(job) {
+  const due = dueText(job.due_by);
+  const when = due ? ` It will be ready ${due} at the latest, usually within the hour.` : "";
+  if (job.status === "pending") {
+    say(`Your story will be written with the next batch of stories, at half the price.${when} ` +
+      "You can close this page and come back later.", { cancellable: true });
+  } else {
+    say(`Your story is being written with its batch.${when}`, { cancellable: true });
+  }
+}
+
 // What a parent is told of a failed job, by its code.
 const FAILURES = {
   queue_timeout: "So many stories were asked for that yours waited too long to be started.",
@@ -197,7 +224,10 @@ const FAILURES = {
 
 function showJob(job) {
   view.job.dataset.status = job.status;
-  if (job.status === "pending") {
+  view.job.dataset.lane = job.lane || "interactive";
+  if (job.lane === "batch" && (job.status === "pending" || job.status === "running")) {
+    showBatchJob(job);
+  } else if (job.status === "pending") {
     const place = job.queue_position > 1
       ? `Your story is in line: ${job.queue_position - 1} before it.` : "Your story is next in line.";
     say(place + timeLeftText(remaining.update(job.estimated_seconds_remaining)),
@@ -328,7 +358,8 @@ async function follow(jobId, mine) {
       failures = 0;
       showJob(job);
       if (job.status === "completed" || job.status === "failed") return;
-      await sleep(Math.min(retryAfterMs(response) ?? POLL_DEFAULT_MS, POLL_MAX_MS));
+      const longest = job.lane === "batch" ? BATCH_POLL_MAX_MS : POLL_MAX_MS;
+      await sleep(Math.min(retryAfterMs(response) ?? POLL_DEFAULT_MS, longest));
     } else {
       // the job goes on at the server: keep asking, it always ends
       failures += 1;
@@ -379,7 +410,7 @@ function ask(body) {
     unsettled = null;
     currentJobId = accepted.job_id;
     localStorage.setItem(JOB_STORAGE, accepted.job_id);
-    showJob({ job_id: accepted.job_id, status: accepted.status });
+    showJob({ job_id: accepted.job_id, status: accepted.status, lane: accepted.lane, due_by: accepted.due_by });
     await follow(accepted.job_id, mine);
   });
 }
@@ -388,6 +419,8 @@ function storyBody() {
   const body = { prompt: view.prompt.value.trim(), length: view.length.value, language: view.language.value };
   if (view.childName.value.trim()) body.child_name = view.childName.value.trim();
   if (view.age.value) body.age = Number(view.age.value);
+  // the batch lane: within the day, at half the price
+  if (view.tonight.checked) body.lane = "batch";
   return body;
 }
 

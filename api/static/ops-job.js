@@ -1,6 +1,6 @@
-// A job's page: its facts summed from its ledger, timeline, every request
-// sent to the provider, the request and the story; or, for an id that names
-// no job, that alone.
+// A job's page: its facts summed from its ledger (and, for a batch job, its
+// batch and when it is due), timeline, every request sent to the provider,
+// the request and the story; or, for an id that names no job, that alone.
 import { ApiError } from "./http.js";
 import { badge, between, byId, count, duration, h, shortId, usd, when } from "./format.js";
 import { api, confirmAction, say, showNotice } from "./ops-ui.js";
@@ -17,6 +17,23 @@ function paragraphs(text) {
 
 const OFFLINE = "offline";
 
+// a batch job's batch, as the batches screen names it
+function batchFacts(job) {
+  if (job.lane !== "batch") return [];
+  const facts = [];
+  if (job.batch) {
+    const b = job.batch;
+    facts.push(["Batch", [h("a", { href: "#/batches" }, `#${b.id}`),
+      ` ${b.state}` + (b.processing_status ? ` (${b.processing_status})` : "") +
+      (b.provider_batch_id ? `, ${b.provider_batch_id}` : "")], { "data-k": "job.batch" }]);
+  }
+  if (job.waiting_for_batch_since) {
+    facts.push(["Waiting for a batch", `since ${when(job.waiting_for_batch_since)}`, { "data-k": "job.waiting" }]);
+  }
+  if (job.due_by) facts.push(["Due by", when(job.due_by), { "data-k": "job.due_by" }]);
+  return facts;
+}
+
 function renderJob(job) {
   currentJob = job;
   byId("job-missing").hidden = true;
@@ -30,6 +47,9 @@ function renderJob(job) {
   const writers = [...new Set(job.calls.map((call) => call.provider))];
   facts(byId("job-facts"), [
     ["Client", `${job.client_name} (client ${job.client_id})`],
+    ["Lane", job.lane === "batch" ? "batch: in a message batch, at half the price, within the day" : "interactive",
+      { "data-k": "job.lane" }],
+    ...batchFacts(job),
     ["Worker", job.worker_id || "—", { class: "mono" }],
     ["Writer", writers.length ? writers.map((w) => (w === OFFLINE ? "offline writer (no charge)" : w)).join(", ") : "—"],
     ["Tokens billed", `${count(sum("input_tokens"))} in, ${count(sum("output_tokens"))} out`, { "data-k": "job.tokens" }],

@@ -89,6 +89,7 @@ function jobRow(job) {
     h("td", { "data-k": "status" }, badge(job.status, job.error_code)),
     h("td", { class: "wide" }, job.error_code && job.error_code !== "cancelled" ? job.error_code : ""),
     h("td", { class: "mono wide" }, job.worker_id || ""),
+    h("td", { class: "wide", "data-k": "lane" }, job.lane),
     h("td", { class: "num wide" }, `${job.billed_calls}/${job.calls}`),
     h("td", { class: "num", "data-k": "cost" }, usd(job.cost_usd)));
 }

@@ -25,6 +25,8 @@ function renderOverview(overview) {
   document.querySelector('[data-k="queue.pending"]').textContent = count(queue.pending);
   document.querySelector('[data-k="queue.queue_max"]').textContent = count(queue.queue_max);
   document.querySelector('[data-k="queue.running"]').textContent = count(queue.running);
+  document.querySelector('[data-k="queue.batch_live"]').textContent = count(queue.batch_live);
+  document.querySelector('[data-k="queue.batch_queue_max"]').textContent = count(queue.batch_queue_max);
   document.querySelector('[data-k="queue.oldest_pending_age"]').textContent =
     queue.pending ? duration(queue.oldest_pending_age_s) : "—";
   byId("overview-rows").replaceChildren(...ROWS.map(([label, group, field, format]) =>

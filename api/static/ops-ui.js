@@ -4,7 +4,7 @@ import { ApiError, call } from "./http.js";
 import { byId } from "./format.js";
 
 const KEY_STORAGE = "storyjobs.operatorKey";
-const SCREENS = ["key", "overview", "jobs", "job", "clients", "workers", "webhooks"];
+const SCREENS = ["key", "overview", "jobs", "job", "batches", "clients", "workers", "webhooks"];
 
 export const operatorKey = () => sessionStorage.getItem(KEY_STORAGE) || localStorage.getItem(KEY_STORAGE) || "";
 
@@ -93,6 +93,7 @@ export function route() {
     for (const name of FILTERS) filter[name] = params.get(name) || "";
     return { screen: "jobs", filter };
   }
+  if (path === "/batches") return { screen: "batches" };
   if (path === "/clients") return { screen: "clients" };
   if (path === "/workers") return { screen: "workers" };
   if (path === "/webhooks") return { screen: "webhooks" };

@@ -1,8 +1,8 @@
-// The operators' console: overview and history, jobs, a job's page, clients,
-// workers, webhook endpoints, and the actions (cancel a job, cancel the
+// The operators' console: overview and history, jobs, a job's page, the batch
+// lane's batches, clients, workers, webhook endpoints, and the actions (cancel a job, cancel the
 // pending jobs a filter matches, revoke a client's keys, send a dead webhook
 // delivery again) with the record of those taken. Screens are hash routes
-// (#/?range=..., #/jobs?..., #/jobs/ID, #/clients, #/workers, #/webhooks)
+// (#/?range=..., #/jobs?..., #/jobs/ID, #/batches, #/clients, #/workers, #/webhooks)
 // over the JSON endpoints under /ops/api; each screen is a module of its own.
 //
 // Every value from the api is untrusted (stories and error texts come from
@@ -12,6 +12,7 @@
 import { byId, jobHref, query } from "./format.js";
 import { cancelMatching, filterFromForm, loadJobs, moreJobs } from "./ops-jobs.js";
 import { cancelCurrentJob, loadJob } from "./ops-job.js";
+import { loadBatches, moreBatches } from "./ops-batches.js";
 import { loadClients } from "./ops-clients.js";
 import { loadActions } from "./ops-actions.js";
 import { loadOverview, stopOverview } from "./ops-overview.js";
@@ -34,6 +35,7 @@ async function render() {
   if (where.screen === "overview") await loadOverview(where.range);
   else if (where.screen === "jobs") await loadJobs(where.filter);
   else if (where.screen === "job") await loadJob(where.jobId);
+  else if (where.screen === "batches") await loadBatches();
   else if (where.screen === "workers") await loadWorkers();
   else if (where.screen === "webhooks") await loadWebhooks();
   else await loadClients();
@@ -84,6 +86,7 @@ byId("f-clear").addEventListener("click", () => {
 });
 
 byId("jobs-more").addEventListener("click", () => guard(moreJobs()));
+byId("batches-more").addEventListener("click", () => guard(moreBatches()));
 byId("cancel-matching").addEventListener("click", () => guard(cancelMatching()));
 byId("job-cancel").addEventListener("click", () => guard(cancelCurrentJob()));
 byId("actions-log").addEventListener("toggle", () => {

@@ -126,12 +126,20 @@ def _keda_query() -> str:
 async def test_the_keda_trigger_counts_live_jobs_through_the_active_index(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
-    """The autoscaler's query counts pending and running jobs, reading story_jobs_active_idx and nothing
-    else, on a plain connection like KEDA's."""
-    await _fill(conn, finished=20_000, pending=50, analyze_first=False)
+    """The autoscaler's query counts the interactive lane's pending and running jobs (not the batch lane's, which
+    wait at the provider), reading story_jobs_active_idx and nothing else, on a plain connection like KEDA's."""
+    await _fill(conn, finished=20_000, pending=80, analyze_first=False)
     await conn.execute(
         "UPDATE story_jobs SET status = 'running', started_at = now(), heartbeat_at = now(), worker_id = 'w' "
         "WHERE id IN (SELECT id FROM story_jobs WHERE status = 'pending' ORDER BY id LIMIT 20)")
+    # 30 batch jobs: 10 in a batch, 20 waiting for one
+    await conn.execute(
+        "UPDATE story_jobs SET lane = 'batch', turn = NULL, batch_ready_at = created_at "
+        "WHERE id IN (SELECT id FROM story_jobs WHERE status IN ('pending', 'running') ORDER BY id DESC LIMIT 30)")
+    await conn.execute(
+        "UPDATE story_jobs SET status = 'running', batch_ready_at = NULL, worker_id = 'batch-1', started_at = now(), "
+        "heartbeat_at = now(), batch_id = 1 "
+        "WHERE id IN (SELECT id FROM story_jobs WHERE lane = 'batch' ORDER BY id LIMIT 10)")
     await conn.execute("VACUUM ANALYZE story_jobs")
     query = _keda_query()
     cur = await conn.execute(query)

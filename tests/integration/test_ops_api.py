@@ -58,7 +58,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:
         operations = _operations((await client.get("/schema/openapi.json")).json())
-        assert len(operations) == 15, operations
+        assert len(operations) == 16, operations
         for method, path in operations:
             url = _concrete(path, job, client_id, prefix)
             body = ({"through": "x"} if method == "POST" and path.endswith("cancel-pending")

@@ -15,8 +15,8 @@ from shared.rows import ROLLUP_BOUNDS_S
 
 FINISHED = 20_000
 PENDING = 50
-# the partial indexes that hold only live jobs: a read through either costs what the queue holds
-LIVE_INDEXES = {"story_jobs_active_idx", "story_jobs_turn_idx"}
+# the partial indexes that hold only live jobs: a read through any costs what the queue holds
+LIVE_INDEXES = {"story_jobs_active_idx", "story_jobs_turn_idx", "story_jobs_batch_live_idx"}
 NO_FILTER = {"status": None, "client_id": None, "error_code": None, "created_after": None, "created_before": None}
 
 
@@ -141,3 +141,50 @@ async def test_the_overview_reads_finished_jobs_from_an_id_up(conn: psycopg.Asyn
     indexes = {scan["Index Name"] for scan in scans if "Index Name" in scan}
     assert indexes <= {"story_jobs_pkey", *LIVE_INDEXES}, indexes
     assert any(scan.get("Index Name") == "story_jobs_pkey" and "id >= " in scan["Index Cond"] for scan in scans)
+
+
+BATCHES = 3000
+ITEMS_PER_BATCH = 4
+
+
+async def _fill_batches(conn: psycopg.AsyncConnection[Any]) -> None:
+    """BATCHES message batches of ITEMS_PER_BATCH requests each, every request with its ledger row, beside as
+    many interactive ledger rows again."""
+    await conn.execute(
+        "INSERT INTO message_batches (state, provider_batch_id, model, request_count, expires_at) "
+        "SELECT 'ended', 'msgbatch_' || g, 'm', %s, now() FROM generate_series(1, %s) g", (ITEMS_PER_BATCH, BATCHES))
+    await conn.execute(
+        "INSERT INTO message_batch_items (batch_id, custom_id, job_id, attempt, result) "
+        "SELECT b, 'sj-' || b || '-' || (b * 10 + n) || '-1', b * 10 + n, 1, 'succeeded' "
+        "FROM generate_series(1, %s) b, generate_series(1, %s) n", (BATCHES, ITEMS_PER_BATCH))
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, outcome, finished_at, cost_usd, batch_id) "
+        "SELECT job_id, attempt, 'w', 'anthropic', 'm', 'succeeded', now(), 0.001, batch_id FROM message_batch_items")
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, outcome, finished_at, cost_usd) "
+        "SELECT 10000000 + g, 1, 'w', 'anthropic', 'm', 'succeeded', now(), 0.002 FROM generate_series(1, %s) g",
+        (BATCHES * ITEMS_PER_BATCH,))
+    await conn.execute("VACUUM ANALYZE message_batches, message_batch_items, llm_calls")
+
+
+@pytest.mark.parametrize("before_id", [None, BATCHES // 2], ids=["newest", "deeper"])
+async def test_the_batches_list_walks_the_batches_down_their_primary_key_and_their_cost_by_ledger_keys(
+    conn: psycopg.AsyncConnection[Any], before_id: int | None,
+) -> None:
+    """ops_batch_list reads message_batches backwards on its primary key from the cursor, and each batch's cost
+    through its items' primary key and each item's ledger row by the ledger's primary key: a page costs its
+    batches' requests, never a scan of the batches, their items or the ledger."""
+    await _fill_batches(conn)
+    cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES["ops_batch_list"], {"before_id": before_id,
+                                                                                     "limit": 51})
+    row = await cur.fetchone()
+    assert row is not None
+    scans = [node for node in _nodes(row[0][0]["Plan"]) if "Scan" in node["Node Type"]]
+    assert not any(scan["Node Type"] == "Seq Scan" for scan in scans), _kinds(scans)
+    batches = next(scan for scan in scans if scan.get("Index Name") == "message_batches_pkey")
+    assert batches["Node Type"] == "Index Scan" and batches["Scan Direction"] == "Backward"
+    # a bitmap heap scan reads what its bitmap index scan found
+    assert {scan["Index Name"] for scan in scans if scan["Node Type"] != "Bitmap Heap Scan"} == {
+        "message_batches_pkey", "message_batch_items_pkey", "llm_calls_pkey"}, _kinds(scans)
+    items = next(scan for scan in scans if scan.get("Index Name") == "message_batch_items_pkey")
+    assert "batch_id = b.id" in items["Index Cond"], items

@@ -41,7 +41,7 @@ SETTINGS_BY_COMPONENT: dict[str, type[config.BaseSettings]] = {
 
 def code_metric_names() -> set[str]:
     """Every sample name the three processes can expose, from the registry."""
-    for module in ("api.metrics", "worker.metrics", "worker.delivery.metrics", "sweeper.metrics"):
+    for module in ("api.metrics", "worker.metrics", "worker.delivery.metrics", "worker.batch.metrics", "sweeper.metrics"):
         importlib.import_module(module)
     names: set[str] = set()
     for family in REGISTRY.collect():

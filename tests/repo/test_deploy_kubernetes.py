@@ -91,7 +91,8 @@ def test_strict_schema_validation_rejects_a_misspelt_field() -> None:
 
 
 def test_keda_scaledobject_scales_the_worker_on_live_story_jobs() -> None:
-    """The ScaledObject's postgresql trigger counts pending and running story_jobs for the worker Deployment."""
+    """The ScaledObject's postgresql trigger counts the interactive lane's pending and running story_jobs for the
+    worker Deployment."""
     scaled = k8s_doc("ScaledObject")
     assert scaled["apiVersion"] == "keda.sh/v1alpha1"
     spec = scaled["spec"]
@@ -100,8 +101,8 @@ def test_keda_scaledobject_scales_the_worker_on_live_story_jobs() -> None:
     (trigger,) = spec["triggers"]
     assert trigger["type"] == "postgresql"
     query = " ".join(trigger["metadata"]["query"].split()).lower()
-    # the live-jobs index's own predicate (tests/integration/test_explain.py runs it)
-    assert query == "select count(*) from story_jobs where status in ('pending', 'running')"
+    # the live-jobs index's own predicate (tests/integration/test_explain.py runs it), the batch lane left out
+    assert query == "select count(*) from story_jobs where status in ('pending', 'running') and lane = 'interactive'"
 
 
 def test_keda_asks_for_one_worker_slot_per_live_job() -> None:

@@ -168,6 +168,39 @@ def running(client_id: int, started_ago_s: float, **more: Any) -> Job:
                calls=[Call("started")], **more)
 
 
+async def batch(conn: psycopg.AsyncConnection[Any], state: str, jobs: list[Job], *, created_ago_s: float,
+                provider_batch_id: str | None = None, counts: dict[str, int] | None = None,
+                processing_status: str | None = None, expires_in_s: float | None = None) -> int:
+    """A message batch in ``state`` holding the (already inserted) ``jobs``, each as its item (attempt 1) with
+    its first ledger row naming the batch; the jobs become batch-lane jobs owned by it. Its id."""
+    cur = await conn.execute(
+        """
+        INSERT INTO message_batches (state, provider_batch_id, model, request_count, fence_at, created_at, sent_at,
+                                     expires_at, processing_status, request_counts, holder)
+        VALUES (%(state)s, %(provider)s, 'claude-sonnet-5-5', %(count)s, now() - %(ago)s::interval,
+                now() - %(ago)s::interval, CASE WHEN %(provider)s::text IS NOT NULL THEN now() - %(ago)s::interval END,
+                now() + %(expires)s::interval, %(processing_status)s, %(counts)s, 'w-seed')
+        RETURNING id
+        """,
+        {"state": state, "provider": provider_batch_id, "count": len(jobs), "ago": _ago(created_ago_s),
+         "expires": _ago(expires_in_s if expires_in_s is not None else 86400 - created_ago_s),
+         "counts": None if counts is None else Jsonb({"processing": 0, **counts}),
+         "processing_status": processing_status},
+    )
+    row = await cur.fetchone()
+    assert row is not None
+    batch_id = int(row[0])
+    for job in jobs:
+        await conn.execute("UPDATE story_jobs SET lane = 'batch', batch_id = %(b)s, worker_id = 'batch-' || %(b)s "
+                           "WHERE id = %(job)s", {"b": batch_id, "job": job.id})
+        await conn.execute("INSERT INTO message_batch_items (batch_id, custom_id, job_id, attempt, result) "
+                           "VALUES (%(b)s, 'sj-' || %(b)s || '-' || %(job)s || '-1', %(job)s, 1, "
+                           "CASE WHEN %(done)s THEN 'succeeded' END)",
+                           {"b": batch_id, "job": job.id, "done": job.status == "completed"})
+        await conn.execute("UPDATE llm_calls SET batch_id = %s WHERE job_id = %s AND attempt = 1", (batch_id, job.id))
+    return batch_id
+
+
 def seeded(database_url: str, make: Callable[[psycopg.AsyncConnection[Any]], Awaitable[T]]) -> T:
     """Runs ``make`` on a connection of its own, on a thread of its own: for
     tests that are not async (Playwright's sync API runs in their thread)."""

@@ -14,6 +14,7 @@ import pytest
 from api import store as api_store
 from shared import console_store, keys, webhooks
 from shared.status import ErrorCode, LlmOutcome
+from tests.support import ops_seed as seed
 from tests.support.database import client_id_of, count, enqueue
 from tests.system.procs import REPO
 from worker import store as worker_store
@@ -191,3 +192,36 @@ def test_keys_create_with_a_weight_sets_the_clients_share_and_refuses_a_bad_one(
     with psycopg.connect(database_url, autocommit=True) as conn:
         weights: dict[str, int] = dict(conn.execute("SELECT name, weight FROM api_clients").fetchall())
     assert weights == {"acme": 3, "plain": 1}
+
+
+def test_batches_lists_each_batch_newest_first_with_its_counts_cost_and_saving(database_url: str) -> None:
+    """`batches` prints the message batches newest first, each with its state, provider id, expiry, what its
+    ledger rows cost, what that saved against the interactive price and the provider's counts; then the sums;
+    `jobs list` and `jobs show` give a batch job's lane and batch; `stats` counts the lane apart."""
+
+    async def make() -> tuple[int, int, str]:
+        async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
+            acme, _ = await seed.client(conn, "acme")
+            done = await seed.insert_jobs(conn, [seed.completed(acme, 4000, cost="0.010000"),
+                                                 seed.completed(acme, 4100, cost="0.002500")])
+            flying = await seed.insert_jobs(conn, [seed.running(acme, 600)])
+            ended = await seed.batch(conn, "ended", done, created_ago_s=7200, provider_batch_id="msgbatch_old",
+                                     counts={"succeeded": 2}, processing_status="ended")
+            sent = await seed.batch(conn, "sent", flying, created_ago_s=600, provider_batch_id="msgbatch_new",
+                                    counts={"processing": 1}, processing_status="in_progress")
+            return ended, sent, str(flying[0].public_id)
+
+    ended, sent, flying = asyncio.run(make())
+    result = storyjobs(database_url, "batches")
+    assert result.returncode == 0, result.stderr
+    header, newer, older, sums = result.stdout.splitlines()
+    assert header.split() == ["BATCH", "STATE", "PROVIDER_ID", "AGE", "EXPIRES", "COST_USD", "SAVED_USD", "REQUESTS"]
+    assert newer.split()[:3] == [str(sent), "sent", "msgbatch_new"] and newer.endswith("1 processing")
+    assert newer.split()[-4:-2] == ["0.000000", "0.000000"] and "10 min" in newer
+    assert older.split()[:3] == [str(ended), "ended", "msgbatch_old"] and older.endswith("2 succeeded")
+    assert older.split()[-4:-2] == ["0.012500", "0.012500"] and "2.0 h" in older
+    assert sums == "2 batches: $0.012500 at 50% of the interactive price, $0.012500 saved"
+    assert f"{flying}  running   batch" in storyjobs(database_url, "jobs", "list").stdout
+    shown = storyjobs(database_url, "jobs", "show", flying).stdout
+    assert "lane       batch" in shown and f"batch      #{sent} sent, msgbatch_new, expires " in shown
+    assert "0 pending, 0 running; batch lane 1 waiting for or in a batch" in storyjobs(database_url, "stats").stdout

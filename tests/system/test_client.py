@@ -24,7 +24,7 @@ import pytest
 from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.support.database import create_key_sync
 from tests.support.waiting import wait_until_sync
-from tests.system.procs import System
+from tests.system.procs import REPO, System
 
 pytestmark = pytest.mark.system
 
@@ -184,7 +184,9 @@ class ClientRun:
 
 def start_client(tmp_path: Path, url: str, api_key: str, *args: str) -> ClientRun:
     stdout_path, stderr_path = tmp_path / "client.out", tmp_path / "client.err"
-    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "STORYJOBS_URL": url, "STORYJOBS_API_KEY": api_key}
+    # the console script runs this checkout's code, as the processes do (procs.System)
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "STORYJOBS_URL": url, "STORYJOBS_API_KEY": api_key,
+           "PYTHONPATH": str(REPO)}
     with stdout_path.open("wb") as stdout, stderr_path.open("wb") as stderr:
         popen = subprocess.Popen([str(STORYJOBS), "generate", *args], env=env, stdout=stdout, stderr=stderr)
     return ClientRun(popen, stdout_path, stderr_path)
@@ -326,3 +328,42 @@ def test_generate_with_a_wrong_key_exits_3_and_stores_nothing(
 
     assert client.stderr == "storyjobs: the API key was refused (401): the API key is not valid\n"
     assert db_rows(database_url, "SELECT count(*) FROM story_jobs") == [(0,)]
+
+
+def test_generate_through_the_batch_lane_says_when_the_story_is_due_and_prints_it(
+    system: System, database_url: str, tmp_path: Path
+) -> None:
+    """--lane batch sends "lane": "batch"; the client says the lane in its own words and when the story is due,
+    waits for the batch (the offline batch writer: no provider key), then prints the story."""
+    key = create_key_sync(database_url, "cli")
+    lane: dict[str, Any] = {"BATCH_COLLECT_S": 1, "BATCH_POLL_INTERVAL_S": 1, "OFFLINE_DELAY_S": 1}
+    api = system.api(**lane)
+    system.worker(**lane)
+
+    client = start_client(tmp_path, api.base_url, key, PROMPT, "--lane", "batch", "--wait")
+    try:
+        assert client.finish() == 0, client.stderr
+    finally:
+        client.stop()
+
+    [(job_id, lane_, batch_state)] = db_rows(
+        database_url, "SELECT j.public_id::text, j.lane::text, b.state FROM story_jobs j "
+                      "JOIN message_batches b ON b.id = j.batch_id")
+    assert (lane_, batch_state) == ("batch", "ended")
+    lines = client.stderr.splitlines()
+    assert lines[0] == f"job {job_id} accepted"
+    assert re.fullmatch(r"batch lane: within the day, half the price; usually within the hour; "
+                        r"due by \d{4}-\d\d-\d\d \d\d:\d\d \S+", lines[1]), lines[1]
+    assert any(re.fullmatch(r"(waiting for the next batch|in a batch), due by \d{4}-\d\d-\d\d \d\d:\d\d \S+", line)
+               for line in lines[2:]), lines
+    assert re.search(r"^written, 100 %$", client.stderr, re.M)
+    title, blank, *text = client.stdout.splitlines()
+    assert title and blank == "" and text
+
+    quick = start_client(tmp_path, api.base_url, key, "a second sea story", "--lane", "batch")
+    try:
+        assert quick.finish() == 0, quick.stderr
+    finally:
+        quick.stop()
+    assert re.fullmatch(r"[0-9a-f-]{36}\n", quick.stdout)
+    assert quick.stderr.startswith("batch lane: within the day, half the price; usually within the hour; due by ")

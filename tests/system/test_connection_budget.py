@@ -40,9 +40,9 @@ pytestmark = pytest.mark.system
 API_POOL_SIZE = 4
 # the README's table (Operations, "Connection budget"), for these settings
 DIRECT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-webhooks": 1,
-                 "storyjobs-worker-listen": 1, "storyjobs-sweeper": 1}
+                 "storyjobs-worker-batches": 1, "storyjobs-worker-listen": 1, "storyjobs-sweeper": 1}
 POOLED_CLIENT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-webhooks": 1,
-                        "storyjobs-sweeper": 1}
+                        "storyjobs-worker-batches": 1, "storyjobs-sweeper": 1}
 POOLED_DIRECT_BUDGET = {"storyjobs-worker-listen": 1}
 TIMINGS = {"HEARTBEAT_INTERVAL_S": 0.2, "HEARTBEAT_TIMEOUT_S": 5, "SWEEPER_INTERVAL_S": 0.2,
            "JOB_TIMEOUT_S": 120, "LLM_TIMEOUT_S": 60, "LLM_READ_TIMEOUT_S": 30, "WORKER_POLL_INTERVAL_S": 0.5}
@@ -155,7 +155,7 @@ def test_without_a_pooler_each_process_holds_at_most_its_stated_server_connectio
     system: System, fake_llm: FakeAnthropicServer, server_url: str, database_name: str, database_url: str,
 ) -> None:
     """Directly on Postgres under a load that fills the pools: the api holds at most API_POOL_SIZE server
-    connections, the worker 3 plus its webhooks' 1 and its LISTEN connection, the sweeper 1."""
+    connections, the worker 3 plus its webhooks' 1, its batch lane's 1 and its LISTEN connection, the sweeper 1."""
     key = create_key_sync(database_url, "budget")
     procs = _start(system, fake_llm, TIMINGS)
     _wait_listening(server_url, database_name, procs)
@@ -177,7 +177,7 @@ def test_behind_pgbouncer_each_process_holds_its_stated_client_connections_and_t
 ) -> None:
     """Through PgBouncer (3 server connections) under load: the database sees the pooler's 3 server connections
     and the worker's direct LISTEN connection, nothing more; at the pooler the api holds at most API_POOL_SIZE
-    client connections, the worker 3 plus its webhooks' 1, the sweeper 1."""
+    client connections, the worker 3 plus its webhooks' 1 and its batch lane's 1, the sweeper 1."""
     bouncer = pgbouncer_factory(default_pool_size=3)
     env: dict[str, Any] = {"DATABASE_URL": bouncer.url(database_name), "DATABASE_POOLER": "transaction",
            "DATABASE_LISTEN_URL": database_url, **TIMINGS}

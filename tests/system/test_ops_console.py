@@ -501,7 +501,7 @@ def test_the_console_files_come_with_the_strict_csp(system: System) -> None:
     api = system.api()
     with httpx.Client(base_url=api.base_url) as client:
         modules = ["ops.js", "ops-ui.js", "ops-overview.js", "ops-jobs.js", "ops-job.js", "ops-clients.js",
-                   "ops-workers.js", "ops-actions.js", "ops-webhooks.js", "format.js", "http.js"]
+                   "ops-workers.js", "ops-batches.js", "ops-actions.js", "ops-webhooks.js", "format.js", "http.js"]
         for path, content_type in (("/ops/", "text/html; charset=utf-8"), ("/ops", "text/html; charset=utf-8"),
                                    *((f"/static/{name}", "text/javascript; charset=utf-8") for name in modules),
                                    ("/static/ops.css", "text/css; charset=utf-8")):
@@ -738,3 +738,95 @@ def test_an_operator_sets_a_clients_weight_from_the_clients_screen(
     with psycopg.connect(database_url, autocommit=True) as conn:
         assert conn.execute("SELECT name, weight FROM api_clients ORDER BY name").fetchall() == [
             ("acme", 3), ("globex", 1)]
+
+
+def test_the_batches_screen_lists_batches_newest_first_with_their_counts_expiry_cost_and_saving(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """The Batches screen lists message batches newest first, 50 at a time with Older for the rest: each one's
+    state, the provider's id and counts, its expiry, what its ledger rows cost and what that saved against the
+    interactive price; the jobs list shows each job's lane, a batch job's page its batch and when it is due, and
+    the overview counts the batch lane apart from the interactive queue; on a phone the batch, its state, counts
+    and cost stay in view."""
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, list[int], list[seed.Job], seed.Job]:
+        acme, _ = await seed.client(conn, "acme")
+        # 52 old batches whose create the provider refused (nothing billed), then three of today
+        await conn.execute(
+            "INSERT INTO message_batches (state, model, request_count, fence_at, created_at, ended_at) "
+            "SELECT 'refused', 'claude-sonnet-5-5', 1, now() - interval '3 days' + make_interval(mins => g), "
+            "now() - interval '3 days' + make_interval(mins => g), now() - interval '3 days' "
+            "FROM generate_series(1, 52) g")
+        done = await seed.insert_jobs(conn, [seed.completed(acme, 4000 + n, cost=cost)
+                                             for n, cost in enumerate(("0.010000", "0.012500", "0.002500"))])
+        flying = await seed.insert_jobs(conn, [seed.running(acme, 600), seed.running(acme, 600)])
+        [plain] = await seed.insert_jobs(conn, [seed.pending(acme, 30)])
+        ended = await seed.batch(conn, "ended", done, created_ago_s=7200, provider_batch_id="msgbatch_0001ended",
+                                 counts={"succeeded": 3}, processing_status="ended")
+        sent = await seed.batch(conn, "sent", flying, created_ago_s=600, provider_batch_id="msgbatch_0002flying",
+                                counts={"processing": 2}, processing_status="in_progress")
+        intent = await seed.batch(conn, "intent", [], created_ago_s=30)
+        return await seed.operator_key(conn), [intent, sent, ended], [*done, *flying], plain
+
+    key, (intent, sent, ended), batch_jobs, plain = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, "#/batches")
+    rows = page.locator("#batches-rows tr")
+    expect(rows).to_have_count(50, timeout=WAIT_MS)
+    assert rows.evaluate_all("rows => rows.slice(0, 3).map(r => Number(r.dataset.batchId))") == [intent, sent, ended]
+    newest_first = [int(row) for (row,) in rows_of(database_url, "SELECT id FROM message_batches ORDER BY id DESC")]
+    page.click("#batches-more")
+    expect(rows).to_have_count(55, timeout=WAIT_MS)
+    expect(page.locator("#batches-more")).to_be_hidden()
+    assert rows.evaluate_all("rows => rows.map(r => Number(r.dataset.batchId))") == newest_first
+
+    def shown(batch_id: int, key_: str) -> str:
+        return page.locator(f'#batches-rows tr[data-batch-id="{batch_id}"] [data-k="{key_}"]').inner_text()
+
+    cost = scalar(database_url, "SELECT sum(cost_usd) FROM llm_calls WHERE batch_id = %s AND billed", ended)
+    assert cost == Decimal("0.025")
+    assert (shown(ended, "state"), shown(ended, "counts"), shown(ended, "cost"), shown(ended, "saved")) == (
+        "ended", "3 succeeded", usd(cost), usd(cost))
+    assert "msgbatch_0001ended" in shown(ended, "batch")
+    assert (shown(sent, "state"), shown(sent, "counts"), shown(sent, "cost")) == ("sent", "2 processing", "$0")
+    assert re.search(r"\nin 23\.\d h$", shown(sent, "expires")), shown(sent, "expires")
+    assert (shown(intent, "state"), shown(intent, "counts")) == ("intent", "0 requests")
+    refused = newest_first[-1]
+    assert (shown(refused, "state"), shown(refused, "counts"), shown(refused, "cost")) == ("refused", "1 request", "$0")
+    expect(page.locator("#batches-status")).to_have_text(
+        f"55 batches shown: {usd(cost)} at 50 % of the interactive price, {usd(cost)} saved.")
+    capture(page, "ops-batches")
+    assert console.fits_the_screen() and console.in_view('#batches-rows td[data-k="saved"]')
+
+    # each job's lane in the list; a batch job's batch and due time on its page
+    page.click("#nav a[data-screen=jobs]")
+    expect(page.locator("#jobs-rows tr")).to_have_count(6, timeout=WAIT_MS)
+    lanes = dict(zip(page.locator("#jobs-rows tr").evaluate_all("rows => rows.map(r => r.dataset.jobId)"),
+                     page.locator('#jobs-rows td[data-k="lane"]').all_inner_texts(), strict=True))
+    assert lanes == {**{str(job.public_id): "batch" for job in batch_jobs}, str(plain.public_id): "interactive"}
+    page.goto(console.base + f"#/jobs/{batch_jobs[3].public_id}")
+    expect(page.locator('[data-k="job.batch"]')).to_have_text(f"#{sent} sent (in_progress), msgbatch_0002flying",
+                                                              timeout=WAIT_MS)
+    expect(page.locator('[data-k="job.lane"]')).to_contain_text("batch")
+    expires = scalar(database_url, "SELECT expires_at FROM message_batches WHERE id = %s", sent)
+    due = page.evaluate("iso => { const t = new Date(iso); const p = n => String(n).padStart(2, '0'); "
+                        "return `${t.getFullYear()}-${p(t.getMonth() + 1)}-${p(t.getDate())} ${p(t.getHours())}:"
+                        "${p(t.getMinutes())}:${p(t.getSeconds())}`; }", expires.isoformat())
+    expect(page.locator('[data-k="job.due_by"]')).to_contain_text(due)
+    capture(page, "ops-job-batch")
+    page.click('[data-k="job.batch"] a')
+    expect(page.locator("#batches-rows tr").first).to_be_visible(timeout=WAIT_MS)
+
+    page.click("#nav a[data-screen=overview]")
+    expect(page.locator('[data-k="queue.batch_live"]')).to_have_text("2", timeout=WAIT_MS)
+    assert cell(page, "queue.pending") == "1" and cell(page, "queue.running") == "0"
+
+    phone = Console(browser, api, PHONE)
+    small = phone.open(key, "#/batches")
+    expect(small.locator("#batches-rows tr")).to_have_count(50, timeout=WAIT_MS)
+    assert phone.fits_the_screen()
+    capture(small, "ops-batches-phone")
+    for column in ("batch", "state", "counts", "cost"):
+        assert phone.in_view(f'#batches-rows tr[data-batch-id="{ended}"] td[data-k="{column}"]'), column
+    assert console.errors == [] and phone.errors == []

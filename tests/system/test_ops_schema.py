@@ -69,6 +69,6 @@ def test_the_console_endpoints_answer_as_the_openapi_document_says(system: Syste
 
             call()
             sent[f"{operation.label} ({mode.value})"] = count
-    assert len(sent) == 30 and all(sent.values()), sent
+    assert len(sent) == 32 and all(sent.values()), sent
     assert api.popen.poll() is None
     assert not [event for event in api.events() if event.get("level") == "error"]

@@ -376,3 +376,60 @@ def test_page_files_are_served_with_their_types_and_security_headers(system: Sys
         assert client.get("/static/index.html").status_code == 404
         assert client.get("/static/..%2Fpage.py").status_code == 404
         assert "/" not in client.get("/schema/openapi.json").json()["paths"]
+
+
+def test_page_offers_the_batch_lane_says_when_the_story_is_due_and_shows_it_when_its_batch_ends(
+    system: System, database_url: str, browser: Browser,
+) -> None:
+    """"Tonight is fine" sends "lane": "batch": the page says the story waits for the next batch at half the
+    price and when it is due at the latest (the api's due_by, in the parent's time), asks again only as often as
+    the api's Retry-After says (above the page's own 5 s), and shows the story once its batch (the offline batch
+    writer) has ended."""
+    api_key = create_key_sync(database_url, "page")
+    lane: dict[str, Any] = {"BATCH_COLLECT_S": 2, "BATCH_POLL_INTERVAL_S": 7, "OFFLINE_DELAY_S": 1}
+    api = system.api(**lane)
+    console_errors: list[str] = []
+    page = open_page(browser, f"{api.base_url}/", console_errors)
+    polls: list[float] = []
+    page.on("request", lambda request: polls.append(time.monotonic())
+            if request.method == "GET" and "/stories/jobs/" in request.url and "00000000-" not in request.url
+            else None)
+
+    save_key(page, api_key)
+    page.fill("#prompt", "a whale who hums the tide to sleep")
+    expect(page.locator("label", has=page.locator("#tonight"))).to_have_text(
+        "Tonight is fine: within the day, half the price; usually within the hour")
+    page.check("#tonight")
+    capture(page, "page-batch-form")
+    page.click("#submit")
+    status = page.locator("#status")
+    # no worker yet: the job waits for a batch
+    expect(status).to_contain_text("Your story will be written with the next batch of stories, at half the price.",
+                                   timeout=WAIT_MS)
+    [(job_id, lane_, request_lane)] = query(database_url, "SELECT public_id::text, lane::text, request->>'lane' "
+                                                          "FROM story_jobs")
+    assert (lane_, request_lane) == ("batch", "batch")
+    due_by = httpx.get(f"{api.base_url}/stories/jobs/{job_id}",
+                       headers={"Authorization": f"Bearer {api_key}"}).json()["due_by"]
+    due = page.evaluate("async (iso) => (await import('/static/app.js')).dueText(iso)", due_by)
+    assert re.fullmatch(r"by \w{3} \d\d:\d\d( [AP]M)?", due), due
+    expect(status).to_contain_text(f"It will be ready {due} at the latest, usually within the hour.")
+    expect(page.locator("#progress")).to_be_hidden()
+    expect(page.locator("#cancel")).to_be_visible()
+    capture(page, "page-batch-waiting")
+
+    system.worker(**lane)
+    expect(page.locator("#story-title")).to_be_visible(timeout=WAIT_MS)
+    expect(status).to_have_text("Your story is ready.")
+    capture(page, "page-batch-story")
+    assert query(database_url, "SELECT j.status::text, b.state FROM story_jobs j "
+                               "JOIN message_batches b ON b.id = j.batch_id") == [("completed", "ended")]
+    # the api asked for 7 s between polls of a batch job, more than an interactive job's 5 s at most
+    gaps = [later - earlier for earlier, later in zip(polls, polls[1:], strict=False)]
+    assert gaps and min(gaps) >= 6.8, gaps
+    assert console_errors == []
+
+
+def query(database_url: str, sql: str) -> list[tuple[Any, ...]]:
+    with psycopg.connect(database_url, autocommit=True) as conn:
+        return conn.execute(sql).fetchall()

@@ -301,9 +301,9 @@ class AnthropicBatches:
         self._create_timeout = anthropic.Timeout(create_timeout_s, connect=connect_timeout_s)
 
     @classmethod
-    def from_settings(cls, settings: WorkerSettings, *, create_timeout_s: float = 120.0) -> AnthropicBatches:
+    def from_settings(cls, settings: WorkerSettings) -> AnthropicBatches:
         return cls(api_key=settings.anthropic_api_key, base_url=settings.anthropic_base_url,
-                   timeout_s=settings.llm_read_timeout_s, create_timeout_s=create_timeout_s)
+                   timeout_s=settings.llm_read_timeout_s, create_timeout_s=settings.batch_create_timeout_s)
 
     async def aclose(self) -> None:
         await self._client.close()

@@ -186,6 +186,9 @@ class BatchLane:
         try:
             self._lease = await self._store.lease_take(self.holder, self.lease_s)
             if self._lease is None:
+                # the holder reports the batches in flight; a former holder's
+                # figures would otherwise stay, stale, beside the new one's
+                metrics.set_in_flight(())
                 return result
             result.holding = True
             live = await self._store.live()

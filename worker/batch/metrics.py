@@ -14,7 +14,8 @@ IN_FLIGHT = Gauge(
     "storyjobs_batches_in_flight",
     "Message batches the lane looks after, by state: intent (created or not: its create call is unanswered, "
     "reconciled), sent (in flight at the provider), stray (found after a lost create: cancelled, its results "
-    "charged), lost (given up, still watched for a day). As the lease holder last saw them.",
+    "charged), lost (given up, still watched for a day). As the lease holder saw them at its last tick; 0 in a "
+    "worker that does not hold the lease.",
     ["state"],
 )
 STATES = ("intent", "sent", "stray", "lost")
