@@ -281,3 +281,21 @@ async def test_a_stray_batch_found_after_a_lost_intent_is_cancelled_and_its_resu
     ((cost, charged, outcome),) = await cur.fetchall()
     assert outcome == "succeeded" and cost == charged
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'ended'") == 1
+
+
+async def test_a_batch_the_provider_no_longer_knows_charges_its_requests_as_of_unknown_outcome(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A retrieve answered 404 (the batch deleted by someone else): its requests may have been billed, so
+    their jobs fail as llm_error, their ledger rows billed at the worst case; nothing is sent again."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a vanished heron")
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    fake.queue_fault("retrieve", Fault(status=404))
+    await lane.tick_once()
+    assert await _jobs(conn) == [("failed", "llm_error", False)]
+    ((_, attempt, outcome, billed),) = await _ledger(conn)
+    assert (attempt, outcome, billed) == (1, "interrupted", True)
+    await lane.tick_once()
+    assert len(fake.creates) == 1

@@ -229,6 +229,10 @@ class BatchLane:
             return
         requests = await self._requests(intent)
         if not requests:
+            # every request of it was dropped: nothing to send, nothing to reconcile
+            await self._store.refused(intent.id, outcome="not_sent", error_code="invalid_request",
+                                      error_text="no request of the batch could be sent",
+                                      max_attempts=self.settings.batch_max_attempts)
             return
         # the lease renewed just before the call: a holder whose lease ran
         # out never sends (another may be reconciling this very intent)
@@ -360,9 +364,11 @@ class BatchLane:
         try:
             info = await self._provider.retrieve(batch.provider_batch_id)
         except BatchNotFound:
-            # the provider no longer knows it (the offline provider after a
-            # restart): whatever was not read billed nothing there
-            await self._ingest_missing(batch, ResultKind.EXPIRED, result)
+            # the provider no longer knows it. The offline provider after a
+            # restart: nothing of it was billed there. A real provider (the
+            # batch deleted by someone): its requests may have been billed
+            kind = ResultKind.EXPIRED if self._provider.provider == "offline" else ResultKind.UNKNOWN
+            await self._ingest_missing(batch, kind, result)
             return
         except BatchError as exc:
             log.info("batch.retrieve_unavailable", batch=batch.id, error=exc.message)
