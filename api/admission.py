@@ -4,7 +4,7 @@ A strict QUEUE_MAX needs one lock around every admission, and with one
 commit per admission the api could admit no faster than the disk flushes.
 So each api process sends the POSTs that arrived while its previous batch was
 being written as one batch: one admission lock, one statement, one commit
-(api.store.job_insert_if_admitted). Under light load a batch is a single
+(ApiStore.job_insert_if_admitted). Under light load a batch is a single
 POST and waits for nothing; under heavy load the batches grow.
 """
 
@@ -15,10 +15,10 @@ from decimal import Decimal
 
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.rows import Admission, EnqueueResult
+from api.store import ApiStore
 from shared import prompt
 from shared.config import BaseSettings
-from shared.rows import Admission, EnqueueResult
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 
 # the most POSTs one transaction carries
@@ -97,8 +97,8 @@ class AdmissionBatcher:
                 first[key] = len(unique)
                 unique.append(admission)
         async with self._pool.connection(timeout=self._connection_wait_s) as conn:
-            answered = await api_store.job_insert_if_admitted(
-                conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
+            answered = await ApiStore(conn).job_insert_if_admitted(
+                admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
                 budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
             )
         self.batches_written += 1

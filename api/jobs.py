@@ -1,9 +1,9 @@
 """The job endpoints: enqueue, poll, cancel, and read a story.
 
 All database work of an answer runs under one deadline, API_REQUEST_TIMEOUT_S
-(the ``conn`` dependency, api/deps.py; for POST, its lookup and its admission
-batch): past it, or with the database unreachable, the answer is 503 with
-Retry-After, never a hang.
+(the ``store`` and ``slots`` dependencies, api/deps.py; for POST, its lookup
+and its admission batch): past it, or with the database unreachable, the
+answer is 503 with Retry-After, never a hang.
 
 POST bodies are read as JSON whatever their Content-Type says (a client that
 forgets the header is not refused for it), strictly and with every field
@@ -27,22 +27,21 @@ from litestar.params import HeaderParameter, JSONBody, PathParameter
 from litestar.typing import FieldDefinition
 
 from api import metrics, pacing
-from api import store as api_store
 from api.admission import admission
 from api.auth import (
     CLIENT_DEPENDENCIES,
-    ApiKey,
+    ClientStore,
     VerifiedClient,
     check_bearer_key,
-    provide_api_key,
+    request_key,
     verify,
 )
-from api.deps import ApiState, deadline, parse_public_id, provide_api_state
+from api.deps import ApiState, ConnectionSlots, deadline, parse_public_id, provide_api_state
 from api.problems import FieldError, ProblemError, problem_responses
+from api.rows import JobRead
 from api.schemas import JobAccepted, JobError, JobState, Story
-from shared import store
+from api.store import ApiStore
 from shared.ratelimit import over_limit
-from shared.rows import JobRead
 from shared.status import JobStatus
 from shared.story_request import (
     InvalidStoryRequest,
@@ -148,8 +147,9 @@ def _replay(job_id: uuid.UUID, status: JobStatus, stored: bytes, requested: byte
     responses=problem_responses(400, 401, 413, 422, 429, 503),
 )
 async def generate_story(
+    request: Request[Any, Any, Any],
     api_state: NamedDependency[ApiState],
-    api_key: NamedDependency[ApiKey],
+    slots: NamedDependency[ConnectionSlots],
     idempotency_key: Annotated[
         str | None,
         HeaderParameter(
@@ -167,27 +167,26 @@ async def generate_story(
     key = _idempotency_key(idempotency_key)
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
-    # not the ``conn`` dependency: the admission batch takes a connection of
-    # its own from the same pool, so this one is given back before it
-    async with deadline(api_state):
-        async with api_state.connection_slots.connection() as conn:
-            found = await api_store.job_get_by_idempotency_key_for_key(
-                conn, key_prefix=api_key.prefix, idempotency_key=key
-            )
-        verify(found, api_key)
-        assert found is not None
-        new = admission(found.client_id, key, data, api_state.settings)
-        requested = new.request_fingerprint
-        if found.public_id is not None:
-            assert found.status is not None and found.request_fingerprint is not None
-            return _replay(found.public_id, found.status, found.request_fingerprint, requested)
-        if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
-                                output_tokens=new.max_tokens)) is not None:
-            raise ProblemError(422, "Over the provider's rate limit",
-                               f"this story alone needs more than {limit} allows a minute, so the provider "
-                               "would never take it; nothing was stored (a shorter prompt or length fits)",
-                               reason="over_rate_limit")
-        result = await api_state.admissions.admit(new)
+    api_key = request_key(request)
+    # ``slots``, not ``store``: the admission batch takes a connection of its
+    # own from the same pool, so this one is given back before it (a request
+    # holding one while it waits for another could wait on a pool it helps fill)
+    async with slots.store() as store:
+        found = await store.job_get_by_idempotency_key_for_key(key_prefix=api_key.prefix, idempotency_key=key)
+    verify(found, api_key)
+    assert found is not None
+    new = admission(found.client_id, key, data, api_state.settings)
+    requested = new.request_fingerprint
+    if found.public_id is not None:
+        assert found.status is not None and found.request_fingerprint is not None
+        return _replay(found.public_id, found.status, found.request_fingerprint, requested)
+    if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
+                            output_tokens=new.max_tokens)) is not None:
+        raise ProblemError(422, "Over the provider's rate limit",
+                           f"this story alone needs more than {limit} allows a minute, so the provider "
+                           "would never take it; nothing was stored (a shorter prompt or length fits)",
+                           reason="over_rate_limit")
+    result = await api_state.admissions.admit(new)
     if result.outcome in ("budget_exhausted", "client_budget_exhausted"):
         which = ("today's spend budget" if result.outcome == "budget_exhausted"
                  else "your spend budget for today")
@@ -243,19 +242,18 @@ def _job_state(job: JobRead, remaining_s: float | None) -> JobState:
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
-    # The hottest path takes no dependency: it opens its connection itself,
-    # under the same deadline (api.deps.deadline), since Litestar's generator
+    # The hottest path takes no dependency: it takes its store itself, under
+    # the same deadline (api.deps.deadline), since Litestar's generator
     # dependency and the copy of the app's state it resolves cost 40 of the
     # 300 us of CPU a poll took (measured in-process, min of 30 x 500 polls).
     api_state = provide_api_state(request.app.state)
-    api_key = provide_api_key(request, api_state)
+    api_key = request_key(request)
     # The connection is held for the one statement only: under load every
     # poll waits for one, and each moment a poll holds it longer is paid by
     # the polls queued behind it.
     async with deadline(api_state):
-        async with api_state.connection_slots.connection() as conn:
-            view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix,
-                                                   job_id=parse_public_id(job_id))
+        async with api_state.connection_slots.store() as store:
+            view = await store.job_get_for_key(key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
         verify(view, api_key)
         assert view is not None
         job = view.job
@@ -287,15 +285,15 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     dependencies=CLIENT_DEPENDENCIES,
 )
 async def cancel_job(
-    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient], job_id: _JOB_ID
+    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], job_id: _JOB_ID
 ) -> Response[JobState]:
     public_id = parse_public_id(job_id)
-    result = await api_store.job_cancel(conn, client_id=client.client_id, job_id=public_id)
+    result = await store.job_cancel(client_id=client.client_id, job_id=public_id)
     if result is None:
         raise ProblemError(404, "Not Found", "no such job")
     if not result.cancelled:
         raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
-    view = await api_store.job_get_for_key(conn, key_prefix=client.key_prefix, job_id=public_id)
+    view = await store.job_get_for_key(key_prefix=client.key_prefix, job_id=public_id)
     assert view is not None and view.job is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
              key_prefix=client.key_prefix)
@@ -308,12 +306,13 @@ async def cancel_job(
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_story(
-    api_key: NamedDependency[ApiKey],
-    conn: NamedDependency[store.Conn],
+    request: Request[Any, Any, Any],
+    store: NamedDependency[ApiStore],
     story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[Story]:
-    view = await api_store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
+    api_key = request_key(request)
+    view = await store.story_get_for_key(key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story is None:
@@ -322,7 +321,7 @@ async def get_story(
 
 
 # A client's routes: check_bearer_key checks the key's shape before the body
-# is read, and hands the key to each handler as the api_key dependency.
+# is read, and keeps the key for each handler (request_key).
 ROUTES = Router(
     "/",
     route_handlers=[generate_story, get_job, cancel_job, get_story],

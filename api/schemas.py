@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared.rows import StoryRow
+from api.rows import StoryRow
 from shared.status import JobStatus
 
 

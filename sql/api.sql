@@ -360,3 +360,7 @@ SET previous_secret = secret, previous_secret_expires_at = now() + make_interval
     secret = %(secret)s
 WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
 RETURNING id, url, events, created_at, disabled_at, failing_since;
+
+-- name: server_ping
+-- GET /readyz: the database answers a statement.
+SELECT 1;

@@ -12,7 +12,12 @@ from litestar.datastructures import CacheControlHeader
 from litestar.di import Provide
 
 from api.ops import actions, clients, history, jobs, overview, webhooks, workers
-from api.ops.guard import provide_operator, refuse_unknown_query, require_operator_key
+from api.ops.guard import (
+    provide_operator,
+    provide_operator_store,
+    refuse_unknown_query,
+    require_operator_key,
+)
 
 ROUTES = Router(
     "/ops/api",
@@ -22,7 +27,8 @@ ROUTES = Router(
                     actions.list_actions,
                     webhooks.ops_list_endpoints, webhooks.ops_retry_delivery],
     guards=[require_operator_key, refuse_unknown_query],
-    dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},
+    dependencies={"store": Provide(provide_operator_store),
+                  "operator": Provide(provide_operator, sync_to_thread=False)},
     tags=["ops"],
     security=[{"OperatorKey": []}],
     cache_control=CacheControlHeader(no_store=True),
