@@ -37,6 +37,7 @@ from api.auth import (
     verify,
 )
 from api.deps import ApiState, ConnectionSlots, deadline, parse_public_id, provide_api_state
+from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
 from api.rows import JobRead
 from api.schemas import JobAccepted, JobError, JobState, Story
@@ -324,7 +325,7 @@ async def get_story(
 # is read, and keeps the key for each handler (request_key).
 ROUTES = Router(
     "/",
-    route_handlers=[generate_story, get_job, cancel_job, get_story],
+    route_handlers=with_options([generate_story, get_job, cancel_job, get_story]),
     before_request=check_bearer_key,
     security=[{"BearerAuth": []}],
 )

@@ -35,6 +35,7 @@ from litestar.params import JSONBody, PathParameter
 
 from api.auth import CLIENT_DEPENDENCIES, ClientStore, VerifiedClient, require_bearer_key
 from api.deps import ApiState, parse_public_id
+from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
 from shared import webhooks
 from shared.rows import WebhookEndpointRow
@@ -161,7 +162,7 @@ async def rotate_secret(
 
 ROUTES = Router(
     "/",
-    route_handlers=[create_endpoint, list_endpoints, delete_endpoint, rotate_secret],
+    route_handlers=with_options([create_endpoint, list_endpoints, delete_endpoint, rotate_secret]),
     guards=[require_bearer_key],
     dependencies=CLIENT_DEPENDENCIES,
     security=[{"BearerAuth": []}],

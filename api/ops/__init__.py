@@ -18,14 +18,16 @@ from api.ops.guard import (
     refuse_unknown_query,
     require_operator_key,
 )
+from api.options import with_options
 
 ROUTES = Router(
     "/ops/api",
-    route_handlers=[overview.get_overview, history.get_history, workers.list_workers, jobs.list_jobs,
-                    jobs.get_job_detail, jobs.cancel_job, jobs.count_pending, jobs.cancel_pending,
-                    clients.list_clients, clients.revoke_client_keys, clients.set_client_weight, clients.revoke_key,
-                    actions.list_actions,
-                    webhooks.ops_list_endpoints, webhooks.ops_retry_delivery],
+    route_handlers=with_options([
+        overview.get_overview, history.get_history, workers.list_workers, jobs.list_jobs,
+        jobs.get_job_detail, jobs.cancel_job, jobs.count_pending, jobs.cancel_pending,
+        clients.list_clients, clients.revoke_client_keys, clients.set_client_weight, clients.revoke_key,
+        actions.list_actions,
+        webhooks.ops_list_endpoints, webhooks.ops_retry_delivery]),
     guards=[require_operator_key, refuse_unknown_query],
     dependencies={"store": Provide(provide_operator_store),
                   "operator": Provide(provide_operator, sync_to_thread=False)},
