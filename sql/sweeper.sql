@@ -73,12 +73,11 @@ SELECT pg_postmaster_start_time();
 
 -- name: job_queue_gauges
 -- Queue depth by live status and the oldest pending job's age: read from the
--- active index only.
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
-       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
-           SELECT created_at FROM story_jobs WHERE status = 'pending' ORDER BY created_at, id LIMIT 1
-       )), 0)::float8 AS oldest_pending_age_seconds;
+-- active index only (job_queue_depth, migration 014).
+SELECT pending, running,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - oldest_pending_created_at), 0)::float8
+           AS oldest_pending_age_seconds
+FROM job_queue_depth;
 
 -- name: job_prune_finished
 -- Deletes finished jobs past retention, with their stories and idempotency
