@@ -79,7 +79,7 @@ async def provide_operator_store(
         yield OperatorStore(conn, await _checked_operator(conn, api_key))
 
 
-def _checked_by_its_store(handler: BaseRouteHandler) -> bool:
+def store_checks_the_key(handler: BaseRouteHandler) -> bool:
     """Whether the handler takes the ``store`` that checks the operator's key."""
     provide = handler.resolve_dependencies().get("store")
     return (provide is not None and provide.dependency is provide_operator_store
@@ -92,7 +92,7 @@ async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], h
     answer that takes none (Litestar's OPTIONS) has it checked here, on a
     connection of its own, so that no answer under /ops/api skips the check."""
     api_key = bearer_key(connection.scope)
-    if _checked_by_its_store(handler):
+    if store_checks_the_key(handler):
         return
     api_state: ApiState = connection.app.state.storyjobs
     async with deadline(api_state), api_state.connection_slots.connection() as conn:

@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 from api.app import create_app
 from api.auth import provide_client_store
 from api.deps import provide_slots, provide_store
-from api.ops.guard import _checked_by_its_store, provide_operator_store
+from api.ops.guard import provide_operator_store, store_checks_the_key
 from tests.support.settings import api_settings
 
 # what each dependency that takes a connection enters: the request's deadline
@@ -85,7 +85,7 @@ def test_every_console_endpoint_checks_the_operator_key_on_its_own_store() -> No
         if not isinstance(route, HTTPRoute) or not route.path.startswith("/ops/api/"):
             continue
         for method, (handler, _) in route.route_handler_map.items():
-            (checked if _checked_by_its_store(handler) else by_the_guard).add((method, route.path))
+            (checked if store_checks_the_key(handler) else by_the_guard).add((method, route.path))
     assert len(checked) == 15 and {method for method, _ in checked} == {"GET", "POST", "PUT"}
     assert {method for method, _ in by_the_guard} == {"OPTIONS"}
     assert all(_providers()[where]["store"] is provide_operator_store for where in checked)
