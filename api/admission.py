@@ -4,7 +4,7 @@ A strict QUEUE_MAX needs one lock around every admission, and with one
 commit per admission the api could admit no faster than the disk flushes.
 So each api process sends the POSTs that arrived while its previous batch was
 being written as one batch: one admission lock, one statement, one commit
-(api.store.job_insert_if_admitted). Under light load a batch is a single
+(ApiStore.job_insert_if_admitted). Under light load a batch is a single
 POST and waits for nothing; under heavy load the batches grow.
 """
 
@@ -17,10 +17,10 @@ from opentelemetry import trace
 from opentelemetry.trace import Tracer
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.rows import Admission, EnqueueResult
+from api.store import ApiStore
 from shared import prompt, telemetry
 from shared.config import BaseSettings
-from shared.rows import Admission, EnqueueResult
 from shared.status import Lane
 from shared.story_request import StoryRequest, canonical_json, fingerprint
 
@@ -114,8 +114,8 @@ class AdmissionBatcher:
         with self._tracer.start_as_current_span("storyjobs.admission", links=links,
                                                 attributes={"storyjobs.admission.requests": len(unique)}):
             async with self._pool.connection(timeout=self._connection_wait_s) as conn:
-                answered = await api_store.job_insert_if_admitted(
-                    conn, admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
+                answered = await ApiStore(conn).job_insert_if_admitted(
+                    admissions=unique, queue_max=self._queue_max, client_queue_max=self._client_queue_max,
                     budget_usd=self._budget_usd, client_budget_usd=self._client_budget_usd,
                     batch_queue_max=self._batch_queue_max, client_batch_queue_max=self._client_batch_queue_max,
                 )

@@ -3,12 +3,14 @@
 The app holds no state of its own beyond a short cache of drain statistics:
 any number of replicas can serve behind a load balancer. Handlers receive
 what they need by dependency injection (api/deps.py): ``api_state``
-(settings, pool, admissions), ``conn`` (a pooled connection under the
-request's deadline) and ``api_key`` (the request's bearer key) everywhere;
-``client`` on the routes that act for a client (api/auth.py), ``operator`` on
-the console's (api/ops/guard.py). The pool is
-the caller's: ``python -m api`` opens and closes it in a lifespan context
-manager (api/__main__.py), a test passes one it already opened.
+(settings, pool, admissions), ``store`` (the api's queries on a pooled
+connection under the request's deadline) and ``slots`` (the same, taken and
+given back within the answer) everywhere; on the routes that act for a client
+a ``store`` that checked the client's key and ``client`` (api/auth.py), on the
+console's one that checked the operator's and ``operator``
+(api/ops/guard.py). The pool is the caller's: ``python -m api`` opens and
+closes it in a lifespan context manager (api/__main__.py), a test passes one
+it already opened.
 """
 
 from __future__ import annotations
@@ -41,8 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import docs_pages, metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
-from api.auth import provide_api_key
-from api.deps import ApiState, ConnectionSlots, provide_api_state, provide_connection
+from api.deps import ApiState, ConnectionSlots, provide_api_state, provide_slots, provide_store
 from api.jobs import ROUTES
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
@@ -104,10 +105,12 @@ async def healthz() -> Health:
     summary="Readiness: the database answers",
     responses=problem_responses(503),
 )
-async def readyz(api_state: NamedDependency[ApiState]) -> Response[Health]:
+async def readyz(api_state: NamedDependency[ApiState], slots: NamedDependency[ConnectionSlots]) -> Response[Health]:
+    # ``slots``, not ``store``: a connection that cannot be made is the
+    # answer's subject here, and this handler must see the failure to say why
     try:
-        async with asyncio.timeout(READY_TIMEOUT_S), api_state.pool.connection() as conn:
-            await conn.execute("SELECT 1")
+        async with asyncio.timeout(READY_TIMEOUT_S), slots.store() as store:
+            await store.ping()
     except (psycopg.OperationalError, TimeoutError) as exc:
         detail = f"the database does not answer ({type(exc).__name__})"
         if await _refused_by_pooler(api_state.pool):
@@ -173,8 +176,8 @@ def create_app(
                         *page.ROUTES, *(docs_pages.ROUTES if settings.api_docs_pages else [])],
         dependencies={
             "api_state": Provide(provide_api_state, sync_to_thread=False),
-            "api_key": Provide(provide_api_key, sync_to_thread=False),
-            "conn": Provide(provide_connection),
+            "store": Provide(provide_store),
+            "slots": Provide(provide_slots),
         },
         exception_handlers=EXCEPTION_HANDLERS,
         lifespan=list(lifespan),

@@ -3,12 +3,12 @@ body is read; the key itself is checked against the database in the first
 query on the request's connection, so that authentication costs no extra
 round trip and a revoked key is refused from the very next request: by the
 handler, when that query is its own (a job or a story read for the key), or
-by ``provide_client_connection`` when the handler acts for the client (the
-``client`` dependency).
+by ``provide_client_store`` when the handler acts for the client (its
+``store`` is a ClientStore, and the ``client`` dependency reads it).
 
-The check keeps the key on the connection's state only, and handlers receive
-it as the ``api_key`` dependency (``provide_api_key``); its repr shows the
-prefix, so that no log line or traceback can carry the secret.
+The check keeps the key on the request's state only, and handlers read it with
+``request_key``; its repr shows the prefix, so that no log line or traceback
+can carry the secret.
 
 The client's routes run the check as a ``before_request`` hook, not a guard:
 Litestar hands every guard call a copy of the route handler, which cost the
@@ -28,7 +28,9 @@ from litestar.types import Scope
 
 from api.deps import ApiState, deadline
 from api.problems import unauthorized
-from shared import keys, store
+from api.store import ApiStore
+from shared import keys
+from shared.store import Conn
 
 # where the request's key is kept on its state (Litestar's ``request.state``)
 _API_KEY = "api_key"
@@ -69,7 +71,7 @@ class VerifiedClient:
 
 def bearer_key(scope: Scope) -> ApiKey:
     """The request's ``Authorization: Bearer sj_...`` key, if well formed,
-    else 401; kept on the request's state for ``provide_api_key``. Read
+    else 401; kept on the request's state for ``request_key``. Read
     straight from the ASGI scope (header names arrive in lower case):
     Litestar's ``headers`` and ``state`` build an object each on every use,
     a twentieth of the poll's time."""
@@ -99,13 +101,11 @@ async def check_bearer_key(request: Request[Any, Any, Any]) -> None:
     bearer_key(request.scope)
 
 
-def provide_api_key(request: Request[Any, Any, Any], api_state: NamedDependency[Any]) -> ApiKey:
-    """The ``api_key`` dependency: the key ``bearer_key`` found (on a
-    client's route, or under the operators' guard). It takes
-    ``api_state`` (unused) so that Litestar resolves the two one after the
-    other: dependencies that do not depend on each other it resolves
-    concurrently, in an anyio task group per request, a fifth of a poll's
-    time."""
+def request_key(request: ASGIConnection[Any, Any, Any, Any]) -> ApiKey:
+    """The key ``bearer_key`` found (on a client's route, or under the
+    operators' guard). Not a dependency: one more root of the dependency
+    graph would make Litestar resolve it beside ``api_state``, in an anyio
+    task group per request, a fifth of a poll's time."""
     key: ApiKey = request.scope["state"][_API_KEY]
     return key
 
@@ -118,30 +118,41 @@ def verify(record: KeyRecord | None, api_key: ApiKey) -> None:
         raise unauthorized("the API key is not valid")
 
 
-async def provide_client_connection(
-    request: Request[Any, Any, Any], api_state: NamedDependency[ApiState], api_key: NamedDependency[ApiKey]
-) -> AsyncIterator[store.Conn]:
-    """The ``conn`` of a route that acts for the client: the connection
-    (under api.deps.deadline), once the key is checked on it, else 401. The key is
-    checked here, inside the connection's deadline, rather than in a
-    dependency of its own resolved after ``conn`` (see api/deps.py)."""
+class ClientStore(ApiStore):
+    """The ``store`` of a route that acts for a client: an ApiStore whose
+    connection checked the client's key (provide_client_store), and
+    ``client``, whose it is."""
+
+    __slots__ = ("client",)
+
+    def __init__(self, conn: Conn, client: VerifiedClient) -> None:
+        super().__init__(conn)
+        self.client = client
+
+
+async def provide_client_store(
+    request: Request[Any, Any, Any], api_state: NamedDependency[ApiState]
+) -> AsyncIterator[ClientStore]:
+    """The ``store`` of a route that acts for the client: a ClientStore on a
+    connection (under api.deps.deadline), once the key is checked on it, else
+    401. The key is checked here, inside the connection's deadline, rather
+    than in a dependency of its own resolved after ``store`` (see
+    api/deps.py)."""
+    api_key = request_key(request)
     async with deadline(api_state), api_state.connection_slots.connection() as conn:
-        record = await store.api_key_get(conn, key_prefix=api_key.prefix)
+        record = await ApiStore(conn).api_key_get(key_prefix=api_key.prefix)
         verify(record, api_key)
         assert record is not None
-        request.state.client = VerifiedClient(record.client_id, api_key.prefix)
-        yield conn
+        yield ClientStore(conn, VerifiedClient(record.client_id, api_key.prefix))
 
 
-def provide_client(request: Request[Any, Any, Any], conn: NamedDependency[Any]) -> VerifiedClient:
-    """The ``client`` dependency: whose key provide_client_connection
-    checked, which it knows once it gave ``conn``."""
-    client: VerifiedClient = request.state.client
-    return client
+def provide_client(store: NamedDependency[ClientStore]) -> VerifiedClient:
+    """The ``client`` dependency: whose key the route's store checked."""
+    return store.client
 
 
 # the dependencies of a route that acts for the client
 CLIENT_DEPENDENCIES = {
-    "conn": Provide(provide_client_connection),
+    "store": Provide(provide_client_store),
     "client": Provide(provide_client, sync_to_thread=False),
 }

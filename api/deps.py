@@ -1,25 +1,37 @@
 """What every route may take by dependency injection: ``api_state`` (what
-create_app put on the app's state) and ``conn``, a pooled connection under the
-request's deadline; and the id of a job, story or endpoint read from a path.
-The poll (api.jobs.get_job), the hottest path, takes its connection itself
-rather than take ``conn``: the dependency cost 40 of a poll's 300 us of CPU.
+create_app put on the app's state), ``store`` (an ApiStore on a pooled
+connection under the request's deadline, held until the answer is built) and
+``slots`` (the pool's slots under the request's deadline, for a handler that
+holds a connection for part of its answer only); and the id of a job, story or
+endpoint read from a path. The routes that act for a client take a ``store``
+that checked the client's key on its connection (api/auth.py), the console's
+one that checked the operator's (api/ops/guard.py).
+
+Handlers never hold a connection: they are given a store. Three hold one for
+part of their answer only, each through ConnectionSlots.store() under the same
+deadline: POST /stories/generate gives its connection back before its
+admission batch takes one of the same pool (``slots``); /readyz must see the
+failure to connect to say why (``slots``); and the poll (api.jobs.get_job),
+the hottest path, takes no dependency at all: a generator dependency cost a
+measured sixth of its CPU (docs/performance.md).
 
 The deadline: all database work of an answer runs within
 API_REQUEST_TIMEOUT_S of taking its connection (waiting for the connection
 included). Past it, or with the database unreachable, the answer is 503 with
 Retry-After (api.problems), never a hang.
 
-``conn`` is an async generator dependency: Litestar takes the connection before
-the handler runs, throws whatever the handler raised into it, and gives it
-back to the pool once the handler's answer is built. The deadline is an
-``asyncio.timeout``, which cancels the task that entered it; so ``conn`` must
-be resolved in the request's own task, never beside another dependency
-(Litestar resolves dependencies that do not depend on each other concurrently,
-in a task group). It takes the request's key for that reason (see
-provide_connection), and tests/unit/test_api_dependencies.py checks every
-route. For the same reason no dependency resolved after ``conn`` queries the
-database: a query that outlives the deadline there would be cancelled outside
-``conn``'s reach.
+``store`` is an async generator dependency: Litestar takes the connection
+before the handler runs, throws whatever the handler raised into it, and gives
+it back to the pool once the handler's answer is built. The deadline is an
+``asyncio.timeout``, which cancels the task that entered it; so ``store`` (and
+``slots``) must be resolved in the request's own task, never beside another
+dependency (Litestar resolves dependencies that do not depend on each other
+concurrently, in a task group). Each route's dependencies form one chain
+(``api_state``, then ``store``, then ``client`` or ``operator``, which read
+the store), and tests/unit/test_api_dependencies.py checks every route. For
+the same reason no dependency resolved after ``store`` queries the database:
+a query that outlives the deadline there would be cancelled outside
+``store``'s reach.
 """
 
 from __future__ import annotations
@@ -37,15 +49,18 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from api import pacing
 from api.admission import AdmissionBatcher
-from shared import store
+from api.store import ApiStore
 from shared.config import ApiSettings
+from shared.store import Conn
 
 _NO_SUCH_ID = uuid.UUID(int=0)
 
 
 class ConnectionSlots:
-    """The one way a handler takes a pooled connection (``connection()``):
-    as many requests at once as the pool has connections, the others queued
+    """The one way a request takes a pooled connection (``connection()``, for
+    the ``store`` dependencies; ``store()``, for a handler that holds one for
+    part of its answer): as many requests at once as the pool has
+    connections, the others queued
     here, at most API_DB_WAIT_S, as they would be in the pool (then
     PoolTimeout: 503). Entered after ``deadline``.
 
@@ -66,6 +81,11 @@ class ConnectionSlots:
         """A connection of the pool, once a slot is free; both given back on exit."""
         return _SlotConnection(self)
 
+    def store(self) -> _SlotStore:
+        """An ApiStore on a connection of the pool, once a slot is free; both
+        given back on exit."""
+        return _SlotStore(self)
+
     async def _take(self) -> None:
         if not self._semaphore.locked():
             await self._semaphore.acquire()
@@ -85,9 +105,9 @@ class _SlotConnection:
 
     def __init__(self, slots: ConnectionSlots) -> None:
         self._slots = slots
-        self._pooled: AbstractAsyncContextManager[store.Conn] | None = None
+        self._pooled: AbstractAsyncContextManager[Conn] | None = None
 
-    async def __aenter__(self) -> store.Conn:
+    async def __aenter__(self) -> Conn:
         await self._slots._take()
         try:
             self._pooled = self._slots._pool.connection()
@@ -102,6 +122,21 @@ class _SlotConnection:
             return await self._pooled.__aexit__(*exc_info)
         finally:
             self._slots._semaphore.release()
+
+
+class _SlotStore:
+    """ConnectionSlots.store(): the slot's connection, as an ApiStore."""
+
+    __slots__ = ("_connection",)
+
+    def __init__(self, slots: ConnectionSlots) -> None:
+        self._connection = _SlotConnection(slots)
+
+    async def __aenter__(self) -> ApiStore:
+        return ApiStore(await self._connection.__aenter__())
+
+    async def __aexit__(self, *exc_info: Any) -> bool | None:
+        return await self._connection.__aexit__(*exc_info)
 
 
 @dataclass(frozen=True)
@@ -122,22 +157,27 @@ def provide_api_state(state: State) -> ApiState:
 def deadline(api_state: ApiState) -> asyncio.Timeout:
     """The deadline on all database work of an answer, entered before its
     connection is taken (``async with deadline(api_state),
-    api_state.connection_slots.connection() as conn``): an outage or a hung
+    api_state.connection_slots.store() as store``): an outage or a hung
     network answers TimeoutError (503), never a hang. The two are entered
     side by side rather than wrapped in a context manager of our own: a
     generator context manager around them costs every request about 8 us."""
     return asyncio.timeout(api_state.settings.api_request_timeout_s)
 
 
-async def provide_connection(
-    api_state: NamedDependency[ApiState], api_key: NamedDependency[Any]
-) -> AsyncIterator[store.Conn]:
-    """The ``conn`` dependency: a connection under ``deadline``, held until the
-    handler's answer is built. It takes ``api_key`` (the request's bearer
-    key, a client's or an operator's) only so that Litestar resolves the two
-    one after the other, and ``conn`` in the request's own task."""
+async def provide_store(api_state: NamedDependency[ApiState]) -> AsyncIterator[ApiStore]:
+    """The ``store`` dependency of a route whose own query checks the key (a
+    story read for the key): an ApiStore on a connection under ``deadline``,
+    held until the handler's answer is built."""
     async with deadline(api_state), api_state.connection_slots.connection() as conn:
-        yield conn
+        yield ApiStore(conn)
+
+
+async def provide_slots(api_state: NamedDependency[ApiState]) -> AsyncIterator[ConnectionSlots]:
+    """The ``slots`` dependency: the pool's slots under ``deadline``, for a
+    handler that takes a store (``slots.store()``) for part of its answer and
+    gives its connection back before it waits for another of the same pool."""
+    async with deadline(api_state):
+        yield api_state.connection_slots
 
 
 def parse_public_id(raw: str) -> uuid.UUID:

@@ -1,9 +1,9 @@
 """The job endpoints: enqueue, poll, cancel, and read a story.
 
 All database work of an answer runs under one deadline, API_REQUEST_TIMEOUT_S
-(the ``conn`` dependency, api/deps.py; for POST, its lookup and its admission
-batch): past it, or with the database unreachable, the answer is 503 with
-Retry-After, never a hang.
+(the ``store`` and ``slots`` dependencies, api/deps.py; for POST, its lookup
+and its admission batch): past it, or with the database unreachable, the
+answer is 503 with Retry-After, never a hang.
 
 POST bodies are read as JSON whatever their Content-Type says (a client that
 forgets the header is not refused for it), strictly and with every field
@@ -28,23 +28,23 @@ from litestar.params import HeaderParameter, JSONBody, PathParameter
 from litestar.typing import FieldDefinition
 
 from api import metrics, pacing
-from api import store as api_store
 from api.admission import admission
 from api.auth import (
     CLIENT_DEPENDENCIES,
-    ApiKey,
+    ClientStore,
     VerifiedClient,
     check_bearer_key,
-    provide_api_key,
+    request_key,
     verify,
 )
-from api.deps import ApiState, deadline, parse_public_id, provide_api_state
+from api.deps import ApiState, ConnectionSlots, deadline, parse_public_id, provide_api_state
+from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
+from api.rows import Admission, JobRead
 from api.schemas import JobAccepted, JobError, JobState, Story
-from shared import store
+from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.ratelimit import over_limit
-from shared.rows import Admission, JobRead
 from shared.status import JobStatus, Lane
 from shared.story_request import (
     InvalidStoryRequest,
@@ -155,8 +155,9 @@ def _replay(job_id: uuid.UUID, status: JobStatus, stored: bytes, requested: Admi
     responses=problem_responses(400, 401, 413, 422, 429, 503),
 )
 async def generate_story(
+    request: Request[Any, Any, Any],
     api_state: NamedDependency[ApiState],
-    api_key: NamedDependency[ApiKey],
+    slots: NamedDependency[ConnectionSlots],
     idempotency_key: Annotated[
         str | None,
         HeaderParameter(
@@ -174,27 +175,26 @@ async def generate_story(
     key = _idempotency_key(idempotency_key)
     if data is None:
         raise _invalid_body("body", "a JSON object with at least a prompt is required")
-    # not the ``conn`` dependency: the admission batch takes a connection of
-    # its own from the same pool, so this one is given back before it
-    async with deadline(api_state):
-        async with api_state.connection_slots.connection() as conn:
-            found = await api_store.job_get_by_idempotency_key_for_key(
-                conn, key_prefix=api_key.prefix, idempotency_key=key
-            )
-        verify(found, api_key)
-        assert found is not None
-        new = admission(found.client_id, key, data, api_state.settings)
-        if found.public_id is not None:
-            assert found.status is not None and found.request_fingerprint is not None
-            return _replay(found.public_id, found.status, found.request_fingerprint, new, found.created_at,
-                           api_state.settings)
-        if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
-                                output_tokens=new.max_tokens)) is not None:
-            raise ProblemError(422, "Over the provider's rate limit",
-                               f"this story alone needs more than {limit} allows a minute, so the provider "
-                               "would never take it; nothing was stored (a shorter prompt or length fits)",
-                               reason="over_rate_limit")
-        result = await api_state.admissions.admit(new)
+    api_key = request_key(request)
+    # ``slots``, not ``store``: the admission batch takes a connection of its
+    # own from the same pool, so this one is given back before it (a request
+    # holding one while it waits for another could wait on a pool it helps fill)
+    async with slots.store() as store:
+        found = await store.job_get_by_idempotency_key_for_key(key_prefix=api_key.prefix, idempotency_key=key)
+    verify(found, api_key)
+    assert found is not None
+    new = admission(found.client_id, key, data, api_state.settings)
+    if found.public_id is not None:
+        assert found.status is not None and found.request_fingerprint is not None
+        return _replay(found.public_id, found.status, found.request_fingerprint, new, found.created_at,
+                       api_state.settings)
+    if (limit := over_limit(api_state.settings, input_tokens=new.input_tokens_estimate,
+                            output_tokens=new.max_tokens)) is not None:
+        raise ProblemError(422, "Over the provider's rate limit",
+                           f"this story alone needs more than {limit} allows a minute, so the provider "
+                           "would never take it; nothing was stored (a shorter prompt or length fits)",
+                           reason="over_rate_limit")
+    result = await api_state.admissions.admit(new)
     if result.outcome in ("budget_exhausted", "client_budget_exhausted"):
         which = ("today's spend budget" if result.outcome == "budget_exhausted"
                  else "your spend budget for today")
@@ -230,7 +230,7 @@ def _per_s(per_minute: int | None) -> float | None:
     return None if per_minute is None else per_minute / 60.0
 
 
-def _job_state(job: JobRead, remaining_s: float | None, settings: ApiSettings) -> JobState:
+def _job_state(job: JobRead, remaining_s: float | None, settings: ApiSettings | None) -> JobState:
     fraction = pacing.fraction_done(job.progress, job.max_tokens)
     story = Story.of(job.story) if job.status is JobStatus.COMPLETED and job.story is not None else None
     return JobState(
@@ -252,10 +252,10 @@ def _job_state(job: JobRead, remaining_s: float | None, settings: ApiSettings) -
     )
 
 
-def _due_by(job: JobRead, settings: ApiSettings) -> datetime | None:
+def _due_by(job: JobRead, settings: ApiSettings | None) -> datetime | None:
     """A live batch job's due time: its batch's expiry once sent, else the
     end of the collection it waits for plus a day."""
-    if job.lane is not Lane.BATCH or job.status not in (JobStatus.PENDING, JobStatus.RUNNING):
+    if job.lane is not Lane.BATCH or job.status not in (JobStatus.PENDING, JobStatus.RUNNING) or settings is None:
         return None
     if job.batch_expires_at is not None:
         return job.batch_expires_at
@@ -269,19 +269,18 @@ def _due_by(job: JobRead, settings: ApiSettings) -> datetime | None:
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
-    # The hottest path takes no dependency: it opens its connection itself,
-    # under the same deadline (api.deps.deadline), since Litestar's generator
+    # The hottest path takes no dependency: it takes its store itself, under
+    # the same deadline (api.deps.deadline), since Litestar's generator
     # dependency and the copy of the app's state it resolves cost 40 of the
     # 300 us of CPU a poll took (measured in-process, min of 30 x 500 polls).
     api_state = provide_api_state(request.app.state)
-    api_key = provide_api_key(request, api_state)
+    api_key = request_key(request)
     # The connection is held for the one statement only: under load every
     # poll waits for one, and each moment a poll holds it longer is paid by
     # the polls queued behind it.
     async with deadline(api_state):
-        async with api_state.connection_slots.connection() as conn:
-            view = await api_store.job_get_for_key(conn, key_prefix=api_key.prefix,
-                                                   job_id=parse_public_id(job_id))
+        async with api_state.connection_slots.store() as store:
+            view = await store.job_get_for_key(key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
         verify(view, api_key)
         assert view is not None
         job = view.job
@@ -315,20 +314,20 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     dependencies=CLIENT_DEPENDENCIES,
 )
 async def cancel_job(
-    api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient],
-    job_id: _JOB_ID,
+    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], job_id: _JOB_ID
 ) -> Response[JobState]:
     public_id = parse_public_id(job_id)
-    result = await api_store.job_cancel(conn, client_id=client.client_id, job_id=public_id)
+    result = await store.job_cancel(client_id=client.client_id, job_id=public_id)
     if result is None:
         raise ProblemError(404, "Not Found", "no such job")
     if not result.cancelled:
         raise ProblemError(409, "Conflict", f"the job already finished ({result.previous_status})")
-    view = await api_store.job_get_for_key(conn, key_prefix=client.key_prefix, job_id=public_id)
+    view = await store.job_get_for_key(key_prefix=client.key_prefix, job_id=public_id)
     assert view is not None and view.job is not None
     log.info("job.cancelled", job_id=str(public_id), previous_status=result.previous_status,
              key_prefix=client.key_prefix)
-    return Response(_job_state(view.job, None, api_state.settings), headers=_NO_STORE)
+    # (a cancelled job is due no more: no settings needed for its due time)
+    return Response(_job_state(view.job, None, None), headers=_NO_STORE)
 
 
 @get(
@@ -337,12 +336,13 @@ async def cancel_job(
     responses=problem_responses(400, 401, 404, 503),
 )
 async def get_story(
-    api_key: NamedDependency[ApiKey],
-    conn: NamedDependency[store.Conn],
+    request: Request[Any, Any, Any],
+    store: NamedDependency[ApiStore],
     story_id: Annotated[str, PathParameter(description="The story_id of a completed job.",
                                            schema_extra={"format": OpenAPIFormat.UUID})],
 ) -> Response[Story]:
-    view = await api_store.story_get_for_key(conn, key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
+    api_key = request_key(request)
+    view = await store.story_get_for_key(key_prefix=api_key.prefix, story_id=parse_public_id(story_id))
     verify(view, api_key)
     assert view is not None
     if view.story is None:
@@ -351,10 +351,10 @@ async def get_story(
 
 
 # A client's routes: check_bearer_key checks the key's shape before the body
-# is read, and hands the key to each handler as the api_key dependency.
+# is read, and keeps the key for each handler (request_key).
 ROUTES = Router(
     "/",
-    route_handlers=[generate_story, get_job, cancel_job, get_story],
+    route_handlers=with_options([generate_story, get_job, cancel_job, get_story]),
     before_request=check_bearer_key,
     security=[{"BearerAuth": []}],
 )

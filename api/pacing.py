@@ -16,10 +16,10 @@ import msgspec
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.rows import DrainStats
+from api.store import ApiStore
 from shared import db
 from shared.config import BaseSettings
-from shared.rows import DrainStats
 from shared.status import JobStatus, Lane
 
 # a message batch ends, at the latest, this long after it was created
@@ -66,7 +66,7 @@ class DrainStatsCache:
             if self._clock() - self._read_at >= self._max_age_s:
                 try:
                     async with asyncio.timeout(self._timeout_s), self._pool.connection() as conn:
-                        self._stats = await api_store.job_drain_stats(conn, model=self._model)
+                        self._stats = await ApiStore(conn).job_drain_stats(model=self._model)
                 except _ESTIMATE_ERRORS as exc:
                     log.warning("api.drain_stats_unavailable", error=type(exc).__name__)
                 # after a failure too: the next try comes max_age_s later

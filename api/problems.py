@@ -178,7 +178,7 @@ def _on_unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[
 
 def _on_exception_group(request: Request[Any, Any, Any], exc: ExceptionGroup[Exception]) -> Response[bytes]:
     """What a generator dependency raised while the handler's exception was
-    thrown into it, which Litestar raises in a group: the ``conn``
+    thrown into it, which Litestar raises in a group: the ``store``
     dependency's deadline (api.deps) turns the cancellation it caused into
     TimeoutError there. Answered as the group's first exception would be."""
     first = exc.exceptions[0]

@@ -8,7 +8,7 @@ from typing import Annotated, Literal
 
 import msgspec
 
-from shared.rows import StoryRow
+from api.rows import StoryRow
 from shared.status import JobStatus, Lane
 
 _LANE = msgspec.Meta(description="interactive: written now; batch: within the day, at half the price "

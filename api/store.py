@@ -1,6 +1,11 @@
-"""The api's queries, one small typed function each (sql/api.sql):
-admission, a client's jobs and stories, cancellation, the pacing hint, and
-a client's webhook endpoints."""
+"""What the api asks of the database: ``ApiStore``, its queries on one
+connection, each run by one small typed function below (sql/api.sql):
+admission, a client's jobs and stories, cancellation, the pacing hint, a
+client's webhook endpoints, and the readiness probe.
+
+Handlers are given an ApiStore (api/deps.py), never a connection, and hold
+no SQL; the functions below stay for the tests that seed through them.
+"""
 
 from __future__ import annotations
 
@@ -12,8 +17,7 @@ from typing import Literal
 import msgspec
 from psycopg.types.json import Jsonb
 
-from shared.queries import QUERIES as Q
-from shared.rows import (
+from api.rows import (
     Admission,
     DrainStats,
     EnqueueResult,
@@ -21,14 +25,16 @@ from shared.rows import (
     JobRead,
     JobView,
     StoryView,
-    WebhookEndpointRow,
 )
+from shared.queries import QUERIES as Q
+from shared.rows import CancelResult, KeyAuth, WebhookEndpointRow
 from shared.status import Lane
 
 # the admission lock's key: a cancellation takes the lock too
 from shared.store import ADMISSION_LOCK_KEY as ADMISSION_LOCK_KEY
 from shared.store import (
     Conn,
+    api_key_get,
     fetch_all,
     fetch_one,
     fetch_scalars,
@@ -38,6 +44,77 @@ from shared.store import (
 
 # the cancellation is one statement for the client's DELETE and the console's
 from shared.store import job_cancel as job_cancel
+
+
+class ApiStore:
+    """The api's queries on one connection: the request's (``store``, given by
+    api/deps.py under the request's deadline), or one the admission batch or
+    the drain statistics take from the pool. Every method may raise any of
+    ``shared.db.DB_ERRORS``."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    async def ping(self) -> None:
+        """Raises unless the database answers a statement (readiness)."""
+        await server_ping(self.conn)
+
+    async def api_key_get(self, *, key_prefix: str) -> KeyAuth | None:
+        """A client's key, for a route that acts for the client (api/auth.py)."""
+        return await api_key_get(self.conn, key_prefix=key_prefix)
+
+    async def job_get_by_idempotency_key_for_key(
+        self, *, key_prefix: str, idempotency_key: str
+    ) -> IdempotentLookup | None:
+        return await job_get_by_idempotency_key_for_key(self.conn, key_prefix=key_prefix,
+                                                        idempotency_key=idempotency_key)
+
+    async def job_insert_if_admitted(
+        self, *, admissions: Sequence[Admission], queue_max: int, client_queue_max: int,
+        budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
+        batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000,
+    ) -> list[EnqueueResult]:
+        return await job_insert_if_admitted(self.conn, admissions=admissions, queue_max=queue_max,
+                                            client_queue_max=client_queue_max, budget_usd=budget_usd,
+                                            client_budget_usd=client_budget_usd, batch_queue_max=batch_queue_max,
+                                            client_batch_queue_max=client_batch_queue_max)
+
+    async def job_get_for_key(self, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
+        return await job_get_for_key(self.conn, key_prefix=key_prefix, job_id=job_id)
+
+    async def story_get_for_key(self, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:
+        return await story_get_for_key(self.conn, key_prefix=key_prefix, story_id=story_id)
+
+    async def job_cancel(self, *, client_id: int, job_id: uuid.UUID) -> CancelResult | None:
+        return await job_cancel(self.conn, client_id=client_id, job_id=job_id)
+
+    async def job_drain_stats(self, *, model: str = "") -> DrainStats:
+        return await job_drain_stats(self.conn, model=model)
+
+    async def webhook_endpoint_insert(
+        self, *, client_id: int, url: str, events: Sequence[str], secret: str, max_per_client: int
+    ) -> WebhookEndpointRow | None:
+        return await webhook_endpoint_insert(self.conn, client_id=client_id, url=url, events=events, secret=secret,
+                                             max_per_client=max_per_client)
+
+    async def webhook_endpoint_list_for_client(self, *, client_id: int) -> list[WebhookEndpointRow]:
+        return await webhook_endpoint_list_for_client(self.conn, client_id=client_id)
+
+    async def webhook_endpoint_delete(self, *, client_id: int, endpoint_id: uuid.UUID) -> bool:
+        return await webhook_endpoint_delete(self.conn, client_id=client_id, endpoint_id=endpoint_id)
+
+    async def webhook_endpoint_rotate_secret(
+        self, *, client_id: int, endpoint_id: uuid.UUID, secret: str, overlap_s: float
+    ) -> WebhookEndpointRow | None:
+        return await webhook_endpoint_rotate_secret(self.conn, client_id=client_id, endpoint_id=endpoint_id,
+                                                    secret=secret, overlap_s=overlap_s)
+
+
+async def server_ping(conn: Conn) -> None:
+    await conn.execute(Q["server_ping"])
+
 
 # -- jobs and stories ----------------------------------------------------------------
 

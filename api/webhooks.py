@@ -14,7 +14,7 @@ The URL is checked here by the rule the worker applies at each delivery
 resolver reads as one, that is not public, unless WEBHOOK_ALLOW_PRIVATE); the
 worker also checks every address a name resolves to. At most
 MAX_ENDPOINTS_PER_CLIENT endpoints per client, exactly, also under concurrent
-registrations (api_store.webhook_endpoint_insert locks the client first).
+registrations (api.store.webhook_endpoint_insert locks the client first).
 
 The console's view of every client's endpoints and deliveries is
 api/ops/webhooks.py.
@@ -33,11 +33,11 @@ from litestar.di import NamedDependency
 from litestar.openapi.spec import OpenAPIFormat
 from litestar.params import JSONBody, PathParameter
 
-from api import store as api_store
-from api.auth import CLIENT_DEPENDENCIES, VerifiedClient, require_bearer_key
+from api.auth import CLIENT_DEPENDENCIES, ClientStore, VerifiedClient, require_bearer_key
 from api.deps import ApiState, parse_public_id
+from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
-from shared import store, webhooks
+from shared import webhooks
 from shared.rows import WebhookEndpointRow
 
 log = structlog.get_logger()
@@ -97,7 +97,7 @@ def _with_secret(row: WebhookEndpointRow, secret: str) -> EndpointWithSecret:
         422: "The URL is not https, or names an address that is not public; `errors` says why."}),
 )
 async def create_endpoint(
-    api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient],
+    api_state: NamedDependency[ApiState], store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient],
     data: JSONBody[EndpointCreate],
 ) -> Response[EndpointWithSecret]:
     try:
@@ -108,8 +108,8 @@ async def create_endpoint(
                            errors=[FieldError(field="url", message=str(exc))]) from None
     events = sorted(set(data.events or webhooks.EVENTS), key=webhooks.EVENTS.index)
     secret = webhooks.new_secret()
-    row = await api_store.webhook_endpoint_insert(conn, client_id=client.client_id, url=data.url, events=events,
-                                              secret=secret, max_per_client=MAX_ENDPOINTS_PER_CLIENT)
+    row = await store.webhook_endpoint_insert(client_id=client.client_id, url=data.url, events=events,
+                                          secret=secret, max_per_client=MAX_ENDPOINTS_PER_CLIENT)
     if row is None:
         raise ProblemError(409, "Conflict", f"at most {MAX_ENDPOINTS_PER_CLIENT} webhook endpoints per client")
     log.info("webhook.endpoint_created", endpoint_id=str(row.id), client_id=client.client_id,
@@ -120,9 +120,9 @@ async def create_endpoint(
 @get("/webhook-endpoints", summary="The client's webhook endpoints (without their secrets)",
      responses=problem_responses(401, 503))
 async def list_endpoints(
-    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient]
+    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient]
 ) -> Response[Endpoints]:
-    rows = await api_store.webhook_endpoint_list_for_client(conn, client_id=client.client_id)
+    rows = await store.webhook_endpoint_list_for_client(client_id=client.client_id)
     return Response(Endpoints(endpoints=[Endpoint.of(row) for row in rows]), headers=_NO_STORE)
 
 
@@ -130,10 +130,9 @@ async def list_endpoints(
         summary="Delete a webhook endpoint and its undelivered events",
         responses=problem_responses(401, 404, 503, described=_NOT_FOUND))
 async def delete_endpoint(
-    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
+    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
 ) -> None:
-    deleted = await api_store.webhook_endpoint_delete(conn, client_id=client.client_id,
-                                                  endpoint_id=parse_public_id(endpoint_id))
+    deleted = await store.webhook_endpoint_delete(client_id=client.client_id, endpoint_id=parse_public_id(endpoint_id))
     if not deleted:
         raise ProblemError(404, "Not Found", "no such webhook endpoint")
     log.info("webhook.endpoint_deleted", endpoint_id=endpoint_id, client_id=client.client_id,
@@ -148,12 +147,12 @@ async def delete_endpoint(
     responses=problem_responses(401, 404, 503, described=_NOT_FOUND),
 )
 async def rotate_secret(
-    conn: NamedDependency[store.Conn], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
+    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
 ) -> Response[EndpointWithSecret]:
     secret = webhooks.new_secret()
-    row = await api_store.webhook_endpoint_rotate_secret(conn, client_id=client.client_id,
-                                                     endpoint_id=parse_public_id(endpoint_id), secret=secret,
-                                                     overlap_s=ROTATION_OVERLAP_S)
+    row = await store.webhook_endpoint_rotate_secret(client_id=client.client_id,
+                                                 endpoint_id=parse_public_id(endpoint_id), secret=secret,
+                                                 overlap_s=ROTATION_OVERLAP_S)
     if row is None:
         raise ProblemError(404, "Not Found", "no such webhook endpoint")
     log.info("webhook.secret_rotated", endpoint_id=endpoint_id, client_id=client.client_id,
@@ -163,7 +162,7 @@ async def rotate_secret(
 
 ROUTES = Router(
     "/",
-    route_handlers=[create_endpoint, list_endpoints, delete_endpoint, rotate_secret],
+    route_handlers=with_options([create_endpoint, list_endpoints, delete_endpoint, rotate_secret]),
     guards=[require_bearer_key],
     dependencies=CLIENT_DEPENDENCIES,
     security=[{"BearerAuth": []}],

@@ -1,12 +1,14 @@
 """What operators read and do, from the console (api/ops/, its webhooks
-screen in api/ops/webhooks.py) and from the ``storyjobs`` command (tools/cli.py):
-one small typed function per query of sql/console.sql, so that the two
-answer each question with one query and one row type."""
+screen in api/ops/webhooks.py) and from the ``storyjobs`` command
+(tools/cli.py): ``ConsoleStore``, on one connection, with one small typed
+function per query of sql/console.sql below, so that the two answer each
+question with one query and one row type (shared/console_rows.py)."""
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
+from contextlib import AbstractAsyncContextManager
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -14,10 +16,7 @@ import msgspec
 from psycopg.rows import dict_row
 
 from shared.config import BaseSettings
-from shared.queries import QUERIES as Q
-from shared.ratelimit import RateLimits
-from shared.rows import (
-    CancelResult,
+from shared.console_rows import (
     ClientToday,
     JobFilter,
     LlmCallRow,
@@ -37,13 +36,24 @@ from shared.rows import (
     WebhookEndpointAdminRow,
     WorkerRow,
 )
+from shared.queries import QUERIES as Q
+from shared.ratelimit import RateLimits
+from shared.rows import BudgetDay, CancelResult, JobIdBounds
 
 # Conn, budget_days_today and job_id_bounds are re-exported (`as` themselves):
 # the console reads these common queries too, and its one store holds all it
 # runs.
 from shared.store import Conn as Conn
+from shared.store import (
+    api_client_weight_set,
+    fetch_all,
+    fetch_one,
+    fetch_scalars,
+    job_admission_lock,
+    job_cancel,
+    jsonb,
+)
 from shared.store import budget_days_today as budget_days_today
-from shared.store import fetch_all, fetch_one, fetch_scalars, job_admission_lock, job_cancel, jsonb
 from shared.store import job_id_bounds as job_id_bounds
 
 # a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
@@ -57,6 +67,126 @@ def finished_since(settings: BaseSettings, window: timedelta) -> datetime:
     ``window``: ops_overview's day_from_id is job_id_bounds' lo_id from it."""
     longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
     return datetime.now(UTC) - window - longest_life
+
+
+class ConsoleStore:
+    """What operators read and do, on one connection: the request's under the
+    console (api/ops/guard.py gives it, the operator's key checked on it), or
+    the ``storyjobs`` command's. Every method may raise any of
+    ``shared.db.DB_ERRORS``."""
+
+    __slots__ = ("conn",)
+
+    def __init__(self, conn: Conn) -> None:
+        self.conn = conn
+
+    def transaction(self) -> AbstractAsyncContextManager[Any]:
+        """One transaction around the calls made inside it: an action and its
+        record in operator_actions commit together or not at all."""
+        return self.conn.transaction()
+
+    # -- keys and clients
+
+    async def api_key_revoke(self, *, key_prefix: str) -> bool:
+        return await api_key_revoke(self.conn, key_prefix=key_prefix)
+
+    async def api_key_revoke_for_client(self, *, client_id: int) -> list[str] | None:
+        return await api_key_revoke_for_client(self.conn, client_id=client_id)
+
+    async def api_client_weight_set(self, *, client_id: int, weight: int) -> bool:
+        return await api_client_weight_set(self.conn, client_id=client_id, weight=weight)
+
+    async def operator_key_get(self, *, key_prefix: str) -> OperatorKeyAuth | None:
+        return await operator_key_get(self.conn, key_prefix=key_prefix)
+
+    async def operator_key_list(self) -> list[OperatorKeyListRow]:
+        return await operator_key_list(self.conn)
+
+    async def operator_key_revoke(self, *, key_prefix: str) -> bool:
+        return await operator_key_revoke(self.conn, key_prefix=key_prefix)
+
+    async def ops_client_list(self) -> list[OpsClient]:
+        return await ops_client_list(self.conn)
+
+    async def ops_client_today(self, *, from_id: int, day_start: datetime) -> list[ClientToday]:
+        return await ops_client_today(self.conn, from_id=from_id, day_start=day_start)
+
+    # -- jobs
+
+    async def job_id_bounds(self, *, created_after: datetime | None, created_before: datetime | None) -> JobIdBounds:
+        return await job_id_bounds(self.conn, created_after=created_after, created_before=created_before)
+
+    async def ops_job_list(self, *, before_id: int, floor_id: int, filters: JobFilter, limit: int) -> list[OpsJobRow]:
+        return await ops_job_list(self.conn, before_id=before_id, floor_id=floor_id, filters=filters, limit=limit)
+
+    async def ops_job_list_live(
+        self, *, filters: JobFilter, before_created_at: datetime | None, before_id: int | None, limit: int
+    ) -> list[OpsJobRow]:
+        return await ops_job_list_live(self.conn, filters=filters, before_created_at=before_created_at,
+                                       before_id=before_id, limit=limit)
+
+    async def ops_job_get(self, *, job_id: uuid.UUID) -> OpsJobDetail | None:
+        return await ops_job_get(self.conn, job_id=job_id)
+
+    async def ops_batch_list(self, *, before_id: int | None, limit: int) -> list[OpsBatchRow]:
+        return await ops_batch_list(self.conn, before_id=before_id, limit=limit)
+
+    async def llm_call_list_for_job(self, *, job_id: int) -> list[LlmCallRow]:
+        return await llm_call_list_for_job(self.conn, job_id=job_id)
+
+    async def ops_job_cancel(self, *, job_id: uuid.UUID) -> CancelResult | None:
+        return await ops_job_cancel(self.conn, job_id=job_id)
+
+    async def ops_job_count_pending(self, *, filters: JobFilter) -> PendingCount:
+        return await ops_job_count_pending(self.conn, filters=filters)
+
+    async def ops_job_cancel_pending(self, *, filters: JobFilter, through_id: int) -> list[uuid.UUID]:
+        return await ops_job_cancel_pending(self.conn, filters=filters, through_id=through_id)
+
+    # -- overview, history, workers
+
+    async def ops_overview(self, *, day_from_id: int) -> OpsOverviewRow:
+        return await ops_overview(self.conn, day_from_id=day_from_id)
+
+    async def budget_days_today(self) -> list[BudgetDay]:
+        return await budget_days_today(self.conn)
+
+    async def llm_rate_bucket_list(self, *, limits: RateLimits) -> list[RateBucketRow]:
+        return await llm_rate_bucket_list(self.conn, limits=limits)
+
+    async def ops_history(self, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:
+        return await ops_history(self.conn, since=since, step=step, origin=origin)
+
+    async def ops_writers_recent(self) -> list[str]:
+        return await ops_writers_recent(self.conn)
+
+    async def ops_workers(self) -> list[WorkerRow]:
+        return await ops_workers(self.conn)
+
+    # -- webhooks
+
+    async def webhook_endpoint_list(self, *, client_id: int | None = None) -> list[WebhookEndpointAdminRow]:
+        return await webhook_endpoint_list(self.conn, client_id=client_id)
+
+    async def webhook_delivery_list(
+        self, *, endpoint_id: uuid.UUID | None = None, state: str | None = None, limit: int = 50
+    ) -> list[WebhookDeliveryRow]:
+        return await webhook_delivery_list(self.conn, endpoint_id=endpoint_id, state=state, limit=limit)
+
+    async def webhook_delivery_retry(self, *, delivery_id: int) -> uuid.UUID | None:
+        return await webhook_delivery_retry(self.conn, delivery_id=delivery_id)
+
+    # -- operators' actions
+
+    async def operator_action_record(
+        self, *, operator_key_id: int, action: OperatorAction, touched: int, job_id: uuid.UUID | None = None,
+        filter: Mapping[str, Any] | None = None,
+    ) -> None:
+        await operator_action_record(self.conn, operator_key_id=operator_key_id, action=action, touched=touched,
+                                     job_id=job_id, filter=filter)
+
+    async def operator_action_list(self, *, limit: int, before_id: int | None = None) -> list[OperatorActionRow]:
+        return await operator_action_list(self.conn, limit=limit, before_id=before_id)
 
 
 # -- keys ----------------------------------------------------------------------------

@@ -2,12 +2,13 @@
 on: the connection type, rows as msgspec Structs, and one-line helpers that
 run a named query.
 
-Each caller runs its own queries in its own module: api/store.py,
-worker/store.py, sweeper/store.py, and shared/console_store.py for the
-console and the ``storyjobs`` command; this one holds the migrations'
-ledger, the schema version, clients and keys as shared/keys.py creates them,
-and the reads more than one caller makes. Handlers, loops and the CLI never
-hold SQL (the api's readiness probe's ``SELECT 1`` aside).
+Each caller runs its own queries through its own store class, over the
+small typed functions of its module: api/store.py (ApiStore),
+worker/store.py, sweeper/store.py, and shared/console_store.py
+(ConsoleStore) for the console and the ``storyjobs`` command; this one holds
+the migrations' ledger, the schema version, clients and keys as
+shared/keys.py creates them, and the reads more than one caller makes.
+Handlers, loops and the CLI never hold SQL.
 
 Functions take an open connection (autocommit, from shared.db) so the caller
 decides which pool, and tests can hold locks on a second connection to force a

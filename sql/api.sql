@@ -60,7 +60,7 @@ spend AS MATERIALIZED (
            CASE WHEN s.client_id = 0 THEN %(budget_usd)s::numeric
                 ELSE coalesce(c.budget_usd_per_day, %(client_budget_usd)s::numeric) END AS budget
     FROM (SELECT 0::bigint AS client_id UNION SELECT client_id FROM queue_ok) s
-    LEFT JOIN budget_days b ON b.client_id = s.client_id AND b.day = (now() AT TIME ZONE 'UTC')::date
+    LEFT JOIN budget_days b ON b.client_id = s.client_id AND b.day = budget_day(now())
     LEFT JOIN api_clients c ON c.id = s.client_id AND s.client_id <> 0
 ),
 -- what each request reserves: its worst case where any budget applies to it
@@ -95,7 +95,7 @@ keys_recorded AS (
 -- all-clients row first (see story_jobs_settle_budget)
 reservations_kept AS (
     INSERT INTO budget_days (client_id, day, reserved_usd)
-    SELECT client_id, (now() AT TIME ZONE 'UTC')::date, sum(reserved_usd) FROM (
+    SELECT client_id, budget_day(now()), sum(reserved_usd) FROM (
         SELECT 0::bigint AS client_id, reserved_usd FROM admitted
         UNION ALL
         SELECT client_id, reserved_usd FROM admitted
@@ -383,11 +383,10 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- claimed_last_minute say how soon the queue takes its next job; the claims
 -- are counted among the newest jobs, and only when those reach back a whole
 -- minute (a burst of claims when workers start is no rate).
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running') AS running,
+SELECT queue.pending, queue.running,
        recent.avg_run_seconds, recent.avg_output_tokens,
-       coalesce((SELECT greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0) FROM llm_rate_buckets
-                 WHERE model = %(model)s), 0)::float8 AS limiter_paused_s,
+       coalesce((SELECT bucket_paused_s(paused_until) FROM llm_rate_buckets WHERE model = %(model)s), 0)::float8
+           AS limiter_paused_s,
        (SELECT CASE WHEN min(started_at) <= now() - interval '60 seconds'
                     THEN count(*) FILTER (WHERE started_at > now() - interval '60 seconds') ELSE 0 END
         FROM (SELECT started_at FROM story_jobs ORDER BY id DESC LIMIT 200) newest) AS claimed_last_minute,
@@ -402,7 +401,7 @@ FROM (
         ORDER BY id DESC
         LIMIT 50
     ) last
-) recent;
+) recent, job_queue_depth queue;
 
 -- name: webhook_endpoint_insert_lock
 -- Serialises a client's endpoint registrations, so that the count in
@@ -445,3 +444,7 @@ SET previous_secret = secret, previous_secret_expires_at = now() + make_interval
     secret = %(secret)s
 WHERE id = %(endpoint_id)s AND client_id = %(client_id)s
 RETURNING id, url, events, created_at, disabled_at, failing_since;
+
+-- name: server_ping
+-- GET /readyz: the database answers a statement.
+SELECT 1;

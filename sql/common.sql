@@ -187,7 +187,7 @@ WHERE j.public_id = ANY (%(job_ids)s::uuid[]) AND j.status = 'failed'
 SELECT CASE WHEN b.client_id = 0 THEN 'all' ELSE c.name END AS scope, b.client_id,
        b.spent_usd, b.reserved_usd, c.budget_usd_per_day AS client_budget_usd
 FROM budget_days b LEFT JOIN api_clients c ON c.id = b.client_id
-WHERE b.day = (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC')::date
+WHERE b.day = budget_day(coalesce(%(now)s::timestamptz, now()))
 ORDER BY b.client_id;
 
 -- name: operator_key_insert

@@ -16,20 +16,17 @@ WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
 RETURNING key_prefix;
 
 -- name: llm_rate_bucket_list
--- The shared rate buckets, refilled to now as a claim refills them
--- (bucket_refilled, migration 012) at the rates the caller knows (NULL
--- rate: as stored): the console's overview, `storyjobs stats`.
+-- The shared rate buckets, refilled to now as a claim refills them at the
+-- rates the caller knows (bucket_held_now, migration 017; NULL rate: as
+-- stored): the console's overview, `storyjobs stats`.
 SELECT model,
-       CASE WHEN %(requests_rate)s::float8 IS NULL THEN requests
-            ELSE bucket_refilled(requests, %(requests_rate)s::float8, %(requests_capacity)s::float8, refilled_at, 0)
-       END AS requests,
-       CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN input_tokens
-            ELSE bucket_refilled(input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
-                                 refilled_at, 0) END AS input_tokens,
-       CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN output_tokens
-            ELSE bucket_refilled(output_tokens, %(output_tokens_rate)s::float8, %(output_tokens_capacity)s::float8,
-                                 refilled_at, 0) END AS output_tokens,
-       greatest(extract(epoch FROM greatest(paused_until, now()) - now()), 0)::float8 AS paused_s
+       bucket_held_now(requests, %(requests_rate)s::float8, %(requests_capacity)s::float8, refilled_at)
+           AS requests,
+       bucket_held_now(input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8, refilled_at)
+           AS input_tokens,
+       bucket_held_now(output_tokens, %(output_tokens_rate)s::float8, %(output_tokens_capacity)s::float8,
+                       refilled_at) AS output_tokens,
+       bucket_paused_s(paused_until) AS paused_s
 FROM llm_rate_buckets ORDER BY model;
 
 -- name: llm_call_list_for_job
@@ -204,9 +201,10 @@ FROM client;
 
 -- name: ops_overview
 -- The console's overview (and `storyjobs stats`) in one statement. Live jobs come from the
--- live-jobs indexes: the interactive queue (what QUEUE_MAX bounds) apart from
--- the batch lane's live jobs (what BATCH_QUEUE_MAX bounds), which wait for a
--- batch by design. Finished jobs are counted by when they finished, among
+-- live-jobs indexes: the interactive queue (what QUEUE_MAX bounds,
+-- job_queue_depth, migration 017) apart from the batch lane's live jobs
+-- (what BATCH_QUEUE_MAX bounds), which wait for a batch by design.
+-- Finished jobs are counted by when they finished, among
 -- the rows from %(day_from_id)s up: the caller takes that id from
 -- job_id_bounds at a day plus the longest a job can wait and run before the
 -- sweeper fails it, so no job finished in the window is left out (unless the
@@ -263,15 +261,11 @@ calls AS (
         WHERE l.started_at >= now() - interval '1 day'
     ) day
 )
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending' AND lane = 'interactive') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running' AND lane = 'interactive') AS running,
-       coalesce(extract(epoch FROM now() - (
-           SELECT created_at FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
-           ORDER BY created_at, id LIMIT 1
-       )), 0)::float8 AS oldest_pending_age_s,
+SELECT queue.pending, queue.running,
+       coalesce(extract(epoch FROM now() - queue.oldest_pending_created_at), 0)::float8 AS oldest_pending_age_s,
        (SELECT count(*) FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')) AS batch_live,
        jobs.*, undelivered.*, calls.*
-FROM jobs, undelivered, calls;
+FROM job_queue_depth queue, jobs, undelivered, calls;
 
 -- name: ops_history
 -- The console's history: the rollup's minutes from %(since)s (at most 10,080

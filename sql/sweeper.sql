@@ -110,16 +110,15 @@ SELECT pg_postmaster_start_time();
 
 -- name: job_queue_gauges
 -- The interactive lane's queue depth by live status and its oldest pending
--- job's age: read from the live-jobs indexes only. The batch lane's jobs
--- wait for their batch by design (BATCH_COLLECT_S, then hours at the
--- provider) and no worker claims them: counted here, they would read as a
--- queue nobody drains (StoryjobsNoWorkerClaiming) and as a stalled one.
-SELECT (SELECT count(*) FROM story_jobs WHERE status = 'pending' AND lane = 'interactive') AS pending,
-       (SELECT count(*) FROM story_jobs WHERE status = 'running' AND lane = 'interactive') AS running,
-       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - (
-           SELECT created_at FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
-           ORDER BY created_at, id LIMIT 1
-       )), 0)::float8 AS oldest_pending_age_seconds;
+-- job's age (job_queue_depth, migration 017), from the live-jobs indexes
+-- only. The batch lane's jobs wait for their batch by design
+-- (BATCH_COLLECT_S, then hours at the provider) and no worker claims them:
+-- counted here, they would read as a queue nobody drains
+-- (StoryjobsNoWorkerClaiming) and as a stalled one.
+SELECT pending, running,
+       coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - oldest_pending_created_at), 0)::float8
+           AS oldest_pending_age_seconds
+FROM job_queue_depth;
 
 -- name: job_prune_finished
 -- Deletes finished jobs past retention, with their stories and idempotency

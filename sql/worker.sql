@@ -139,9 +139,9 @@ pause_shared AS (
 SELECT
 -- include: job_claimed_answer
 ,
--- (greatest() first: a row a limited round wrote holds '-infinity', which
--- no interval can be taken from)
-(SELECT json_build_object('paused_s', greatest(coalesce(extract(epoch FROM greatest(until, now()) - now()), 0), 0),
+-- (a row a limited round wrote holds '-infinity': bucket_paused_s reads it
+-- as no pause)
+(SELECT json_build_object('paused_s', bucket_paused_s(until),
                           'requests_per_minute', requests_per_minute,
                           'input_tokens_per_minute', input_tokens_per_minute,
                           'output_tokens_per_minute', output_tokens_per_minute,
@@ -298,7 +298,7 @@ SELECT
 ,
 -- the bucket after this claim, and the needs of the first job it held back
 (SELECT json_build_object(
-    'paused_s', greatest(coalesce(extract(epoch FROM greatest(l.paused_until, now()) - now()), 0), 0),
+    'paused_s', bucket_paused_s(l.paused_until),
     'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
     'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need,
     -- whether this worker wakes for the bucket, and else when the waker's
@@ -491,17 +491,14 @@ WITH owned AS MATERIALIZED (
 -- locked after the job's row, as every statement takes them.
 bucket AS MATERIALIZED (
     SELECT b.model,
-           greatest(extract(epoch FROM greatest(b.paused_until, now()) - now()), 0)::float8 AS paused_s,
+           bucket_paused_s(b.paused_until) AS paused_s,
            -- refilled as a claim refills it (bucket_refilled, migration 012)
-           CASE WHEN %(requests_rate)s::float8 IS NULL THEN b.requests
-                ELSE bucket_refilled(b.requests, %(requests_rate)s::float8, %(requests_capacity)s::float8,
-                                     b.refilled_at, 0) END AS requests,
-           CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN b.input_tokens
-                ELSE bucket_refilled(b.input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
-                                     b.refilled_at, 0) END AS input_tokens,
-           CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN b.output_tokens
-                ELSE bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
-                                     %(output_tokens_capacity)s::float8, b.refilled_at, 0) END AS output_tokens,
+           bucket_held_now(b.requests, %(requests_rate)s::float8, %(requests_capacity)s::float8,
+                           b.refilled_at) AS requests,
+           bucket_held_now(b.input_tokens, %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
+                           b.refilled_at) AS input_tokens,
+           bucket_held_now(b.output_tokens, %(output_tokens_rate)s::float8, %(output_tokens_capacity)s::float8,
+                           b.refilled_at) AS output_tokens,
            -- the job's max_tokens, which the provider takes again from its
            -- own bucket when the retry arrives
            (SELECT coalesce(j.max_tokens, 0) FROM story_jobs j WHERE j.id = %(job_id)s)::float8

@@ -19,16 +19,10 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
-from shared.rows import (
-    ROLLUP_BOUNDS_S,
-    BudgetDay,
-    PrunedJob,
-    QueueGauges,
-    StaleJob,
-    WebhookDeliveryGauges,
-)
+from shared.rows import ROLLUP_BOUNDS_S, BudgetDay
 from shared.store import Conn, budget_days_today, fetch_all, fetch_one, fetch_scalars, job_id_bounds
 from sweeper import rollup
+from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 
 # -- stale jobs ----------------------------------------------------------------------
 

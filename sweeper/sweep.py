@@ -39,9 +39,9 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from shared import telemetry
 from shared.config import SweeperSettings
-from shared.rows import StaleJob
 from shared.status import ErrorCode, JobStatus
 from sweeper import metrics
+from sweeper.rows import StaleJob
 from sweeper.store import SweeperStore
 
 log = structlog.get_logger()

@@ -17,9 +17,10 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import sys
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import timedelta
 from decimal import Decimal
 from typing import Any
@@ -27,11 +28,12 @@ from typing import Any
 import msgspec
 import psycopg
 
-from shared import console_store, db, keys, migrate, store, webhooks
+from shared import db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
+from shared.console_rows import JobFilter
+from shared.console_store import ConsoleStore, finished_since
 from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
 from shared.ratelimit import KINDS, RateLimits
-from shared.rows import JobFilter
 from shared.status import JobStatus
 
 
@@ -64,6 +66,13 @@ async def _connect() -> psycopg.AsyncConnection[Any]:
     settings = load(BaseSettings)
     return await db.connect(db.database_url(settings), application_name="storyjobs-cli",
                             connect_timeout_s=settings.db_connect_timeout_s, pooler=settings.database_pooler)
+
+
+@contextlib.asynccontextmanager
+async def _console() -> AsyncIterator[ConsoleStore]:
+    """What operators read and do, on a connection of their own."""
+    async with await _connect() as conn:
+        yield ConsoleStore(conn)
 
 
 async def _connect_session() -> psycopg.AsyncConnection[Any]:
@@ -101,9 +110,9 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 
 
 async def cmd_keys_list(_: argparse.Namespace) -> int:
-    async with await _connect() as conn:
-        clients = await console_store.ops_client_list(conn)
-        operator_rows = await console_store.operator_key_list(conn)
+    async with _console() as console:
+        clients = await console.ops_client_list()
+        operator_rows = await console.operator_key_list()
     # the console's list of clients with their keys, oldest key first
     listed = sorted(((key.key_prefix, client.name, key.created_at, key.revoked_at)
                      for client in clients for key in client.keys), key=lambda row: row[2])
@@ -118,9 +127,9 @@ async def cmd_keys_list(_: argparse.Namespace) -> int:
 
 async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     prefix = keys.prefix_of(args.prefix) or args.prefix
-    async with await _connect() as conn:
-        revoked = await console_store.api_key_revoke(conn, key_prefix=prefix)
-        revoked = await console_store.operator_key_revoke(conn, key_prefix=prefix) or revoked
+    async with _console() as console:
+        revoked = await console.api_key_revoke(key_prefix=prefix)
+        revoked = await console.operator_key_revoke(key_prefix=prefix) or revoked
     if not revoked:
         sys.stderr.write(f"storyjobs: no active key with prefix {prefix!r}\n")
         return 1
@@ -137,9 +146,9 @@ def _when(value: Any) -> str:
 
 
 async def cmd_jobs_list(args: argparse.Namespace) -> int:
-    async with await _connect() as conn:
+    async with _console() as console:
         # the console's jobs list, over every id
-        rows = await console_store.ops_job_list(conn, before_id=_NO_ID_ABOVE, floor_id=0,
+        rows = await console.ops_job_list(before_id=_NO_ID_ABOVE, floor_id=0,
                                                 filters=JobFilter(status=args.status), limit=args.limit)
     _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'LANE':<11} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
@@ -154,12 +163,12 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
     except ValueError:
         sys.stderr.write(f"storyjobs: {args.job_id!r} is not a job id\n")
         return 2
-    async with await _connect() as conn:
-        job = await console_store.ops_job_get(conn, job_id=job_id)
+    async with _console() as console:
+        job = await console.ops_job_get(job_id=job_id)
         if job is None:
             sys.stderr.write(f"storyjobs: no job {job_id}\n")
             return 1
-        calls = await console_store.llm_call_list_for_job(conn, job_id=job.id)
+        calls = await console.llm_call_list_for_job(job_id=job.id)
     _out(f"job        {job.public_id}")
     _out(f"client     {job.client_name}")
     _out(f"status     {job.status}" + (f" ({job.error_code}: {job.error_text})" if job.error_code else ""))
@@ -194,12 +203,12 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
 
 async def cmd_stats(_: argparse.Namespace) -> int:
     settings = load(ApiSettings)
-    async with await _connect() as conn:
-        bounds = await store.job_id_bounds(
-            conn, created_after=console_store.finished_since(settings, timedelta(days=1)), created_before=None)
-        stats = await console_store.ops_overview(conn, day_from_id=bounds.lo_id)
-        budgets = await store.budget_days_today(conn)
-        buckets = await console_store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
+    async with _console() as console:
+        bounds = await console.job_id_bounds(
+            created_after=finished_since(settings, timedelta(days=1)), created_before=None)
+        stats = await console.ops_overview(day_from_id=bounds.lo_id)
+        budgets = await console.budget_days_today()
+        buckets = await console.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
     _out(f"queue      {stats.pending} pending, {stats.running} running; "
          f"batch lane {stats.batch_live} waiting for or in a batch")
     _out("last hour")
@@ -250,9 +259,9 @@ def _age(seconds: float) -> str:
 
 
 async def cmd_batches(args: argparse.Namespace) -> int:
-    async with await _connect() as conn:
+    async with _console() as console:
         # the console's batches screen, its first page
-        rows = await console_store.ops_batch_list(conn, before_id=None, limit=args.limit)
+        rows = await console.ops_batch_list(before_id=None, limit=args.limit)
     _out(f"{'BATCH':>7}  {'STATE':<8} {'PROVIDER_ID':<36} {'AGE':>8}  {'EXPIRES':<25} {'COST_USD':>11} "
          f"{'SAVED_USD':>11}  REQUESTS")
     for row in rows:
@@ -271,8 +280,8 @@ def _refilled(refilled: float, limits: RateLimits, kind: str) -> str:
 
 
 async def cmd_webhooks_endpoints(args: argparse.Namespace) -> int:
-    async with await _connect() as conn:
-        rows = await console_store.webhook_endpoint_list(conn, client_id=args.client_id)
+    async with _console() as console:
+        rows = await console.webhook_endpoint_list(client_id=args.client_id)
     _out(f"{'ENDPOINT':<36}  {'CLIENT':<16} {'STATE':<8} {'PENDING':>7} {'DEAD':>5}  URL")
     for row in rows:
         state = "disabled" if row.disabled_at else "failing" if row.failing_since else "active"
@@ -288,8 +297,8 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
         except ValueError:
             sys.stderr.write(f"storyjobs: not an endpoint id: {args.endpoint!r}\n")
             return 2
-    async with await _connect() as conn:
-        rows = await console_store.webhook_delivery_list(conn, endpoint_id=endpoint_id, state=args.state, limit=args.limit)
+    async with _console() as console:
+        rows = await console.webhook_delivery_list(endpoint_id=endpoint_id, state=args.state, limit=args.limit)
     _out(f"{'ID':>8}  {'JOB_ID':<36}  {'EVENT':<13} {'STATE':<9} {'TRIES':>5} {'LAST':>4} {'LAST_ATTEMPT':<25} "
          "ERROR")
     for row in rows:
@@ -300,8 +309,8 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
 
 
 async def cmd_actions(args: argparse.Namespace) -> int:
-    async with await _connect() as conn:
-        rows = await console_store.operator_action_list(conn, limit=args.limit)
+    async with _console() as console:
+        rows = await console.operator_action_list(limit=args.limit)
     _out(f"{'WHEN':<25} {'OPERATOR':<16} {'KEY':<14} {'ACTION':<18} {'TOUCHED':>7}  ON")
     for row in rows:
         _out(f"{_when(row.acted_at):<25} {row.operator[:16]:<16} {row.operator_key_prefix:<14} {row.action:<18} "

@@ -12,18 +12,26 @@ from litestar.datastructures import CacheControlHeader
 from litestar.di import Provide
 
 from api.ops import actions, batches, clients, history, jobs, overview, webhooks, workers
-from api.ops.guard import provide_operator, refuse_unknown_query, require_operator_key
+from api.ops.guard import (
+    provide_operator,
+    provide_operator_store,
+    refuse_unknown_query,
+    require_operator_key,
+)
+from api.options import with_options
 
 ROUTES = Router(
     "/ops/api",
-    route_handlers=[overview.get_overview, history.get_history, workers.list_workers, jobs.list_jobs,
-                    jobs.get_job_detail, jobs.cancel_job, jobs.count_pending, jobs.cancel_pending,
-                    batches.list_batches,
-                    clients.list_clients, clients.revoke_client_keys, clients.set_client_weight, clients.revoke_key,
-                    actions.list_actions,
-                    webhooks.ops_list_endpoints, webhooks.ops_retry_delivery],
+    route_handlers=with_options([
+        overview.get_overview, history.get_history, workers.list_workers, jobs.list_jobs,
+        jobs.get_job_detail, jobs.cancel_job, jobs.count_pending, jobs.cancel_pending,
+        batches.list_batches,
+        clients.list_clients, clients.revoke_client_keys, clients.set_client_weight, clients.revoke_key,
+        actions.list_actions,
+        webhooks.ops_list_endpoints, webhooks.ops_retry_delivery]),
     guards=[require_operator_key, refuse_unknown_query],
-    dependencies={"operator": Provide(provide_operator, sync_to_thread=False)},
+    dependencies={"store": Provide(provide_operator_store),
+                  "operator": Provide(provide_operator, sync_to_thread=False)},
     tags=["ops"],
     security=[{"OperatorKey": []}],
     cache_control=CacheControlHeader(no_store=True),

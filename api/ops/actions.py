@@ -12,7 +12,7 @@ from litestar.params import Parameter
 
 from api.ops.schemas import BIGINT_MAX, OperatorActions, OperatorActionView
 from api.problems import problem_responses
-from shared import console_store as store
+from shared.console_store import ConsoleStore
 
 
 @get(
@@ -22,12 +22,12 @@ from shared import console_store as store
     responses=problem_responses(400, 401, 503),
 )
 async def list_actions(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     before_id: Annotated[int | None, Parameter(ge=1, le=BIGINT_MAX, description="Only actions older than this id.")]
     = None,
     limit: Annotated[int, Parameter(ge=1, le=200, description="Most actions listed.")] = 20,
 ) -> OperatorActions:
-    rows = await store.operator_action_list(conn, limit=limit, before_id=before_id)
+    rows = await store.operator_action_list(limit=limit, before_id=before_id)
     return OperatorActions(actions=[
         OperatorActionView(id=row.id, operator=row.operator, operator_key_prefix=row.operator_key_prefix,
                            action=row.action, job_id=row.job_id,

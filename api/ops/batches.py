@@ -16,9 +16,9 @@ from litestar.params import Parameter
 from api.ops.cursor import Position
 from api.ops.schemas import TOKEN_PATTERN, BatchPage, BatchRequestCounts, OpsBatch, usd
 from api.problems import problem_responses
-from shared import console_store as store
+from shared.console_rows import OpsBatchRow
+from shared.console_store import ConsoleStore
 from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
-from shared.rows import OpsBatchRow
 
 
 def ops_batch(row: OpsBatchRow) -> OpsBatch:
@@ -48,13 +48,13 @@ def ops_batch(row: OpsBatchRow) -> OpsBatch:
     responses=problem_responses(400, 401, 503),
 )
 async def list_batches(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     cursor: Annotated[str | None, Parameter(description="`next_cursor` of the previous page.",
                                             pattern=TOKEN_PATTERN)] = None,
     limit: Annotated[int, Parameter(ge=1, le=200, description="Most batches in the page.")] = 50,
 ) -> BatchPage:
     before = None if cursor is None else Position.from_token(cursor, "cursor").id
-    rows = await store.ops_batch_list(conn, before_id=before, limit=limit + 1)
+    rows = await store.ops_batch_list(before_id=before, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
     return BatchPage(batches=[ops_batch(row) for row in page],
                      next_cursor=Position(id=page[-1].id).token() if more else None,

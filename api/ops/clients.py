@@ -26,23 +26,22 @@ from api.ops.schemas import (
     usd,
 )
 from api.problems import ProblemError, problem_responses
-from shared import console_store as store
 from shared import keys
-from shared.store import api_client_weight_set
+from shared.console_store import ConsoleStore
 
 log = structlog.get_logger()
 
 
 @get("/clients", summary="The clients and their keys (by prefix)",
      responses=problem_responses(400, 401, 503))
-async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Clients:
+async def list_clients(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Clients:
     now = datetime.now(UTC)
     day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    rows = await store.ops_client_list(conn)
-    bounds = await store.job_id_bounds(conn, created_after=day_start, created_before=None)
-    jobs = {row.client_id: row for row in await store.ops_client_today(conn, from_id=bounds.lo_id,
+    rows = await store.ops_client_list()
+    bounds = await store.job_id_bounds(created_after=day_start, created_before=None)
+    jobs = {row.client_id: row for row in await store.ops_client_today(from_id=bounds.lo_id,
                                                                        day_start=day_start)}
-    spend = {day.client_id: day for day in await store.budget_days_today(conn)}
+    spend = {day.client_id: day for day in await store.budget_days_today()}
     default_budget = api_state.settings.client_budget_usd_per_day
 
     def today(client_id: int, own_budget: Decimal | None) -> ClientDay:
@@ -69,14 +68,14 @@ async def list_clients(api_state: NamedDependency[ApiState], conn: NamedDependen
     responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
 )
 async def revoke_client_keys(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     operator: NamedDependency[Operator],
     client_id: ClientIdPath,
 ) -> KeysRevoked:
-    async with conn.transaction():
-        revoked = await store.api_key_revoke_for_client(conn, client_id=client_id)
+    async with store.transaction():
+        revoked = await store.api_key_revoke_for_client(client_id=client_id)
         if revoked is not None:
-            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="client_keys_revoke",
+            await store.operator_action_record(operator_key_id=operator.key_id, action="client_keys_revoke",
                                                filter={"client_id": client_id}, touched=len(revoked))
     if revoked is None:
         raise ProblemError(404, "Not Found", "no such client")
@@ -91,15 +90,15 @@ async def revoke_client_keys(
     responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
 )
 async def set_client_weight(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     operator: NamedDependency[Operator],
     client_id: ClientIdPath,
     data: JSONBody[ClientWeight],
 ) -> ClientWeight:
-    async with conn.transaction():
-        found = await api_client_weight_set(conn, client_id=client_id, weight=data.weight)
+    async with store.transaction():
+        found = await store.api_client_weight_set(client_id=client_id, weight=data.weight)
         if found:
-            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="client_weight_set",
+            await store.operator_action_record(operator_key_id=operator.key_id, action="client_weight_set",
                                                filter={"client_id": client_id, "weight": data.weight}, touched=1)
     if not found:
         raise ProblemError(404, "Not Found", "no such client")
@@ -115,16 +114,16 @@ async def set_client_weight(
     responses=problem_responses(400, 401, 404, 503, described={404: "No active client key with this prefix."}),
 )
 async def revoke_key(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     operator: NamedDependency[Operator],
     key_prefix: Annotated[str, PathParameter(description="The key's prefix, as /ops/api/clients lists it.")],
 ) -> KeysRevoked:
     revoked = False
     if keys.is_prefix(key_prefix):
-        async with conn.transaction():
-            revoked = await store.api_key_revoke(conn, key_prefix=key_prefix)
+        async with store.transaction():
+            revoked = await store.api_key_revoke(key_prefix=key_prefix)
             if revoked:
-                await store.operator_action_record(conn, operator_key_id=operator.key_id, action="key_revoke",
+                await store.operator_action_record(operator_key_id=operator.key_id, action="key_revoke",
                                                    filter={"key_prefix": key_prefix}, touched=1)
     if not revoked:
         raise ProblemError(404, "Not Found", "no active client key with this prefix")

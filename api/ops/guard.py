@@ -1,26 +1,32 @@
 """Who may call /ops/api: an operator key (``storyjobs keys create NAME
---operator``) as ``Authorization: Bearer``, checked against operator_keys by
-the Router's guard before any handler runs, on every endpoint. A client's key
-is not in that table, so it gets the same 401 as a wrong key. The key travels
-in a header, never a cookie, so a page on another site cannot make a browser
-send it: no cross-site request can read these endpoints or trigger an action.
+--operator``) as ``Authorization: Bearer``, checked against operator_keys
+before any handler runs, on every endpoint: its shape by the Router's guard,
+before the body is read; the key itself on the handler's own connection, by
+the ``store`` every endpoint takes (provide_operator_store), so that the check
+costs no connection of its own. A client's key is not in that table, so it
+gets the same 401 as a wrong key. The key travels in a header, never a
+cookie, so a page on another site cannot make a browser send it: no
+cross-site request can read these endpoints or trigger an action.
 
 Handlers that act (and log, and record in operator_actions who did) take the
-operator as the ``operator`` dependency; the others need only the guard.
+operator as the ``operator`` dependency, which their store knows.
 """
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Any
 
 from litestar import Request
 from litestar.connection import ASGIConnection
+from litestar.di import NamedDependency
 from litestar.handlers.base import BaseRouteHandler
 
-from api.auth import bearer_key, verify
+from api.auth import ApiKey, bearer_key, request_key, verify
 from api.deps import ApiState, deadline
 from api.problems import FieldError, ProblemError
-from shared import console_store as store
+from shared.console_store import ConsoleStore
+from shared.store import Conn
 
 
 class Operator:
@@ -41,16 +47,56 @@ class Operator:
         return {"operator": self.name, "operator_key_prefix": self.key_prefix}
 
 
-async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    """Guard of every /ops/api endpoint: an operator key that exists and is
-    not revoked, else the same 401 as any bad key."""
-    api_key = bearer_key(connection.scope)
-    api_state: ApiState = connection.app.state.storyjobs
-    async with deadline(api_state), api_state.connection_slots.connection() as conn:
-        record = await store.operator_key_get(conn, key_prefix=api_key.prefix)
+class OperatorStore(ConsoleStore):
+    """The ``store`` of every /ops/api endpoint: a ConsoleStore whose
+    connection checked the operator's key (provide_operator_store), and
+    ``operator``, whose it is."""
+
+    __slots__ = ("operator",)
+
+    def __init__(self, conn: Conn, operator: Operator) -> None:
+        super().__init__(conn)
+        self.operator = operator
+
+
+async def _checked_operator(conn: Conn, api_key: ApiKey) -> Operator:
+    """The operator whose key this is, if it exists and is not revoked, else
+    the same 401 as any bad key."""
+    record = await ConsoleStore(conn).operator_key_get(key_prefix=api_key.prefix)
     verify(record, api_key)
     assert record is not None
-    connection.state.operator = Operator(record.name, api_key.prefix, record.key_id)
+    return Operator(record.name, api_key.prefix, record.key_id)
+
+
+async def provide_operator_store(
+    request: Request[Any, Any, Any], api_state: NamedDependency[ApiState]
+) -> AsyncIterator[OperatorStore]:
+    """The ``store`` of every /ops/api endpoint: an OperatorStore on a
+    connection under api.deps.deadline, once the operator's key is checked on
+    it, else 401."""
+    api_key = request_key(request)
+    async with deadline(api_state), api_state.connection_slots.connection() as conn:
+        yield OperatorStore(conn, await _checked_operator(conn, api_key))
+
+
+def store_checks_the_key(handler: BaseRouteHandler) -> bool:
+    """Whether the handler takes the ``store`` that checks the operator's key."""
+    provide = handler.resolve_dependencies().get("store")
+    return (provide is not None and provide.dependency is provide_operator_store
+            and "store" in handler.parsed_fn_signature.parameters)
+
+
+async def require_operator_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
+    """Guard of every /ops/api answer: a well-formed key, else 401, before the
+    body is read. The key itself is checked by the handler's ``store``; an
+    answer that takes none (Litestar's OPTIONS) has it checked here, on a
+    connection of its own, so that no answer under /ops/api skips the check."""
+    api_key = bearer_key(connection.scope)
+    if store_checks_the_key(handler):
+        return
+    api_state: ApiState = connection.app.state.storyjobs
+    async with deadline(api_state), api_state.connection_slots.connection() as conn:
+        await _checked_operator(conn, api_key)
 
 
 async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
@@ -68,7 +114,6 @@ async def refuse_unknown_query(connection: ASGIConnection[Any, Any, Any, Any], h
                            errors=[FieldError(field=name, message="given more than once") for name in repeated])
 
 
-def provide_operator(request: Request[Any, Any, Any]) -> Operator:
-    """The ``operator`` dependency: whom require_operator_key let in."""
-    operator: Operator = request.state.operator
-    return operator
+def provide_operator(store: NamedDependency[OperatorStore]) -> Operator:
+    """The ``operator`` dependency: whose key the endpoint's store checked."""
+    return store.operator

@@ -14,8 +14,9 @@ from litestar.params import QueryParameter
 
 from api.ops.schemas import History, HistoryBucket, Percentiles, usd
 from api.problems import problem_responses
-from shared import console_store as store
-from shared.rows import ROLLUP_BOUNDS_S, RollupMinuteRow
+from shared.console_rows import RollupMinuteRow
+from shared.console_store import ConsoleStore
+from shared.rows import ROLLUP_BOUNDS_S
 
 HOUR = timedelta(hours=1)
 DAY = timedelta(days=1)
@@ -91,7 +92,7 @@ def _percentiles(wait_counts: list[int], run_counts: list[int]) -> dict[str, flo
     responses=problem_responses(400, 401, 503),
 )
 async def get_history(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     # named as the query parameter: refuse_unknown_query knows parameters by their names
     range: Annotated[str, QueryParameter(pattern="^(hour|day|week)$",  # noqa: A002
                                          description="hour (1-minute bars), day (15-minute) or week (hourly).")]
@@ -100,6 +101,6 @@ async def get_history(
     range_ = range
     length, bucket_minutes = HISTORY_RANGES[range_]
     now = datetime.now(UTC)
-    rows = await store.ops_history(conn, since=now - length, step=timedelta(minutes=bucket_minutes),
+    rows = await store.ops_history(since=now - length, step=timedelta(minutes=bucket_minutes),
                                    origin=_EPOCH)
     return _history(rows, range_, now)

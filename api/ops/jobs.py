@@ -44,9 +44,9 @@ from api.ops.schemas import (
     usd,
 )
 from api.problems import ProblemError, problem_responses
-from shared import console_store as store
 from shared.config import ApiSettings
-from shared.rows import JobFilter, OpsJobDetail
+from shared.console_rows import JobFilter, OpsJobDetail
+from shared.console_store import ConsoleStore
 from shared.status import JobStatus, Lane
 
 log = structlog.get_logger()
@@ -63,7 +63,7 @@ log = structlog.get_logger()
     responses=problem_responses(400, 401, 503),
 )
 async def list_jobs(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     status: StatusParam = None,
     client_id: ClientParam = None,
     error_code: ErrorParam = None,
@@ -77,7 +77,7 @@ async def list_jobs(
                         error_code=error_code.value if error_code else None,
                         created_after=utc(created_after), created_before=utc(created_before))
     position = None if cursor is None else Position.from_token(cursor, "cursor")
-    return await job_page(conn, filters, status in LIVE_STATUSES, position, limit)
+    return await job_page(store, filters, status in LIVE_STATUSES, position, limit)
 
 
 @get(
@@ -85,12 +85,12 @@ async def list_jobs(
     summary="A job: its lane, timeline, worker, every ledger attempt, its error and its story; a batch job's batch",
     responses=problem_responses(400, 401, 404, 503, described=NOT_FOUND),
 )
-async def get_job_detail(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn],
+async def get_job_detail(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore],
                          job_id: JobIdParam) -> JobDetail:
-    job = await store.ops_job_get(conn, job_id=parse_public_id(job_id))
+    job = await store.ops_job_get(job_id=parse_public_id(job_id))
     if job is None:
         raise ProblemError(404, "Not Found", "no such job")
-    calls = await store.llm_call_list_for_job(conn, job_id=job.id)
+    calls = await store.llm_call_list_for_job(job_id=job.id)
     story = None
     if job.story_id is not None:
         story = JobStory(
@@ -138,12 +138,12 @@ def _due_by(job: OpsJobDetail, settings: ApiSettings) -> datetime | None:
     responses=problem_responses(400, 401, 404, 409, 503, described=NOT_FOUND),
 )
 async def cancel_job(
-    conn: NamedDependency[store.Conn], operator: NamedDependency[Operator], job_id: JobIdParam
+    store: NamedDependency[ConsoleStore], operator: NamedDependency[Operator], job_id: JobIdParam
 ) -> JobCancelled:
-    async with conn.transaction():
-        result = await store.ops_job_cancel(conn, job_id=parse_public_id(job_id))
+    async with store.transaction():
+        result = await store.ops_job_cancel(job_id=parse_public_id(job_id))
         if result is not None:
-            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="job_cancel",
+            await store.operator_action_record(operator_key_id=operator.key_id, action="job_cancel",
                                                job_id=parse_public_id(job_id), touched=int(result.cancelled))
     if result is None:
         raise ProblemError(404, "Not Found", "no such job")
@@ -159,13 +159,13 @@ async def cancel_job(
     responses=problem_responses(400, 401, 503),
 )
 async def count_pending(
-    conn: NamedDependency[store.Conn],
+    store: NamedDependency[ConsoleStore],
     client_id: ClientParam = None,
     created_after: AfterParam = None,
     created_before: BeforeParam = None,
 ) -> PendingMatch:
     filters = JobFilter(client_id=client_id, created_after=utc(created_after), created_before=utc(created_before))
-    found = await store.ops_job_count_pending(conn, filters=filters)
+    found = await store.ops_job_count_pending(filters=filters)
     through = None if found.through_id is None else Position(id=found.through_id).token()
     return PendingMatch(pending=found.pending, through=through)
 
@@ -181,15 +181,15 @@ async def count_pending(
     responses=problem_responses(400, 401, 503),
 )
 async def cancel_pending(
-    conn: NamedDependency[store.Conn], operator: NamedDependency[Operator], data: JSONBody[CancelPending]
+    store: NamedDependency[ConsoleStore], operator: NamedDependency[Operator], data: JSONBody[CancelPending]
 ) -> PendingCancelled:
     through = Position.from_token(data.through, "through")
     filters = JobFilter(client_id=data.client_id, created_after=utc(data.created_after),
                         created_before=utc(data.created_before))
-    async with conn.transaction():
-        cancelled = await store.ops_job_cancel_pending(conn, filters=filters, through_id=through.id)
+    async with store.transaction():
+        cancelled = await store.ops_job_cancel_pending(filters=filters, through_id=through.id)
         await store.operator_action_record(
-            conn, operator_key_id=operator.key_id, action="pending_cancel", touched=len(cancelled),
+            operator_key_id=operator.key_id, action="pending_cancel", touched=len(cancelled),
             filter={"client_id": filters.client_id, "created_after": filters.created_after,
                     "created_before": filters.created_before, "through": data.through})
     log.info("ops.pending_cancelled", cancelled=len(cancelled), client_id=data.client_id,

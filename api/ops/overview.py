@@ -28,10 +28,11 @@ from api.ops.schemas import (
     usd,
 )
 from api.problems import problem_responses
-from shared import console_store as store
 from shared.config import ApiSettings
+from shared.console_rows import OpsOverviewRow, RateBucketRow
+from shared.console_store import ConsoleStore, finished_since
 from shared.ratelimit import RateLimits
-from shared.rows import BudgetDay, OpsOverviewRow, RateBucketRow
+from shared.rows import BudgetDay
 
 DAY = timedelta(days=1)
 
@@ -105,11 +106,11 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDa
     summary="The queue now; jobs, spend, undelivered stories and the provider's refusals over the last hour and day",
     responses=problem_responses(400, 401, 503),
 )
-async def get_overview(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Overview:
+async def get_overview(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Overview:
     settings = api_state.settings
-    bounds = await store.job_id_bounds(conn, created_after=store.finished_since(settings, DAY), created_before=None)
-    row = await store.ops_overview(conn, day_from_id=bounds.lo_id)
-    budgets = await store.budget_days_today(conn)
-    buckets = await store.llm_rate_bucket_list(conn, limits=RateLimits.from_settings(settings))
-    writers = await store.ops_writers_recent(conn)
+    bounds = await store.job_id_bounds(created_after=finished_since(settings, DAY), created_before=None)
+    row = await store.ops_overview(day_from_id=bounds.lo_id)
+    budgets = await store.budget_days_today()
+    buckets = await store.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
+    writers = await store.ops_writers_recent()
     return _overview(row, settings, budgets, buckets, writers)

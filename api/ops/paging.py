@@ -3,14 +3,14 @@ index on story_jobs costs every status change a write): a page walks the
 primary key down from its cursor over at most SCAN_IDS ids, so every request
 costs about the same at any depth and for any filter, and may hold fewer jobs
 than asked, with a cursor to go on. Live statuses are read on the live-jobs
-index instead. Time bounds become id bounds through store.job_id_bounds."""
+index instead. Time bounds become id bounds through ConsoleStore.job_id_bounds."""
 
 from __future__ import annotations
 
 from api.ops.cursor import Position
 from api.ops.schemas import JobPage, JobSummary, usd
-from shared import console_store as store
-from shared.rows import JobFilter, OpsJobRow
+from shared.console_rows import JobFilter, OpsJobRow
+from shared.console_store import ConsoleStore
 from shared.status import JobStatus
 
 # ids the jobs list looks at per request, at most: a few milliseconds of
@@ -30,30 +30,30 @@ def _summary(row: OpsJobRow) -> JobSummary:
     )
 
 
-async def job_page(conn: store.Conn, filters: JobFilter, live: bool, cursor: Position | None, limit: int) -> JobPage:
+async def job_page(store: ConsoleStore, filters: JobFilter, live: bool, cursor: Position | None, limit: int) -> JobPage:
     """The page below ``cursor``: of the live-jobs index if ``live``, else of history."""
     if live:
-        return await _live_page(conn, filters, cursor, limit)
-    return await _history_page(conn, filters, cursor, limit)
+        return await _live_page(store, filters, cursor, limit)
+    return await _history_page(store, filters, cursor, limit)
 
 
-async def _live_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
+async def _live_page(store: ConsoleStore, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
     rows = await store.ops_job_list_live(
-        conn, filters=filters, before_created_at=cursor.at if cursor else None,
+        filters=filters, before_created_at=cursor.at if cursor else None,
         before_id=cursor.id if cursor else None, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
     next_cursor = Position(id=page[-1].id, at=page[-1].created_at).token() if more else None
     return JobPage(jobs=[_summary(row) for row in page], next_cursor=next_cursor)
 
 
-async def _history_page(conn: store.Conn, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
-    bounds = await store.job_id_bounds(conn, created_after=filters.created_after,
+async def _history_page(store: ConsoleStore, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
+    bounds = await store.job_id_bounds(created_after=filters.created_after,
                                        created_before=filters.created_before)
     before = bounds.hi_id if cursor is None else min(cursor.id, bounds.hi_id)
     floor = max(bounds.lo_id, before - SCAN_IDS)
     if before <= floor:
         return JobPage(jobs=[], next_cursor=None)
-    rows = await store.ops_job_list(conn, before_id=before, floor_id=floor, filters=filters, limit=limit)
+    rows = await store.ops_job_list(before_id=before, floor_id=floor, filters=filters, limit=limit)
     if len(rows) == limit:
         next_id: int | None = rows[-1].id
     else:

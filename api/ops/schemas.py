@@ -17,7 +17,12 @@ from typing import Annotated, Any
 import msgspec
 
 from api.schemas import WrittenStory
-from shared.rows import LlmCallRow, OpsClientKey, WebhookDeliveryRow, WebhookEndpointAdminRow
+from shared.console_rows import (
+    LlmCallRow,
+    OpsClientKey,
+    WebhookDeliveryRow,
+    WebhookEndpointAdminRow,
+)
 from shared.status import Lane
 
 Usd = Annotated[str, msgspec.Meta(description="Decimal, in US dollars.")]

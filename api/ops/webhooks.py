@@ -17,7 +17,7 @@ from api.ops.guard import Operator
 from api.ops.params import ClientParam
 from api.ops.schemas import BIGINT_MAX, DeliveryRetried, OpsDelivery, OpsEndpoint, OpsEndpoints
 from api.problems import ProblemError, problem_responses
-from shared import console_store as store
+from shared.console_store import ConsoleStore
 
 log = structlog.get_logger()
 
@@ -27,11 +27,11 @@ LAST_DELIVERIES = 10
 
 @get("/webhooks", summary="Webhook endpoints per client, with their last deliveries",
      responses=problem_responses(400, 401, 503))
-async def ops_list_endpoints(conn: NamedDependency[store.Conn], client_id: ClientParam = None) -> OpsEndpoints:
-    rows = await store.webhook_endpoint_list(conn, client_id=client_id)
+async def ops_list_endpoints(store: NamedDependency[ConsoleStore], client_id: ClientParam = None) -> OpsEndpoints:
+    rows = await store.webhook_endpoint_list(client_id=client_id)
     found = []
     for row in rows:
-        deliveries = await store.webhook_delivery_list(conn, endpoint_id=row.id, limit=LAST_DELIVERIES)
+        deliveries = await store.webhook_delivery_list(endpoint_id=row.id, limit=LAST_DELIVERIES)
         found.append(OpsEndpoint(**msgspec.structs.asdict(row), last_deliveries=[
             OpsDelivery(**msgspec.structs.asdict(d)) for d in deliveries]))
     return OpsEndpoints(endpoints=found)
@@ -45,13 +45,13 @@ async def ops_list_endpoints(conn: NamedDependency[store.Conn], client_id: Clien
     responses=problem_responses(400, 401, 404, 503, described={404: "No dead delivery with this id."}),
 )
 async def ops_retry_delivery(
-    conn: NamedDependency[store.Conn], operator: NamedDependency[Operator],
+    store: NamedDependency[ConsoleStore], operator: NamedDependency[Operator],
     delivery_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="A delivery's `id`.")],
 ) -> DeliveryRetried:
-    async with conn.transaction():
-        job_id = await store.webhook_delivery_retry(conn, delivery_id=delivery_id)
+    async with store.transaction():
+        job_id = await store.webhook_delivery_retry(delivery_id=delivery_id)
         if job_id is not None:
-            await store.operator_action_record(conn, operator_key_id=operator.key_id, action="retry_delivery",
+            await store.operator_action_record(operator_key_id=operator.key_id, action="retry_delivery",
                                                job_id=job_id, filter={"delivery_id": delivery_id}, touched=1)
     if job_id is None:
         raise ProblemError(404, "Not Found", "no dead delivery with this id")

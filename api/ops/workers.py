@@ -9,8 +9,8 @@ from litestar.di import NamedDependency
 from api.deps import ApiState
 from api.ops.schemas import Worker, Workers
 from api.problems import problem_responses
-from shared import console_store as store
-from shared.rows import WorkerRow
+from shared.console_rows import WorkerRow
+from shared.console_store import ConsoleStore
 
 
 def _worker(row: WorkerRow, timeout_s: float) -> Worker:
@@ -30,7 +30,7 @@ def _worker(row: WorkerRow, timeout_s: float) -> Worker:
     summary="The workers seen in the last hour: busy (from their jobs' heartbeats), gone, or idle",
     responses=problem_responses(400, 401, 503),
 )
-async def list_workers(api_state: NamedDependency[ApiState], conn: NamedDependency[store.Conn]) -> Workers:
+async def list_workers(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Workers:
     timeout_s = api_state.settings.heartbeat_timeout_s
-    rows = await store.ops_workers(conn)
+    rows = await store.ops_workers()
     return Workers(heartbeat_timeout_s=timeout_s, workers=[_worker(row, timeout_s) for row in rows])

@@ -14,8 +14,9 @@ from decimal import Decimal
 from typing import Any
 
 from shared.config import SweeperSettings
-from shared.rows import BudgetDay, PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
+from shared.rows import BudgetDay
 from shared.status import ErrorCode
+from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 from sweeper.store import SweeperStore
 
 SERVER_STARTED_AT = datetime(2026, 1, 1, tzinfo=UTC)

@@ -9,8 +9,8 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from api.admission import AdmissionBatcher, admission
+from api.rows import Admission
 from shared.config import ApiSettings
-from shared.rows import Admission
 from shared.story_request import StoryRequest
 from tests.support.database import client_id_of, count
 

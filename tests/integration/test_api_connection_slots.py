@@ -13,7 +13,9 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
+from api.ops.cursor import Position
 from shared import db
+from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem, new_key
 from tests.support.database import count
 from tests.support.waiting import wait_until
@@ -70,3 +72,23 @@ async def test_a_request_that_finds_every_connection_taken_waits_api_db_wait_s_t
 async def _sessions_waiting_on_a_lock(locker: psycopg.AsyncConnection[Any], sessions: int) -> bool:
     return await count(locker, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                "AND wait_event_type = 'Lock'") >= sessions
+
+
+async def test_a_request_checks_its_key_on_the_connection_its_handler_uses(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any], api_key: str
+) -> None:
+    """A console request, a client's action and a story read each take one connection of the pool: the key,
+    an operator's or a client's, is checked on the handler's own connection, never on a second one."""
+    operator_key = await seed.operator_key(conn)
+    async with api_client(pool) as client:
+        job_url = (await client.post("/stories/generate", json={"prompt": "a fox"}, headers={
+            **new_key(), "Authorization": f"Bearer {api_key}"})).headers["location"]
+        for method, url, key in (("GET", "/ops/api/overview", operator_key), ("GET", "/ops/api/jobs", operator_key),
+                                 ("POST", "/ops/api/cancel-pending", operator_key),
+                                 ("GET", "/webhook-endpoints", api_key), ("DELETE", job_url, api_key),
+                                 ("GET", "/stories/00000000-0000-0000-0000-000000000000", api_key)):
+            pool.pop_stats()
+            body = {"through": Position(id=0).token()} if method == "POST" else None
+            answer = await client.request(method, url, json=body, headers={"Authorization": f"Bearer {key}"})
+            assert answer.status_code in (200, 404), (url, answer.text)
+            assert pool.get_stats().get("requests_num") == 1, (method, url, pool.get_stats())

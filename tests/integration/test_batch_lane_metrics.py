@@ -17,7 +17,7 @@ import pytest
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from shared.rows import QueueGauges
+from sweeper.rows import QueueGauges
 from sweeper.store import job_queue_gauges
 from tests.fakes.anthropic_batches import FakeBatches
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer

@@ -15,7 +15,7 @@ from api import store as api_store
 from api.admission import admission
 from shared import console_store
 from shared.config import ApiSettings
-from shared.rows import JobFilter
+from shared.console_rows import JobFilter
 from shared.story_request import StoryRequest
 from tests.support.database import client_id_of
 from worker import store as worker_store

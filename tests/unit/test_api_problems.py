@@ -15,8 +15,8 @@ from structlog.testing import capture_logs
 
 from api import pacing
 from api.problems import EXCEPTION_HANDLERS
+from api.rows import DrainStats
 from shared.config import ApiSettings, ConfigError
-from shared.rows import DrainStats
 from shared.status import JobStatus
 
 SECRET = "sj_0123456789ab_" + "S" * 43

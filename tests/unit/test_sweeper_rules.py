@@ -14,9 +14,9 @@ from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from shared.config import SweeperSettings
-from shared.rows import QueueGauges
 from shared.status import ErrorCode
 from sweeper.__main__ import run
+from sweeper.rows import QueueGauges
 from sweeper.sweep import Sweeper
 from tests.fakes.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
 
