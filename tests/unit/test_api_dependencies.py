@@ -86,7 +86,7 @@ def test_every_console_endpoint_checks_the_operator_key_on_its_own_store() -> No
             continue
         for method, (handler, _) in route.route_handler_map.items():
             (checked if store_checks_the_key(handler) else by_the_guard).add((method, route.path))
-    assert len(checked) == 15 and {method for method, _ in checked} == {"GET", "POST", "PUT"}
+    assert len(checked) == 16 and {method for method, _ in checked} == {"GET", "POST", "PUT"}
     assert {method for method, _ in by_the_guard} == {"OPTIONS"}
     assert all(_providers()[where]["store"] is provide_operator_store for where in checked)
 
