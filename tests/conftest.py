@@ -26,8 +26,9 @@ from tests.support.database import create_key
 from tests.support.outcome import failed_in_call
 from tests.support.pgbouncer import PgBouncer, PgBouncerUnavailable
 
-# fixtures every tier shares: a tracer provider of a test's own (span_exporter, tracer_provider)
-pytest_plugins = ["tests.support.tracing"]
+# fixtures every tier shares: a tracer provider of a test's own (span_exporter, tracer_provider);
+# the fake provider's batch endpoints on a settable clock (clock, server, fake)
+pytest_plugins = ["tests.support.tracing", "tests.support.batches"]
 
 _counter = itertools.count()
 

@@ -7,7 +7,7 @@ The fake's record of what it billed is how each test proves "billed once"."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
@@ -16,7 +16,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
-from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
+from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
 from tests.support.database import client_id_of, count, enqueue_batch
 from tests.support.settings import worker_settings
@@ -25,22 +25,6 @@ from worker.batch.lane import BatchLane
 from worker.batch.store import PgBatchStore
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def server(clock: SettableClock) -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer(FakeAnthropic(batches=FakeBatches(clock=clock))) as started:
-        yield started
-
-
-@pytest.fixture
-def fake(server: FakeAnthropicServer) -> FakeBatches:
-    return server.fake.batches
 
 
 @pytest.fixture

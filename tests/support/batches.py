@@ -1,13 +1,19 @@
-"""What the batch provider tests share: a settable clock, batch requests
-made from story requests, and reading a results stream to the end."""
+"""What the batch provider tests share: a settable clock, the fake provider
+serving the batch endpoints on that clock (the fixtures ``clock``, ``server``
+and ``fake``, a plugin of tests/conftest.py), batch requests made from story
+requests, and reading a results stream to the end."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import TypeVar
 
+import pytest
+
 from shared.story_request import StoryRequest
+from tests.fakes.anthropic_batches import FakeBatches
+from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from worker.batch.provider import BatchRequest
 
 T = TypeVar("T")
@@ -38,3 +44,22 @@ def batch_requests(count: int, *, prefix: str = "job", model: str = "claude-test
 
 async def collect(iterator: AsyncIterator[T]) -> list[T]:
     return [item async for item in iterator]
+
+
+@pytest.fixture
+def clock() -> SettableClock:
+    """The fake provider's clock, and the batch client's."""
+    return SettableClock()
+
+
+@pytest.fixture
+def server(clock: SettableClock) -> Iterator[FakeAnthropicServer]:
+    """The fake Anthropic server, its batches on ``clock``."""
+    with FakeAnthropicServer(FakeAnthropic(batches=FakeBatches(clock=clock))) as started:
+        yield started
+
+
+@pytest.fixture
+def fake(server: FakeAnthropicServer) -> FakeBatches:
+    """The fake provider's batches: its faults to set and its record of what it billed."""
+    return server.fake.batches

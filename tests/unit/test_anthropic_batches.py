@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import socket
 import time
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import pytest
@@ -17,7 +17,7 @@ from shared.pricing import FREE
 from shared.status import LlmOutcome
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
-from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
+from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock, batch_requests, collect
 from tests.support.settings import worker_settings
 from worker.anthropic_writer import AnthropicWriter
@@ -37,22 +37,6 @@ from worker.batch.provider import (
 )
 from worker.rows import RetryStart
 from worker.writing import JobCall
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def server(clock: SettableClock) -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer(FakeAnthropic(batches=FakeBatches(clock=clock))) as started:
-        yield started
-
-
-@pytest.fixture
-def fake(server: FakeAnthropicServer) -> FakeBatches:
-    return server.fake.batches
 
 
 @pytest.fixture

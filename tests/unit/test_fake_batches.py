@@ -4,14 +4,14 @@ record tests rely on (what was billed, per custom_id, across batches)."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator
+from collections.abc import AsyncIterator
 from typing import Any
 
 import anthropic
 import pytest
 
 from tests.fakes.anthropic_batches import MAX_REQUESTS, BatchPlan, FakeBatches, Invalid, ItemPlan
-from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
+from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
 
 
@@ -19,22 +19,6 @@ def _request(custom_id: Any, prompt: str = "a sleepy otter", **params: Any) -> A
     """One request as sent, deliberately untyped: tests send what the SDK's types would not allow."""
     return {"custom_id": custom_id, "params": {
         "model": "claude-test", "max_tokens": 100, "messages": [{"role": "user", "content": prompt}], **params}}
-
-
-@pytest.fixture
-def clock() -> SettableClock:
-    return SettableClock()
-
-
-@pytest.fixture
-def server(clock: SettableClock) -> Iterator[FakeAnthropicServer]:
-    with FakeAnthropicServer(FakeAnthropic(batches=FakeBatches(clock=clock))) as started:
-        yield started
-
-
-@pytest.fixture
-def fake(server: FakeAnthropicServer) -> FakeBatches:
-    return server.fake.batches
 
 
 @pytest.fixture
