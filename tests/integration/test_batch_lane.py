@@ -299,3 +299,20 @@ async def test_a_batch_the_provider_no_longer_knows_charges_its_requests_as_of_u
     assert (attempt, outcome, billed) == (1, "interrupted", True)
     await lane.tick_once()
     assert len(fake.creates) == 1
+
+
+async def test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """Two jobs cancelled before any batch took them, older than a third: the next batch holds the third,
+    never an intent of ended jobs with nothing to send (found by the lane's model-based test)."""
+    client = await client_id_of(conn)
+    cancelled = [await enqueue_batch(conn, client, f"a cancelled wren {n}", waited_s=7200.0) for n in range(2)]
+    for job in cancelled:
+        assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    await enqueue_batch(conn, client, "a waiting wren")
+    lane = _lane(pool, provider, batch_max_requests=2)
+    assert (await lane.tick_once()).submitted == 1
+    (batch,) = fake.batches
+    assert ["a waiting wren" in item.prompt for item in batch.items] == [True]
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL") == 0
