@@ -316,3 +316,31 @@ async def test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_t
     (batch,) = fake.batches
     assert ["a waiting wren" in item.prompt for item in batch.items] == [True]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL") == 0
+
+
+async def test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch_of_another_size(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A lost intent's batch turns up while the next intent's create is unanswered: a batch of another size
+    than the next intent's is not adopted by it; it is recorded as the lost intent's stray."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a lost lark")
+    fake.queue(BatchPlan(status=500))
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    await conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute'")
+    assert (await lane.tick_once()).lost == 1
+    for n in range(2):
+        await enqueue_batch(conn, client, f"a later lark {n}")
+    fake.queue(BatchPlan(status=500))
+    await lane.tick_once()
+    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
+                             "JOIN message_batches b ON b.id = i.batch_id JOIN story_jobs j ON j.id = i.job_id "
+                             "WHERE b.state = 'lost'")
+    ((custom_id, model, max_tokens),) = await cur.fetchall()
+    fake.make_batch([{"custom_id": custom_id, "params": {
+        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
+        "messages": [{"role": "user", "content": "a lost lark"}]}}])
+    found = await lane.tick_once()
+    assert (found.adopted, found.strays) == (0, 1)
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
