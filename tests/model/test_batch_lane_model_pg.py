@@ -220,14 +220,17 @@ class BatchLaneMachine(RuleBasedStateMachine):
 
     @rule(lane=st.sampled_from(LANES), create=st.sampled_from(["answered", *sorted(CREATE_FAULTS)]),
           retrieve=st.sampled_from(["answered", "dropped", "500"]),
-          results_cut_after=st.none() | st.integers(0, 3), mid_line=st.booleans())
+          results_cut_after=st.none() | st.integers(0, 3), mid_line=st.booleans(), collected=st.booleans())
     def a_worker_ticks(self, lane: str, create: str, retrieve: str, results_cut_after: int | None,
-                       mid_line: bool) -> None:
+                       mid_line: bool, collected: bool) -> None:
         """One would-be submitter ticks: if it holds the lease, it reconciles, collects and submits. A create
         it sends is answered, or its answer is lost (the batch made or not), or it is refused; the next
         retrieve (a poll, or the one a results read begins with) may get no usable answer, and the next
         results stream may break after a few lines (in the middle of the next one, or between two).
-        What this tick leaves of those faults meets a later one."""
+        What this tick leaves of those faults meets a later one. ``collected``: the jobs waiting for a batch
+        have waited BATCH_COLLECT_S before it."""
+        if collected:
+            self.run(self._collection_time_passes())
         if retrieve != "answered":
             self.fake.queue_fault("retrieve", Fault(drop=True) if retrieve == "dropped" else Fault(status=500))
         if results_cut_after is not None:
@@ -292,16 +295,15 @@ class BatchLaneMachine(RuleBasedStateMachine):
         answer = self.run(api_store.job_cancel(self.conn, client_id=self.client, job_id=self.jobs[job]))
         assert answer is not None
 
-    @rule(collection=st.booleans(), grace=st.booleans())
-    def time_passes(self, collection: bool, grace: bool) -> None:
-        """Every job waiting for a batch has waited BATCH_COLLECT_S; every unresolved intent is
-        BATCH_RECONCILE_GRACE_S older (its fence moved back)."""
-        if collection:
-            self.run(self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '1 hour' "
-                                       "WHERE batch_ready_at IS NOT NULL"))
-        if grace:
-            self.run(self.conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute' "
-                                       "WHERE state = 'intent'"))
+    async def _collection_time_passes(self) -> None:
+        await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '1 hour' "
+                                "WHERE batch_ready_at IS NOT NULL")
+
+    @rule()
+    def the_grace_runs_out(self) -> None:
+        """Every unresolved intent is BATCH_RECONCILE_GRACE_S older (its fence moved back)."""
+        self.run(self.conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute' "
+                                   "WHERE state = 'intent'"))
 
     @precondition(lambda self: any(b.ended_at is not None for b in self.fake.batches))
     @rule(data=st.data(), lane=st.sampled_from(LANES))
@@ -432,8 +434,7 @@ class BatchLaneMachine(RuleBasedStateMachine):
         lane = self._lane("drain")
         await self._expire_lease()
         for _ in range(40):
-            await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '1 hour' "
-                                    "WHERE batch_ready_at IS NOT NULL")
+            await self._collection_time_passes()
             await self.conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute' "
                                     "WHERE state = 'intent'")
             for batch in self.fake.batches:
