@@ -190,7 +190,7 @@ MUTANTS: tuple[Mutant, ...] = (
     Mutant(
         name="batch-create-5xx-read-as-refused",
         invariant="a create answered 5xx may have made its batch: its jobs are reconciled, never sent again",
-        tier="model",
+        tier="unit",
         file="worker/batch/anthropic_batches.py",
         edits=(("        if 400 <= status < 500:\n", "        if 400 <= status < 600:\n"),),
         tests=("tests/unit/test_anthropic_batches.py::"
