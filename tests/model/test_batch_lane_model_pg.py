@@ -167,7 +167,7 @@ class BatchLaneMachine(RuleBasedStateMachine):
 
     def teardown(self) -> None:
         try:
-            self.run(self._drain())
+            self._drain()
         finally:
             self.run(self.provider.aclose())
             self.run(self.pool.close())
@@ -426,23 +426,37 @@ class BatchLaneMachine(RuleBasedStateMachine):
 
     # -- the end -------------------------------------------------------------------------
 
-    async def _drain(self) -> None:
+    def _drain(self) -> None:
         """No more faults but those already queued: every batch made ends, the clocks move on, and a new
-        worker ticks until nothing is left to do. Then every job has ended, every ledger row is closed, and
-        the ledger's successes are the provider's bills."""
+        worker ticks until nothing is left to do, the invariants checked after each of its ticks. Then every
+        job has ended, every ledger row is closed, and the ledger's successes are the provider's bills."""
         self.fake.default = BatchPlan()
         lane = self._lane("drain")
-        await self._expire_lease()
+        self.run(self._expire_lease())
         for _ in range(40):
-            await self._collection_time_passes()
-            await self.conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute' "
-                                    "WHERE state = 'intent'")
-            for batch in self.fake.batches:
-                if batch.ended_at is None:
-                    self.fake.end_batch(batch.id)
-            await self._tick(lane)
-            if not await self._left():
+            self.run(self._drain_round(lane))
+            for check in (self.no_request_is_in_two_batches_that_could_both_bill,
+                          self.a_job_ends_once_and_never_changes,
+                          self.billed_at_most_once_and_never_more_than_the_provider,
+                          self.a_ledger_row_is_billed_for_a_success_or_a_lost_intent,
+                          self.a_ledger_row_is_open_exactly_while_its_result_is_unread,
+                          self.an_intent_is_lost_only_when_no_create_made_its_batch,
+                          self.no_job_is_sent_more_than_its_attempts):
+                check()
+            if not self.run(self._left()):
                 break
+        self.run(self._settled())
+
+    async def _drain_round(self, lane: BatchLane) -> None:
+        await self._collection_time_passes()
+        await self.conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute' "
+                                "WHERE state = 'intent'")
+        for batch in self.fake.batches:
+            if batch.ended_at is None:
+                self.fake.end_batch(batch.id)
+        await self._tick(lane)
+
+    async def _settled(self) -> None:
         left = await self._left()
         assert left == [], ("the lane does not come to rest", left, await self._rows(
             "SELECT j.id, j.status::text, j.batch_id, j.batch_ready_at IS NOT NULL, b.state, b.provider_batch_id "
