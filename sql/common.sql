@@ -101,7 +101,9 @@ WITH job AS (
 ),
 cancelled AS (
     UPDATE story_jobs j
-    SET status = 'failed', error_code = 'cancelled', completed_at = now(),
+    -- a batch job waiting for a batch leaves the line: an ended job the
+    -- intent's scan still found would fill a batch with nothing to send
+    SET status = 'failed', error_code = 'cancelled', completed_at = now(), batch_ready_at = NULL,
         error_text = CASE WHEN %(client_id)s::bigint IS NULL THEN 'cancelled by an operator'
                           ELSE 'cancelled by the client' END,
         charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END

@@ -77,6 +77,8 @@ stale AS (
 )
 UPDATE story_jobs j
 SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
+    -- out of the batch lane's line, as every ended job is
+    batch_ready_at = NULL,
     -- a job that never ran cost nothing; one whose worker is gone or too slow
     -- may have been billed anything up to its worst case
     charged_usd = CASE stale.reason WHEN 'queue_timeout' THEN 0 ELSE j.reserved_usd END,

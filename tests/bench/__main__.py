@@ -28,6 +28,7 @@ from typing import Any
 from shared import logs
 from tests.bench import (
     api_load,
+    batch_lane,
     ceiling,
     drain,
     fair_claim,
@@ -53,7 +54,7 @@ from tests.support import postgres_server
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing)
+                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

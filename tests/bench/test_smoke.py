@@ -127,3 +127,14 @@ def test_quick_webhooks_deliver_the_backlog(server_url: str, tmp_path: Path) -> 
     assert bench["error"] is None
     assert set(bench["figures"]) == {"per_s_concurrency_4", "per_s_concurrency_16"}
     assert all(figure["median"] > 0 for figure in bench["figures"].values())
+
+
+def test_quick_batch_lane_bills_the_batch_lane_half_the_interactive_price(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only batch_lane` exits 0 with both lanes' stories completed: the same
+    stories cost half as much through the batch lane, and each lane's last story has a positive time."""
+    bench = run_quick("batch_lane", server_url, tmp_path)["benchmarks"]["batch_lane"]
+    assert bench["error"] is None
+    figures = {key: figure["median"] for key, figure in bench["figures"].items()}
+    assert figures["interactive_cost_usd"] > 0 and figures["batch_cost_usd"] > 0
+    assert figures["cost_ratio"] == pytest.approx(0.5, abs=0.01)
+    assert figures["interactive_last_story_s"] > 0 and figures["batch_last_story_s"] > 0

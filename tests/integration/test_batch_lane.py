@@ -283,3 +283,48 @@ async def test_a_batch_the_provider_no_longer_knows_charges_its_requests_as_of_u
     assert (attempt, outcome, billed) == (1, "interrupted", True)
     await lane.tick_once()
     assert len(fake.creates) == 1
+
+
+async def test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """Two jobs cancelled before any batch took them, older than a third: the next batch holds the third,
+    never an intent of ended jobs with nothing to send (found by the lane's model-based test)."""
+    client = await client_id_of(conn)
+    cancelled = [await enqueue_batch(conn, client, f"a cancelled wren {n}", waited_s=7200.0) for n in range(2)]
+    for job in cancelled:
+        assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    await enqueue_batch(conn, client, "a waiting wren")
+    lane = _lane(pool, provider, batch_max_requests=2)
+    assert (await lane.tick_once()).submitted == 1
+    (batch,) = fake.batches
+    assert ["a waiting wren" in item.prompt for item in batch.items] == [True]
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL") == 0
+
+
+async def test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch_of_another_size(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A lost intent's batch turns up while the next intent's create is unanswered: a batch of another size
+    than the next intent's is not adopted by it; it is recorded as the lost intent's stray."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a lost lark")
+    fake.queue(BatchPlan(status=500))
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    await conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '1 minute'")
+    assert (await lane.tick_once()).lost == 1
+    for n in range(2):
+        await enqueue_batch(conn, client, f"a later lark {n}")
+    fake.queue(BatchPlan(status=500))
+    await lane.tick_once()
+    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
+                             "JOIN message_batches b ON b.id = i.batch_id JOIN story_jobs j ON j.id = i.job_id "
+                             "WHERE b.state = 'lost'")
+    ((custom_id, model, max_tokens),) = await cur.fetchall()
+    fake.make_batch([{"custom_id": custom_id, "params": {
+        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
+        "messages": [{"role": "user", "content": "a lost lark"}]}}])
+    found = await lane.tick_once()
+    assert (found.adopted, found.strays) == (0, 1)
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1

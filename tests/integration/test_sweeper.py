@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
-from tests.support.database import client_id_of, enqueue, job_rows
+from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows
 from tests.support.settings import sweeper_settings
 from worker import store as worker_store
 
@@ -238,3 +238,19 @@ async def test_a_pass_records_the_current_minute_for_the_consoles_history(
     assert (deepest, busiest) == (5, 6)
     total = await (await conn.execute("SELECT sum(n) FROM minute_rollup, unnest(wait_counts) n")).fetchone()
     assert claimed is not None and total is not None and total[0] == claimed[0] == 6
+
+
+async def test_a_batch_job_that_waited_past_its_day_fails_and_leaves_the_batch_line(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
+) -> None:
+    """A batch job no batch took within BATCH_COLLECT_S and a day fails as queue_timeout, and no longer waits
+    for a batch: the lane's next intent does not take it."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a story no batch took", waited_s=2 * 86_400)
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(), PgSweeperStore(pool), clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    assert (await sweeper.sweep_once()).queue_timeout == 1
+    assert [(r.status, r.error_code) for r in await job_rows(conn)] == [("failed", "queue_timeout")]
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL") == 0
