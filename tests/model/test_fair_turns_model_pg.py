@@ -205,11 +205,15 @@ class FairTurnsMachine(RuleBasedStateMachine):
 
     # -- rules --------------------------------------------------------------------------
 
-    @initialize(jobs=st.tuples(*(st.integers(0, CLIENT_QUEUE_MAX) for _ in CLIENTS)),
+    @initialize(weights=st.tuples(*(st.integers(1, 3) for _ in CLIENTS)),
+                jobs=st.tuples(*(st.integers(0, CLIENT_QUEUE_MAX) for _ in CLIENTS)),
                 saturated=st.tuples(*(st.booleans() for _ in CLIENTS)))
-    def the_clients_come(self, jobs: tuple[int, ...], saturated: tuple[bool, ...]) -> None:
-        """Each client starts with some jobs queued, and some keep their queue full from the start."""
-        for name, queued, full in zip(CLIENTS, jobs, saturated, strict=True):
+    def the_clients_come(self, weights: tuple[int, ...], jobs: tuple[int, ...], saturated: tuple[bool, ...]) -> None:
+        """Each client starts with a weight (no turn given yet: nothing to settle), some jobs queued, and some
+        keep their queue full from the start."""
+        for name, weight, queued, full in zip(CLIENTS, weights, jobs, saturated, strict=True):
+            assert self.run(self.console.api_client_weight_set(client_id=self.clients[name].id, weight=weight))
+            self.clients[name].weight = weight
             if queued:
                 self._post(name, queued)
             self.clients[name].saturated = full

@@ -169,6 +169,16 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
     ),
     Mutant(
+        name="operator-cancelled-turns-kept",
+        invariant="the pending jobs an operator cancels give their turns back: their client loses no place in "
+                  "the round",
+        tier="integration",
+        file="sql/console.sql",
+        edits=(("    SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL\n",
+                "    SELECT id, client_id, turn FROM cancelled WHERE false\n"),),
+        tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
+    ),
+    Mutant(
         # the unlimited claim served first come, first served: one client's
         # long queue takes every claim until it is drained
         name="claim-in-arrival-order",
