@@ -10,6 +10,18 @@ wait is the number of claims made before it, with the fair claim and with
 the first-come claim it replaced (ORDER BY created_at, id on the live-jobs
 index, run here from the same statement text).
 
+Saturated: one client keeps its queue at its bound (CLIENT_QUEUE_MAX 50),
+sending again through the api's admission statement the moment a claim
+takes one of its jobs; from its 100th claim on, 4 other clients keep 3
+pending jobs each the same way. One connection settles and claims 4 jobs a
+round, as a worker does; each round's refills are one admission batch, the
+saturated client's first. In every window of 100 claims after the others
+come, each of the k = 5 clients should get 1/k: the saturated client's
+largest share × k and the others' smallest and largest are reported. The others'
+first jobs' wait is the number of claims made from their arrival to the
+round that takes the last of them, with the fair claim and the first-come
+one (behind the saturated client's full queue).
+
 Scale: 1,000,000 pending jobs over 10,000 clients (100 each, turns as the
 admission gives them). From one connection, claim_limit 1: latency of each
 claim, p99, the fair and the first-come claim taking turns in blocks; then
@@ -55,6 +67,16 @@ SPECS = {
     "first_job_claims_ahead_fair": FigureSpec("claims before another client's first job: fair claim", "claims"),
     "first_job_claims_ahead_fifo": FigureSpec("claims before another client's first job: first-come claim",
                                               "claims"),
+    "saturated_share_max_x_k": FigureSpec(
+        "saturated client: its share of claims per window of 100, × k: largest", "×"),
+    "saturated_others_share_min_x_k": FigureSpec(
+        "saturated client: the others' share per window of 100, × k: smallest", "×"),
+    "saturated_others_share_max_x_k": FigureSpec(
+        "saturated client: the others' share per window of 100, × k: largest", "×"),
+    "saturated_first_job_claims_ahead_fair": FigureSpec(
+        "saturated client: claims before the others' first jobs: fair claim", "claims"),
+    "saturated_first_job_claims_ahead_fifo": FigureSpec(
+        "saturated client: claims before the others' first jobs: first-come claim", "claims"),
     "claim_p99_ms_fair": FigureSpec("claim p99 at scale: fair claim", "ms"),
     "claim_p99_ms_fifo": FigureSpec("claim p99 at scale: first-come claim", "ms"),
     "claim_p99_ratio": FigureSpec("claim p99 at scale, fair / first-come", "×"),
@@ -70,6 +92,12 @@ WINDOW = 100
 CLAIM_BLOCK = 50
 DRAIN_CONNECTIONS = 4
 DRAIN_BATCH = 4
+# the saturated client's queue bound (CLIENT_QUEUE_MAX), the claims it has alone before the others come, and
+# how many others keep how many jobs pending
+SATURATED_BOUND = 50
+SATURATED_LEAD = 100
+OTHERS = 4
+OTHERS_KEEP = 3
 
 
 def run(ctx: BenchContext, result: BenchResult) -> None:
@@ -90,6 +118,20 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
             result.add("first_job_claims_ahead_fifo", ahead_fifo)
             ctx.progress(f"fair_claim run {run_number}/{ctx.runs}: share × k {low:.2f}..{high:.2f}, "
                          f"claims ahead {ahead_fair:.0f} (first-come {ahead_fifo:.0f})")
+    saturated_claims = 600 if ctx.quick else 2_100
+    result.params["saturated"] = (f"1 client refilling to {SATURATED_BOUND} the moment a job is claimed; "
+                                  f"{OTHERS} keeping {OTHERS_KEEP} each from claim {SATURATED_LEAD}; "
+                                  f"{saturated_claims:,} claims, {DRAIN_BATCH} a round")
+    for run_number in range(1, ctx.runs + 1):
+        share, others_low, others_high, ahead_fair, ahead_fifo = _saturated(ctx, saturated_claims)
+        result.add("saturated_share_max_x_k", share)
+        result.add("saturated_others_share_min_x_k", others_low)
+        result.add("saturated_others_share_max_x_k", others_high)
+        result.add("saturated_first_job_claims_ahead_fair", ahead_fair)
+        result.add("saturated_first_job_claims_ahead_fifo", ahead_fifo)
+        ctx.progress(f"fair_claim run {run_number}/{ctx.runs}: saturated client's share × k at most {share:.2f}, "
+                     f"the others' {others_low:.2f}..{others_high:.2f}, claims before their first jobs "
+                     f"{ahead_fair:.0f} (first-come {ahead_fifo:.0f})")
     with ctx.database("fair_scale") as bench_db:
         started = time.monotonic()
         _scale_fill(bench_db, clients=clients, per_client=per_client)
@@ -159,6 +201,77 @@ async def _share(ctx: BenchContext, template: str) -> tuple[float, float, float,
     ahead = {name: max(claimed.index(client) for client in set(claimed) if client != heavy)
              for name, claimed in order.items()}
     return min(ratios), max(ratios), float(ahead["fair"]), float(ahead["fifo"])
+
+
+# -- a saturated client -------------------------------------------------------------
+
+
+def _saturated(ctx: BenchContext, claims: int) -> tuple[float, float, float, float, float]:
+    """The fair claim's windows after the others come, and the claims before the others' first jobs with
+    both claims (the first-come run stops once they are all claimed)."""
+    order: dict[str, tuple[list[int], list[int], int, int]] = {}
+    for name, query, until in (("fair", FAIR, claims), ("fifo", FIFO, None)):
+        with ctx.database(f"fair_saturated_{name}") as bench_db:
+            saturated = bench_db.create_client("saturated")
+            others = [bench_db.create_client(f"other-{n}") for n in range(OTHERS)]
+            bench_db.close()
+            claimed, before, arrived = asyncio.run(_saturated_claims(bench_db.url, query, saturated, others,
+                                                                     until))
+            order[name] = (claimed, before, arrived, saturated)
+    claimed, _, arrived, saturated = order["fair"]
+    k = 1 + OTHERS
+    shares: list[float] = []
+    others_shares: list[float] = []
+    for start in range(arrived, len(claimed) - WINDOW + 1, WINDOW):
+        counts = Counter(claimed[start:start + WINDOW])
+        assert len(counts) == k, counts
+        shares.append(counts[saturated] / WINDOW * k)
+        others_shares.extend(n / WINDOW * k for client, n in counts.items() if client != saturated)
+    ahead = {}
+    for name, (claimed, before, arrived, saturated) in order.items():
+        # a round's jobs come back in id order, not in turn order: a job's wait is the claims of the rounds
+        # before its own
+        ahead[name] = float(max(before[claimed.index(client)] - arrived for client in set(claimed)
+                                if client != saturated))
+    return max(shares), min(others_shares), max(others_shares), ahead["fair"], ahead["fifo"]
+
+
+async def _saturated_claims(url: str, query: str, saturated: int, others: list[int],
+                            claims: int | None) -> tuple[list[int], list[int], int]:
+    """Rounds of settle and claim (``query``) until ``claims`` are made (None: until every other client's
+    first job is claimed), each followed by the refills: the saturated client's to its bound, from
+    SATURATED_LEAD claims on the others' to OTHERS_KEEP. The clients of the claims in order, the claims
+    made before the round of each, and the number of claims made when the others came."""
+    settings = ApiSettings()
+    keep = {saturated: SATURATED_BOUND}
+    pending = {saturated: 0}
+    claimed: list[int] = []
+    before: list[int] = []
+    arrived = -1
+    held: list[dict[str, Any]] = []
+    async with await db.connect(url, application_name="fair_claim", connect_timeout_s=30) as conn:
+        while True:
+            if arrived < 0 and len(claimed) >= SATURATED_LEAD:
+                arrived = len(claimed)
+                keep.update(dict.fromkeys(others, OTHERS_KEEP))
+                pending.update(dict.fromkeys(others, 0))
+            # the saturated client first: it sends again the moment a slot frees
+            asked = [client for client in keep for _ in range(keep[client] - pending[client])]
+            admissions = [admission(client, uuid.uuid4().hex, BENCH_REQUEST, settings) for client in asked]
+            results = await api_store.job_insert_if_admitted(conn, admissions=admissions, queue_max=1_000_000,
+                                                             client_queue_max=SATURATED_BOUND)
+            assert all(r.outcome == "inserted" for r in results), results
+            pending.update(keep)
+            if claims is None and arrived >= 0 and set(others) <= set(claimed[arrived:]):
+                break
+            if claims is not None and len(claimed) >= claims:
+                break
+            held = await _round(conn, query, [_completion(job) for job in held], DRAIN_BATCH)
+            before.extend([len(claimed)] * len(held))
+            for job in held:
+                claimed.append(job["client_id"])
+                pending[job["client_id"]] -= 1
+    return claimed, before, arrived
 
 
 # -- scale -------------------------------------------------------------------------

@@ -78,6 +78,9 @@ TARGETS: dict[tuple[str, str], Target] = {
     # every client with pending jobs gets 1/k of each 100 claims, ± 10 %
     ("fair_claim", "share_min_x_k"): at_least(0.9),
     ("fair_claim", "share_max_x_k"): at_most(1.1),
+    ("fair_claim", "saturated_share_max_x_k"): at_most(1.1),
+    ("fair_claim", "saturated_others_share_min_x_k"): at_least(0.9),
+    ("fair_claim", "saturated_others_share_max_x_k"): at_most(1.1),
     ("fair_claim", "claim_p99_ratio"): at_most(1.5),
     ("fair_claim", "drain_ratio"): at_least(0.9),
     # every allowed request used, and no 429 herds

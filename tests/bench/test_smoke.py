@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench import statement_cost
+from tests.bench import fair_claim, statement_cost
 from tests.bench.smoke import run_quick
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -138,3 +138,17 @@ def test_quick_batch_lane_bills_the_batch_lane_half_the_interactive_price(server
     assert figures["interactive_cost_usd"] > 0 and figures["batch_cost_usd"] > 0
     assert figures["cost_ratio"] == pytest.approx(0.5, abs=0.01)
     assert figures["interactive_last_story_s"] > 0 and figures["batch_last_story_s"] > 0
+
+
+def test_quick_fair_claim_shares_the_claims_with_a_saturated_client(server_url: str, tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only fair_claim` exits 0 with every figure, and a client that refills
+    its full queue the moment a slot frees gets 1/k of every window of claims, no more, while the others'
+    first jobs wait less with the fair claim than behind its queue with the first-come one."""
+    bench = run_quick("fair_claim", server_url, tmp_path)["benchmarks"]["fair_claim"]
+    assert bench["error"] is None
+    assert set(bench["figures"]) == set(fair_claim.SPECS)
+    figures = {key: figure["median"] for key, figure in bench["figures"].items()}
+    # one connection claims in turn order: the shares are exact, not timings
+    assert figures["saturated_share_max_x_k"] <= 1.1
+    assert 0.9 <= figures["saturated_others_share_min_x_k"] <= figures["saturated_others_share_max_x_k"] <= 1.1
+    assert figures["saturated_first_job_claims_ahead_fair"] < figures["saturated_first_job_claims_ahead_fifo"]

@@ -157,7 +157,7 @@ MUTANTS: tuple[Mutant, ...] = (
         file="sql/api.sql",
         edits=(("    WHERE bound IS NOT NULL AND (bound IS DISTINCT FROM kept OR admitted > 0)\n",
                 "    WHERE bound IS NOT NULL AND bound IS DISTINCT FROM kept\n"),),
-        tests=("tests/integration/test_fair_turns.py",),
+        tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
     ),
     Mutant(
         name="cancelled-turns-kept",
@@ -166,7 +166,39 @@ MUTANTS: tuple[Mutant, ...] = (
         file="sql/common.sql",
         edits=(("    SELECT id, client_id, turn FROM cancelled WHERE was_pending AND turn IS NOT NULL\n",
                 "    SELECT id, client_id, turn FROM cancelled WHERE false\n"),),
-        tests=("tests/integration/test_fair_turns.py",),
+        tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
+    ),
+    Mutant(
+        name="operator-cancelled-turns-kept",
+        invariant="the pending jobs an operator cancels give their turns back: their client loses no place in "
+                  "the round",
+        tier="integration",
+        file="sql/console.sql",
+        edits=(("    SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL\n",
+                "    SELECT id, client_id, turn FROM cancelled WHERE false\n"),),
+        tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
+    ),
+    Mutant(
+        # the unlimited claim served first come, first served: one client's
+        # long queue takes every claim until it is drained
+        name="claim-in-arrival-order",
+        invariant="the claim takes pending jobs in their clients' turns: two clients with jobs waiting share the "
+                  "claims by their weights",
+        tier="model",
+        file="sql/worker.sql",
+        edits=(("    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until",
+                "    ORDER BY id\n    LIMIT (SELECT CASE WHEN coalesce(until"),),
+        tests=("tests/model/test_fair_turns_model_pg.py",),
+    ),
+    Mutant(
+        # every client's turn lasts 1, whatever its weight
+        name="turns-without-the-weight",
+        invariant="a client of weight w is given w turns to a weight-1 client's one",
+        tier="model",
+        file="sql/api.sql",
+        edits=(("        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,",
+                "        SELECT a.ord, a.client_id, 1::float8 AS weight,"),),
+        tests=("tests/model/test_fair_turns_model_pg.py",),
     ),
     Mutant(
         name="url-rule-ignores-numeric-spellings",
