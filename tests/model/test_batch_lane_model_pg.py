@@ -47,12 +47,10 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, event, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -65,7 +63,7 @@ from api import store as api_store
 from shared import db
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
-from tests.support import postgres_server
+from tests.model.machine_pg import PostgresMachine
 from tests.support.batches import SettableClock
 from tests.support.database import client_id_of, enqueue_batch
 from tests.support.settings import worker_settings
@@ -80,7 +78,6 @@ GRACE_S = 5.0
 # small, so that a backlog goes out in several batches
 MAX_REQUESTS = 3
 LANES = ("a", "b")
-_counter = itertools.count()
 
 ITEM_PLANS = {
     "succeeds": ItemPlan(),
@@ -127,19 +124,15 @@ class Ended:
     completed_at: datetime
 
 
-class BatchLaneMachine(RuleBasedStateMachine):
-    server_url = ""
-    template = ""
+class BatchLaneMachine(PostgresMachine):
+    label = "batch"
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self._name = f"storyjobs_batch_model_{os.getpid()}_{next(_counter)}"
-        url = postgres_server.create_database_from_template(self.server_url, self._name, self.template)
+        url = self.database_url
         self.clock = SettableClock()
         self.fake = FakeBatches(clock=self.clock)
         self.server = FakeAnthropicServer(FakeAnthropic(batches=self.fake)).__enter__()
-        self.conn: psycopg.AsyncConnection[Any] = self.run(psycopg.AsyncConnection.connect(url, autocommit=True))
         self.pool: AsyncConnectionPool = db.make_pool(
             url, application_name="storyjobs-batch-model", connect_timeout_s=5, statement_timeout_s=30,
             min_size=1, max_size=6, wait_timeout_s=5)
@@ -155,9 +148,6 @@ class BatchLaneMachine(RuleBasedStateMachine):
         self.lost: set[int] = set()
         self.made_late: set[int] = set()
 
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
     def _lane(self, slot: str) -> BatchLane:
         settings_ = worker_settings(batch_collect_s=1.0, batch_poll_interval_s=1.0,
                                     batch_reconcile_grace_s=GRACE_S, batch_max_attempts=MAX_ATTEMPTS,
@@ -171,10 +161,8 @@ class BatchLaneMachine(RuleBasedStateMachine):
         finally:
             self.run(self.provider.aclose())
             self.run(self.pool.close())
-            self.run(self.conn.close())
-            self.loop.close()
             self.server.__exit__(None, None, None)
-            postgres_server.drop_database(self.server_url, self._name)
+            super().teardown()
 
     # -- reading -------------------------------------------------------------------------
 

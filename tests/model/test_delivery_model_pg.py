@@ -24,21 +24,16 @@ event ends delivered or dead.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     invariant,
     precondition,
     rule,
@@ -48,14 +43,13 @@ from hypothesis.stateful import (
 from api import store as api_store
 from shared import console_store, webhooks
 from sweeper import store as sweeper_store
-from tests.support import postgres_server
+from tests.model.machine_pg import PostgresMachine
 from tests.support.database import client_id_of, enqueue
 from worker.delivery import store as delivery_store
 from worker.delivery.rows import DeliveryOutcome, WebhookDeliveryClaim
 
 LEASE_S = 60.0
 CLIENTS = ("a", "b", "c")
-_counter = itertools.count()
 
 
 @dataclass
@@ -77,16 +71,11 @@ class Attempt:
     recorded: bool = False
 
 
-class DeliveryMachine(RuleBasedStateMachine):
-    server_url = ""
-    template = ""
+class DeliveryMachine(PostgresMachine):
+    label = "delivery"
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self._name = f"storyjobs_delivery_model_{os.getpid()}_{next(_counter)}"
-        url = postgres_server.create_database_from_template(self.server_url, self._name, self.template)
-        self.conn: psycopg.AsyncConnection[Any] = self.run(psycopg.AsyncConnection.connect(url, autocommit=True))
         self.clients = {name: self.run(client_id_of(self.conn, name)) for name in CLIENTS}
         self.endpoints: dict[uuid.UUID, str] = {}
         self.disabled: set[uuid.UUID] = set()
@@ -102,16 +91,11 @@ class DeliveryMachine(RuleBasedStateMachine):
         self.recorded: set[tuple[int, int]] = set()
         self.jobs: set[int] = set()
 
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
     def teardown(self) -> None:
         try:
             self._drain()
         finally:
-            self.run(self.conn.close())
-            self.loop.close()
-            postgres_server.drop_database(self.server_url, self._name)
+            super().teardown()
 
     # -- reading the database ----------------------------------------------------------
 

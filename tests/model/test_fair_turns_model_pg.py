@@ -37,21 +37,17 @@ runs at the new weight.
 
 from __future__ import annotations
 
-import asyncio
 import itertools
 import os
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Any
 
-import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import (
-    RuleBasedStateMachine,
     initialize,
     invariant,
     precondition,
@@ -65,7 +61,7 @@ from shared.config import ApiSettings
 from shared.console_rows import JobFilter
 from shared.console_store import ConsoleStore
 from shared.story_request import StoryRequest
-from tests.support import postgres_server
+from tests.model.machine_pg import PostgresMachine
 from tests.support.database import client_id_of
 from worker import store as worker_store
 
@@ -76,7 +72,6 @@ QUEUE_MAX = 1_000
 REQUEST = StoryRequest(prompt="a fox")
 # claims (claimer, up to how many jobs) made while a client acts: the claimers never stop
 MEANWHILE = st.lists(st.tuples(st.sampled_from(CLAIMERS), st.integers(1, 3)), max_size=4)
-_counter = itertools.count()
 
 
 @dataclass
@@ -104,30 +99,15 @@ class Window:
     history: list[str] = field(default_factory=list)
 
 
-class FairTurnsMachine(RuleBasedStateMachine):
-    server_url = ""
-    template = ""
+class FairTurnsMachine(PostgresMachine):
+    label = "fair"
 
     def __init__(self) -> None:
         super().__init__()
-        self.loop = asyncio.new_event_loop()
-        self._name = f"storyjobs_fair_model_{os.getpid()}_{next(_counter)}"
-        url = postgres_server.create_database_from_template(self.server_url, self._name, self.template)
-        self.conn: psycopg.AsyncConnection[Any] = self.run(psycopg.AsyncConnection.connect(url, autocommit=True))
         self.clients = {name: Client(id=self.run(client_id_of(self.conn, name))) for name in CLIENTS}
         self.by_id = {c.id: name for name, c in self.clients.items()}
         self.console = ConsoleStore(self.conn)
         self.windows: dict[tuple[str, str], Window] = {}
-
-    def run(self, coro: Any) -> Any:
-        return self.loop.run_until_complete(coro)
-
-    def teardown(self) -> None:
-        try:
-            self.run(self.conn.close())
-            self.loop.close()
-        finally:
-            postgres_server.drop_database(self.server_url, self._name)
 
     # -- the api's and the worker's statements -----------------------------------------
 
