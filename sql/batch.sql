@@ -28,12 +28,16 @@ WHERE name = 'submitter' AND holder = %(holder)s AND token = %(token)s AND until
 -- name: batch_ready_summary
 -- Whether a batch is due: how many jobs wait for one (counted up to
 -- %(max_requests)s) and how long the oldest has waited, on
--- story_jobs_batch_ready_idx.
+-- story_jobs_batch_ready_idx. Every transition that ends a job clears its
+-- batch_ready_at; the status is checked too, so that a row one of them
+-- missed can never be counted into a batch.
 SELECT (SELECT count(*) FROM (
-            SELECT 1 FROM story_jobs WHERE batch_ready_at IS NOT NULL
+            SELECT 1 FROM story_jobs
+            WHERE batch_ready_at IS NOT NULL AND status IN ('pending', 'running')
             ORDER BY batch_ready_at, id LIMIT %(max_requests)s) q) AS ready,
        coalesce(extract(epoch FROM now() - (
-            SELECT batch_ready_at FROM story_jobs WHERE batch_ready_at IS NOT NULL
+            SELECT batch_ready_at FROM story_jobs
+            WHERE batch_ready_at IS NOT NULL AND status IN ('pending', 'running')
             ORDER BY batch_ready_at, id LIMIT 1)), 0)::float8 AS oldest_s;
 
 -- name: batch_intent_create
@@ -51,7 +55,8 @@ WITH lease AS MATERIALIZED (
 ),
 ready AS MATERIALIZED (
     SELECT j.id FROM story_jobs j
-    WHERE j.batch_ready_at IS NOT NULL AND EXISTS (SELECT 1 FROM lease)
+    WHERE j.batch_ready_at IS NOT NULL AND j.status IN ('pending', 'running')
+      AND EXISTS (SELECT 1 FROM lease)
     ORDER BY j.batch_ready_at, j.id
     LIMIT %(max_requests)s
     FOR NO KEY UPDATE SKIP LOCKED

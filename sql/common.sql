@@ -106,7 +106,11 @@ cancelled AS (
     SET status = 'failed', error_code = 'cancelled', completed_at = now(), batch_ready_at = NULL,
         error_text = CASE WHEN %(client_id)s::bigint IS NULL THEN 'cancelled by an operator'
                           ELSE 'cancelled by the client' END,
-        charged_usd = CASE WHEN j.status = 'running' THEN j.reserved_usd ELSE 0 END
+        -- running may have billed its worst case; a batch job waiting again
+        -- for a later batch (running, in the line) has no call open: the
+        -- results of the ones before it were read, and billed as they said
+        charged_usd = CASE WHEN j.status = 'running' AND j.batch_ready_at IS NULL
+                           THEN j.reserved_usd ELSE 0 END
     FROM job
     WHERE j.id = job.id AND j.status IN ('pending', 'running')
     -- (only a claim sets started_at: none, it was pending)

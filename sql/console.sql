@@ -160,7 +160,9 @@ WITH matching AS MATERIALIZED (
 ),
 cancelled AS (
     UPDATE story_jobs j
-    SET status = 'failed', error_code = 'cancelled',
+    -- a batch job waiting for its first batch leaves the line, as every
+    -- ended job does
+    SET status = 'failed', error_code = 'cancelled', batch_ready_at = NULL,
         error_text = 'cancelled by an operator', completed_at = now(), charged_usd = 0
     WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
     RETURNING j.id, j.public_id, j.client_id, j.turn

@@ -15,6 +15,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
+from shared import console_store
+from shared.console_rows import JobFilter
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
@@ -328,3 +330,55 @@ async def test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch
     found = await lane.tick_once()
     assert (found.adopted, found.strays) == (0, 1)
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
+
+
+async def test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in_it_is_never_counted(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """The console cancels two waiting batch jobs of a client in bulk, and a third ended job is left in the
+    line as the bulk cancel left them before migration 018: the next batch holds only the job still
+    waiting, its request count that of its items."""
+    client, other = await client_id_of(conn), await client_id_of(conn, "other")
+    for n in range(2):
+        await enqueue_batch(conn, client, f"a cancelled kite {n}", waited_s=7200.0)
+    left = await enqueue_batch(conn, other, "an ended kite", waited_s=7200.0)
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE public_id = %s", (left,))
+    await enqueue_batch(conn, other, "a waiting kite")
+    filters = JobFilter(client_id=client)
+    through = await console_store.ops_job_count_pending(conn, filters=filters)
+    assert through.through_id is not None
+    async with conn.transaction():
+        cancelled = await console_store.ops_job_cancel_pending(conn, filters=filters, through_id=through.through_id)
+    assert len(cancelled) == 2
+    cur = await conn.execute("SELECT count(*) FROM story_jobs WHERE public_id = ANY (%s) "
+                             "AND batch_ready_at IS NOT NULL", (cancelled,))
+    assert await cur.fetchone() == (0,)
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL "
+                             "AND status = 'pending'") == 1
+    assert (await PgBatchStore(pool).ready_summary(10)).ready == 1
+    lane = _lane(pool, provider, batch_max_requests=3)
+    assert (await lane.tick_once()).submitted == 1
+    (batch,) = fake.batches
+    assert ["a waiting kite" in item.prompt for item in batch.items] == [True]
+    assert await count(conn, "SELECT request_count FROM message_batches") == 1
+
+
+async def test_a_job_cancelled_while_waiting_for_a_later_batch_is_charged_nothing(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A request that expired (billed nothing) puts its job back in the line, running with no call open: a
+    client's cancel then charges it nothing, not its worst case, and closes no ledger row."""
+    client = await client_id_of(conn)
+    job = await enqueue_batch(conn, client, "a twice-tried comet")
+    fake.queue_items_for("twice-tried", ItemPlan(result="expired"))
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    fake.end_batch(fake.batches[0].id)
+    assert (await lane.tick_once()).waiting == 1
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
+                             "AND batch_ready_at IS NOT NULL AND reserved_usd > 0") == 1
+    assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    cur = await conn.execute("SELECT status::text, error_code, charged_usd, batch_ready_at IS NULL FROM story_jobs")
+    assert await cur.fetchall() == [("failed", "cancelled", 0, True)]
+    assert await _ledger(conn) == [(await count(conn, "SELECT id FROM story_jobs"), 1, "expired", False)]

@@ -208,8 +208,9 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(("    return numeric_host(bare)\n", "    return None\n"),),
         tests=("tests/unit/test_webhook_address_rule.py",),
     ),
-    # the batch lane (docs/batches.md): each killed by the integration test
-    # that plays its fault out, then by the lane's model-based test
+    # the batch lane (docs/batches.md): each run against the test that plays
+    # its fault out, then the lane's model-based test; the first that fails
+    # kills it (tests.mutants runs a mutant's tests in order, stopping there)
     Mutant(
         name="batch-create-with-sdk-retries",
         invariant="a create whose answer is lost is never sent again: one batch, each request billed once",
@@ -265,6 +266,17 @@ MUTANTS: tuple[Mutant, ...] = (
         file="sql/common.sql",
         edits=(("completed_at = now(), batch_ready_at = NULL,", "completed_at = now(),"),),
         tests=("tests/integration/test_batch_lane.py::test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them",
+               "tests/model/test_batch_lane_model_pg.py"),
+    ),
+    Mutant(
+        name="batch-bulk-cancelled-job-stays-in-line",
+        invariant="a job the operator cancels in bulk leaves the batch line, as every ended job does",
+        tier="integration",
+        file="sql/console.sql",
+        edits=(("SET status = 'failed', error_code = 'cancelled', batch_ready_at = NULL,",
+                "SET status = 'failed', error_code = 'cancelled',"),),
+        tests=("tests/integration/test_batch_lane.py::"
+               "test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in_it_is_never_counted",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
