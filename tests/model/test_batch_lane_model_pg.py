@@ -10,7 +10,8 @@ once; a create whose answer is lost (the batch made or not) or refused; a
 worker killed between ticks or in the middle of its create call (its lane
 dropped, its lease run out); a holder paused past its lease; a retrieve
 whose answer is lost; a results stream cut halfway; a stale reader that
-ingests an ended batch's results again; a client's cancel; batches ending;
+ingests an ended batch's results again; a client's cancel; an operator's
+cancel of the waiting jobs in bulk; batches ending;
 a lost intent's batch made late; collection time and the reconcile grace
 running out (by moving the database's timestamps, never by sleeping).
 
@@ -28,6 +29,7 @@ custom_ids, what it billed) beside our tables. After every step:
   stays open exactly while its result is unread;
 * an intent is lost only when no create made a batch of it;
 * no job is sent more than BATCH_MAX_ATTEMPTS times;
+* no ended job waits in the line for a batch;
 
 and at the end, with the faults spent and every batch ended, every job ends,
 every ledger row is closed, and each job's successes in the ledger are the
@@ -60,7 +62,8 @@ from hypothesis.stateful import (
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import db
+from shared import console_store, db
+from shared.console_rows import JobFilter
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.model.machine_pg import PostgresMachine
@@ -129,24 +132,27 @@ class BatchLaneMachine(PostgresMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        url = self.database_url
-        self.clock = SettableClock()
-        self.fake = FakeBatches(clock=self.clock)
-        self.server = FakeAnthropicServer(FakeAnthropic(batches=self.fake)).__enter__()
-        self.pool: AsyncConnectionPool = db.make_pool(
-            url, application_name="storyjobs-batch-model", connect_timeout_s=5, statement_timeout_s=30,
-            min_size=1, max_size=6, wait_timeout_s=5)
-        self.run(self.pool.open(wait=True))
-        self.provider = AnthropicBatches(api_key="test", base_url=self.server.base_url, timeout_s=5.0,
-                                         create_timeout_s=3.0, clock=self.clock)
-        self.client = self.run(client_id_of(self.conn))
-        self.holders = itertools.count(1)
-        self.lanes = {name: self._lane(name) for name in LANES}
-        self.jobs: dict[int, uuid.UUID] = {}
-        self.ended: dict[int, Ended] = {}
-        # intents given up as lost (as the last invariant saw them), and those whose batch was made late
-        self.lost: set[int] = set()
-        self.made_late: set[int] = set()
+        with self.made():
+            url = self.database_url
+            self.clock = SettableClock()
+            self.fake = FakeBatches(clock=self.clock)
+            self.server = self.cleanup.enter_context(FakeAnthropicServer(FakeAnthropic(batches=self.fake)))
+            self.pool: AsyncConnectionPool = db.make_pool(
+                url, application_name="storyjobs-batch-model", connect_timeout_s=5, statement_timeout_s=30,
+                min_size=1, max_size=6, wait_timeout_s=5)
+            self.cleanup.callback(lambda: self.run(self.pool.close()))
+            self.run(self.pool.open(wait=True))
+            self.provider = AnthropicBatches(api_key="test", base_url=self.server.base_url, timeout_s=5.0,
+                                             create_timeout_s=3.0, clock=self.clock)
+            self.cleanup.callback(lambda: self.run(self.provider.aclose()))
+            self.client = self.run(client_id_of(self.conn))
+            self.holders = itertools.count(1)
+            self.lanes = {name: self._lane(name) for name in LANES}
+            self.jobs: dict[int, uuid.UUID] = {}
+            self.ended: dict[int, Ended] = {}
+            # intents given up as lost (as the last invariant saw them), and those whose batch was made late
+            self.lost: set[int] = set()
+            self.made_late: set[int] = set()
 
     def _lane(self, slot: str) -> BatchLane:
         settings_ = worker_settings(batch_collect_s=1.0, batch_poll_interval_s=1.0,
@@ -154,15 +160,6 @@ class BatchLaneMachine(PostgresMachine):
                                     batch_max_requests=MAX_REQUESTS, anthropic_api_key="test")
         return BatchLane(settings_, PgBatchStore(self.pool), self.provider,
                          holder=f"w-{slot}-{next(self.holders)}", clock=_PollAlways())
-
-    def teardown(self) -> None:
-        try:
-            self._drain()
-        finally:
-            self.run(self.provider.aclose())
-            self.run(self.pool.close())
-            self.server.__exit__(None, None, None)
-            super().teardown()
 
     # -- reading -------------------------------------------------------------------------
 
@@ -282,6 +279,15 @@ class BatchLaneMachine(PostgresMachine):
         job = data.draw(st.sampled_from(sorted(j for j in self.jobs if j not in self.ended)))
         answer = self.run(api_store.job_cancel(self.conn, client_id=self.client, job_id=self.jobs[job]))
         assert answer is not None
+
+    @precondition(lambda self: any(j not in self.ended for j in self.jobs))
+    @rule()
+    def an_operator_cancels_the_waiting_jobs_in_bulk(self) -> None:
+        """The console cancels the client's pending jobs, those no batch has taken yet."""
+        filters = JobFilter(client_id=self.client)
+        counted = self.run(console_store.ops_job_count_pending(self.conn, filters=filters))
+        if counted.through_id is not None:
+            self.run(console_store.ops_job_cancel_pending(self.conn, filters=filters, through_id=counted.through_id))
 
     async def _collection_time_passes(self) -> None:
         await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '1 hour' "
@@ -407,6 +413,12 @@ class BatchLaneMachine(PostgresMachine):
         assert not lost_ids & created_ids, ("a batch made by a create was given up as lost", lost_ids & created_ids)
 
     @invariant()
+    def no_ended_job_waits_in_the_line(self) -> None:
+        ended = self.run(self._rows("SELECT id FROM story_jobs WHERE batch_ready_at IS NOT NULL "
+                                    "AND status IN ('completed', 'failed')"))
+        assert ended == [], ("an ended job waits for a batch", ended)
+
+    @invariant()
     def no_job_is_sent_more_than_its_attempts(self) -> None:
         rows = self.run(self._rows("SELECT job_id, count(*) FROM llm_calls WHERE outcome <> 'not_sent' "
                                    "GROUP BY job_id HAVING count(*) > %s", MAX_ATTEMPTS))
@@ -414,7 +426,7 @@ class BatchLaneMachine(PostgresMachine):
 
     # -- the end -------------------------------------------------------------------------
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """No more faults but those already queued: every batch made ends, the clocks move on, and a new
         worker ticks until nothing is left to do, the invariants checked after each of its ticks. Then every
         job has ended, every ledger row is closed, and the ledger's successes are the provider's bills."""
@@ -429,7 +441,8 @@ class BatchLaneMachine(PostgresMachine):
                           self.a_ledger_row_is_billed_for_a_success_or_a_lost_intent,
                           self.a_ledger_row_is_open_exactly_while_its_result_is_unread,
                           self.an_intent_is_lost_only_when_no_create_made_its_batch,
-                          self.no_job_is_sent_more_than_its_attempts):
+                          self.no_job_is_sent_more_than_its_attempts,
+                          self.no_ended_job_waits_in_the_line):
                 check()
             if not self.run(self._left()):
                 break

@@ -76,26 +76,21 @@ class DeliveryMachine(PostgresMachine):
 
     def __init__(self) -> None:
         super().__init__()
-        self.clients = {name: self.run(client_id_of(self.conn, name)) for name in CLIENTS}
-        self.endpoints: dict[uuid.UUID, str] = {}
-        self.disabled: set[uuid.UUID] = set()
-        for name in CLIENTS:
-            for n in range(2):
-                row = self.run(api_store.webhook_endpoint_insert(
-                    self.conn, client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
-                    events=webhooks.EVENTS, secret=webhooks.new_secret(), max_per_client=10))
-                assert row is not None
-                self.endpoints[row.id] = name
-        self.deliveries: dict[int, Delivery] = {}
-        self.attempts: list[Attempt] = []
-        self.recorded: set[tuple[int, int]] = set()
-        self.jobs: set[int] = set()
-
-    def teardown(self) -> None:
-        try:
-            self._drain()
-        finally:
-            super().teardown()
+        with self.made():
+            self.clients = {name: self.run(client_id_of(self.conn, name)) for name in CLIENTS}
+            self.endpoints: dict[uuid.UUID, str] = {}
+            self.disabled: set[uuid.UUID] = set()
+            for name in CLIENTS:
+                for n in range(2):
+                    row = self.run(api_store.webhook_endpoint_insert(
+                        self.conn, client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
+                        events=webhooks.EVENTS, secret=webhooks.new_secret(), max_per_client=10))
+                    assert row is not None
+                    self.endpoints[row.id] = name
+            self.deliveries: dict[int, Delivery] = {}
+            self.attempts: list[Attempt] = []
+            self.recorded: set[tuple[int, int]] = set()
+            self.jobs: set[int] = set()
 
     # -- reading the database ----------------------------------------------------------
 
@@ -277,7 +272,7 @@ class DeliveryMachine(PostgresMachine):
 
     # -- the end ------------------------------------------------------------------------
 
-    def _drain(self) -> None:
+    def drain(self) -> None:
         """Nothing left to do but let the schedule run with receivers that always fail: all end."""
         for attempt in self.attempts:
             attempt.recorded = True
