@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import glob
 import threading
+import time
 from typing import Any
 
 import httpx
@@ -84,25 +85,32 @@ def test_a_drain_at_the_configured_limit_never_waits_for_the_poll(
 def test_a_429s_pause_ends_without_a_herd(system: System, database_url: str, record_property: Any) -> None:
     """No limit configured, a provider allowing 30 requests a minute with 5 s of burst and saying so in
     its headers, 4 workers × 4 slots, 16 jobs: after the first burst's pause, at most one more 429
-    reaches the provider, and the rest is served at its pace."""
+    reaches the provider, the rest is served at its pace, and one worker wakes for the bucket while
+    the others sleep until its role ends."""
     fake = FakeAnthropic(default=Plan(chunks=3, duration_s=0.3), requests_per_minute=30, limit_burst_s=5)
     _enqueue(database_url, 16)
     ports = [free_port() for _ in range(4)]
     with FakeAnthropicServer(fake) as server:
+        started = time.monotonic()
         for port in ports:
             system.worker(ANTHROPIC_API_KEY="test", ANTHROPIC_BASE_URL=server.base_url, WORKER_CONCURRENCY=4,
                           METRICS_PORT=port, **TIMINGS)
         _wait_completed(database_url, 16, timeout=110)
+        elapsed_s = time.monotonic() - started
         waits = [_ratelimit_waits(port) for port in ports]
     record_property("provider_429s", len(fake.rate_limited))
     record_property("late_429s", _late_429s(fake))
     record_property("held_back_rounds", waits)
     assert _late_429s(fake) <= 1
     assert len(_served(fake)) == 16
-    # one worker wakes for the bucket, the others once its role ends (every 5 s): with all four
-    # waking whenever the bucket covers the next job, about six held-back rounds are counted per job
-    # (94 for these 16 in one run), with one waker under three (44)
-    assert sum(waits) <= 4 * 16, waits
+    # The waker counts two or three held-back rounds a job: the one that claimed it and held back
+    # the next, and now and then one woken a few ms early (the heard headers and the bucket are read
+    # off two clocks). The others sleep until the role ends, LLM_RATE_BURST_S (5 s): they count by the
+    # run's length, not by its jobs. All four waking whenever the bucket covers the next job counted
+    # about six a job each (94 for these 16 in one run, about 23 a worker).
+    waker, *others = sorted(waits, reverse=True)
+    assert waker <= 4 * 16, waits
+    assert max(others) <= elapsed_s / 5 + 3, (waits, round(elapsed_s, 1))
 
 
 def _ratelimit_waits(port: int) -> float:
