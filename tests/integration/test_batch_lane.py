@@ -15,12 +15,10 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import console_store
-from shared.console_rows import JobFilter
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
-from tests.support.database import client_id_of, count, enqueue_batch
+from tests.support.database import cancel_pending_in_bulk, client_id_of, count, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
@@ -345,11 +343,7 @@ async def test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
                        "WHERE public_id = %s", (left,))
     await enqueue_batch(conn, other, "a waiting kite")
-    filters = JobFilter(client_id=client)
-    through = await console_store.ops_job_count_pending(conn, filters=filters)
-    assert through.through_id is not None
-    async with conn.transaction():
-        cancelled = await console_store.ops_job_cancel_pending(conn, filters=filters, through_id=through.through_id)
+    cancelled = await cancel_pending_in_bulk(conn, client)
     assert len(cancelled) == 2
     cur = await conn.execute("SELECT count(*) FROM story_jobs WHERE public_id = ANY (%s) "
                              "AND batch_ready_at IS NOT NULL", (cancelled,))

@@ -13,11 +13,9 @@ import psycopg
 
 from api import store as api_store
 from api.admission import admission
-from shared import console_store
 from shared.config import ApiSettings
-from shared.console_rows import JobFilter
 from shared.story_request import StoryRequest
-from tests.support.database import client_id_of
+from tests.support.database import cancel_pending_in_bulk, client_id_of
 from worker import store as worker_store
 
 
@@ -101,11 +99,7 @@ async def test_an_operator_cancelling_a_clients_pending_jobs_gives_their_turns_b
     busy, fickle = await client_id_of(conn, "busy"), await client_id_of(conn, "fickle")
     await _post(conn, busy, 10)
     await _post(conn, fickle, 4)
-    filters = JobFilter(client_id=fickle)
-    through = await console_store.ops_job_count_pending(conn, filters=filters)
-    assert through.through_id is not None
-    async with conn.transaction():
-        cancelled = await console_store.ops_job_cancel_pending(conn, filters=filters, through_id=through.through_id)
+    cancelled = await cancel_pending_in_bulk(conn, fickle)
     assert len(cancelled) == 4
     assert len(await _post(conn, fickle, 4)) == 4
     claims = [await _claim(conn) for _ in range(8)]

@@ -62,13 +62,12 @@ from hypothesis.stateful import (
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import console_store, db
-from shared.console_rows import JobFilter
+from shared import db
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.model.machine_pg import PostgresMachine
 from tests.support.batches import SettableClock
-from tests.support.database import client_id_of, enqueue_batch
+from tests.support.database import cancel_pending_in_bulk, client_id_of, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane, TickResult
@@ -284,10 +283,7 @@ class BatchLaneMachine(PostgresMachine):
     @rule()
     def an_operator_cancels_the_waiting_jobs_in_bulk(self) -> None:
         """The console cancels the client's pending jobs, those no batch has taken yet."""
-        filters = JobFilter(client_id=self.client)
-        counted = self.run(console_store.ops_job_count_pending(self.conn, filters=filters))
-        if counted.through_id is not None:
-            self.run(console_store.ops_job_cancel_pending(self.conn, filters=filters, through_id=counted.through_id))
+        self.run(cancel_pending_in_bulk(self.conn, self.client))
 
     async def _collection_time_passes(self) -> None:
         await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '1 hour' "

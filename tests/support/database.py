@@ -16,8 +16,9 @@ import psycopg
 
 from api import store as api_store
 from api.admission import admission
-from shared import keys, store
+from shared import console_store, keys, store
 from shared.config import ApiSettings
+from shared.console_rows import JobFilter
 from shared.story_request import StoryRequest
 from tests.support import postgres_server
 from worker.rows import Completion
@@ -157,3 +158,14 @@ async def enqueue_batch(conn: psycopg.AsyncConnection[Any], client_id: int, prom
         "batch_ready_at = batch_ready_at - make_interval(secs => %(waited_s)s) WHERE public_id = %(job_id)s",
         {"job_id": result.public_id, "waited_s": waited_s})
     return result.public_id
+
+
+async def cancel_pending_in_bulk(conn: psycopg.AsyncConnection[Any], client_id: int) -> list[uuid.UUID]:
+    """The console's bulk cancel of a client's pending jobs, as its handler
+    runs it: counted, then cancelled up to the last one counted. Returns the
+    jobs it cancelled (none when none was pending)."""
+    filters = JobFilter(client_id=client_id)
+    counted = await console_store.ops_job_count_pending(conn, filters=filters)
+    if counted.through_id is None:
+        return []
+    return await console_store.ops_job_cancel_pending(conn, filters=filters, through_id=counted.through_id)
