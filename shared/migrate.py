@@ -16,6 +16,7 @@ from typing import Any
 
 import msgspec
 from psycopg import AsyncConnection
+from psycopg.errors import Diagnostic
 
 from shared import store
 
@@ -46,19 +47,37 @@ def latest_version() -> int:
     return migrations()[-1].version
 
 
-async def migrate(conn: AsyncConnection[Any]) -> list[Migration]:
+class Applied(msgspec.Struct, frozen=True):
+    """A migration applied now, with what it reported (its NOTICEs: a
+    migration that rewrites data says what it changed)."""
+
+    version: int
+    name: str
+    notices: tuple[str, ...] = ()
+
+
+async def migrate(conn: AsyncConnection[Any]) -> list[Applied]:
     """Applies the migrations the database lacks; returns them."""
-    applied: list[Migration] = []
+    applied: list[Applied] = []
+    heard: list[str] = []
+
+    def hear(notice: Diagnostic) -> None:
+        if notice.severity_nonlocalized == "NOTICE" and notice.message_primary:
+            heard.append(notice.message_primary)
+
     await store.schema_migrations_lock(conn)
+    conn.add_notice_handler(hear)
     try:
         await store.schema_migrations_create(conn)
         done = set(await store.schema_migrations_applied(conn))
         for migration in migrations():
             if migration.version not in done:
+                heard.clear()
                 await store.schema_migration_apply(
                     conn, version=migration.version, name=migration.name, ddl=migration.ddl
                 )
-                applied.append(migration)
+                applied.append(Applied(migration.version, migration.name, tuple(heard)))
     finally:
+        conn.remove_notice_handler(hear)
         await store.schema_migrations_unlock(conn)
     return applied

@@ -107,7 +107,6 @@ async def job_cancel(conn: Conn, *, client_id: int | None, job_id: uuid.UUID) ->
         await job_admission_lock(conn)
         cur = conn.cursor(row_factory=struct_row(CancelResult))
         await cur.execute(Q["job_cancel"], {"client_id": client_id, "job_id": job_id})
-        await conn.execute(Q["llm_call_close_for_ended_jobs"], {"client_id": client_id, "job_ids": [job_id]})
     return await cur.fetchone()
 
 

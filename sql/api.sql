@@ -222,10 +222,10 @@ turns AS MATERIALIZED (
 ),
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
-                            max_tokens, input_tokens_estimate, reserved_usd,
+                            max_tokens, input_tokens_estimate, worst_case_usd, reserved_usd,
                             model, input_usd_per_mtok, output_usd_per_mtok, turn, trace_context)
     SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
-           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.max_tokens, a.input_tokens_estimate, a.worst_case_usd, a.reserved_usd,
            a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn, a.trace_context
     FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
@@ -312,10 +312,10 @@ queue_ok AS MATERIALIZED (
 ,
 inserted AS (
     INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
-                            max_tokens, input_tokens_estimate, reserved_usd,
+                            max_tokens, input_tokens_estimate, worst_case_usd, reserved_usd,
                             model, input_usd_per_mtok, output_usd_per_mtok, lane, batch_ready_at, trace_context)
     SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
-           a.max_tokens, a.input_tokens_estimate, a.reserved_usd,
+           a.max_tokens, a.input_tokens_estimate, a.worst_case_usd, a.reserved_usd,
            a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, 'batch', now(), a.trace_context
     FROM admitted a ORDER BY a.ord
     RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at

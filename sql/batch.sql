@@ -5,8 +5,15 @@
 -- in common.sql.
 --
 -- A batch job is owned by its batch (story_jobs.batch_id), never by a
--- process: every transition below names the batch it expects, so a holder
--- that lost the lease, or a results stream read twice, changes nothing.
+-- process: every transition below names the batch it expects, so a results
+-- stream read twice changes nothing. Every statement the holder runs that
+-- changes what others read (intents, sends, strays, losses, results) checks
+-- in the same statement that the submitter's lease is still its own under
+-- its token (batch_lease_held, migration 019, which also holds the lease's
+-- row until the transaction ends, so that no new holder takes it meanwhile):
+-- a holder paused past its lease changes nothing, whatever it read before
+-- the pause. A job ends through jobs_end (migration 019), guarded by its
+-- batch, and is charged what its ledger says.
 
 
 -- name: batch_lease_take
@@ -45,9 +52,9 @@ SELECT (SELECT count(*) FROM (
 -- and renewed (a holder whose lease ran out makes nothing, and so sends
 -- nothing), up to %(max_requests)s waiting jobs locked in the order they
 -- became ready and moved into the new batch (pending or waiting -> running,
--- owned by it), each with its item (custom_id, attempt) and its ledger row.
--- From this commit on the provider may bill them; nothing may make them
--- pending again. No row: no lease, or no job waiting.
+-- owned by it). Its items and ledger rows follow in the same transaction
+-- (batch_intent_items). From its commit on the provider may bill them;
+-- nothing may make them pending again. No row: no lease, or no job waiting.
 WITH lease AS MATERIALIZED (
     UPDATE batch_leases SET until = now() + make_interval(secs => %(lease_s)s::float8)
     WHERE name = 'submitter' AND holder = %(holder)s AND token = %(token)s AND until > now()
@@ -66,150 +73,165 @@ batch AS MATERIALIZED (
     SELECT %(model)s, count(*), %(holder)s FROM ready HAVING count(*) > 0
     RETURNING id, fence_at
 ),
-moved AS MATERIALIZED (
+moved AS (
     UPDATE story_jobs j
     SET status = 'running', batch_id = b.id, batch_ready_at = NULL, worker_id = 'batch-' || b.id,
         started_at = coalesce(j.started_at, now()), heartbeat_at = now()
     FROM batch b
     WHERE j.id = ANY (ARRAY(SELECT id FROM ready)) AND j.batch_ready_at IS NOT NULL AND j.lane = 'batch'
       AND j.status IN ('pending', 'running')
-    RETURNING j.id, j.request, j.max_tokens, j.model, j.trace_context, b.id AS batch_id,
-              (SELECT coalesce(max(c.attempt), 0) + 1 FROM llm_calls c WHERE c.job_id = j.id) AS attempt
+    RETURNING j.id
+)
+SELECT b.id, b.fence_at, coalesce((SELECT array_agg(id ORDER BY id) FROM moved), '{}') AS job_ids
+FROM batch b;
+
+-- name: batch_intent_items
+-- The second statement of an intent, in its transaction: each job the
+-- batch now owns (%(job_ids)s, as batch_intent_create answered them) gets
+-- its item (custom_id, attempt) and its ledger row, at
+-- the job's worst case. A statement of its own so that its snapshot, taken
+-- once batch_intent_create holds the jobs' rows, sees every attempt an
+-- earlier intent recorded for them: an attempt number read from an older
+-- snapshot could be one a concurrent intent had just used. Answers every
+-- item of the batch (an item already written is not written again).
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
+),
+owned AS MATERIALIZED (
+    SELECT j.id, j.request, j.max_tokens, j.model, j.trace_context, j.worst_case_usd,
+           (SELECT coalesce(max(c.attempt), 0) + 1 FROM llm_calls c WHERE c.job_id = j.id) AS attempt
+    FROM story_jobs j, lease
+    WHERE lease.held AND j.id = ANY (%(job_ids)s::bigint[]) AND j.batch_id = %(batch_id)s AND j.status = 'running'
+      AND j.batch_ready_at IS NULL
+      AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.batch_id = %(batch_id)s AND i.job_id = j.id)
+      AND EXISTS (SELECT 1 FROM message_batches b WHERE b.id = %(batch_id)s AND b.state = 'intent')
+    ORDER BY j.id
 ),
 items AS (
     INSERT INTO message_batch_items (batch_id, custom_id, job_id, attempt)
-    SELECT batch_id, 'sj-' || batch_id || '-' || id || '-' || attempt, id, attempt FROM moved
+    SELECT %(batch_id)s, 'sj-' || %(batch_id)s || '-' || id || '-' || attempt, id, attempt FROM owned
+    RETURNING custom_id, job_id, attempt
 ),
 ledger AS (
-    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, batch_id)
-    SELECT id, attempt, %(holder)s, %(provider)s, coalesce(model, %(model)s), batch_id FROM moved
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, batch_id, worst_case_usd)
+    SELECT id, attempt, %(holder)s, %(provider)s, coalesce(model, %(model)s), %(batch_id)s, worst_case_usd FROM owned
 )
-SELECT b.id, b.fence_at,
-       (SELECT json_agg(json_build_object(
-            'custom_id', 'sj-' || m.batch_id || '-' || m.id || '-' || m.attempt, 'job_id', m.id,
-            'attempt', m.attempt, 'request', m.request, 'max_tokens', m.max_tokens, 'model', m.model,
-            'trace_context', m.trace_context)
-            ORDER BY m.id)
-        FROM moved m)::text AS items
-FROM batch b;
+SELECT coalesce(json_agg(json_build_object(
+           'custom_id', i.custom_id, 'job_id', i.job_id, 'attempt', i.attempt, 'request', j.request,
+           'max_tokens', j.max_tokens, 'model', j.model, 'trace_context', j.trace_context)
+           ORDER BY i.job_id), '[]')::text AS items
+FROM (SELECT custom_id, job_id, attempt FROM items
+      UNION ALL
+      SELECT custom_id, job_id, attempt FROM message_batch_items WHERE batch_id = %(batch_id)s) i
+JOIN story_jobs j ON j.id = i.job_id;
 
 -- name: batch_sent
 -- The create call answered: the intent becomes a batch in flight, with the
 -- provider's id (or, reconciled after a lost answer, the id found). Guarded
--- by the intent's state: adopted once.
-UPDATE message_batches
-SET state = 'sent', provider_batch_id = %(provider_batch_id)s, sent_at = now(),
-    expires_at = %(expires_at)s, processing_status = %(processing_status)s
-WHERE id = %(batch_id)s AND state = 'intent'
-RETURNING id;
-
--- name: batch_attempt_ended_ctes
--- How a batch's attempt ends for jobs that billed nothing, shared by a
--- refused create (batch_refused) and the ingestion of results that billed
--- nothing (batch_results_ingest): from `unbilled` (job_id, attempt, outcome,
--- error_text, final: the job fails instead of waiting again, error_code),
--- the ledger rows closed unbilled, and each job still running under this
--- batch either failed unbilled or put back to wait for a later batch.
-unbilled_closed AS (
-    UPDATE llm_calls c
-    SET finished_at = now(), outcome = u.outcome, billed = false, error_text = u.error_text
-    FROM unbilled u
-    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM unbilled)) AND c.job_id = u.job_id AND c.attempt = u.attempt
-      AND c.outcome IN ('started', 'interrupted')
+-- by the intent's state (adopted once) and by the lease. A provider batch id
+-- that a row of ours already records is answered (known_as: that row), not
+-- raised: the intent stays as it is, for reconciliation.
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
 ),
-unbilled_failed AS (
-    UPDATE story_jobs j
-    SET status = 'failed', completed_at = now(), error_code = u.error_code, error_text = u.error_text,
-        charged_usd = 0
-    FROM unbilled u
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM unbilled WHERE final)) AND j.id = u.job_id
-      AND j.status = 'running' AND j.batch_id = %(batch_id)s
-    RETURNING j.id
+known AS MATERIALIZED (
+    SELECT id, state FROM message_batches WHERE provider_batch_id = %(provider_batch_id)s
 ),
-waiting_again AS (
-    UPDATE story_jobs j
-    SET batch_ready_at = now()
-    FROM unbilled u
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM unbilled WHERE NOT final)) AND j.id = u.job_id
-      AND j.status = 'running' AND j.batch_id = %(batch_id)s AND j.batch_ready_at IS NULL
-    RETURNING j.id
+sent AS (
+    UPDATE message_batches b
+    SET state = 'sent', provider_batch_id = %(provider_batch_id)s, sent_at = now(),
+        expires_at = %(expires_at)s, processing_status = %(processing_status)s
+    FROM lease
+    WHERE lease.held AND b.id = %(batch_id)s AND b.state = 'intent' AND NOT EXISTS (SELECT 1 FROM known)
+    RETURNING b.id
 )
+SELECT EXISTS (SELECT 1 FROM sent) AS sent, (SELECT id FROM known) AS known_as,
+       (SELECT state FROM known) AS known_state, (SELECT held FROM lease) AS lease_held;
 
 -- name: batch_refused
 -- The create call was refused before anything was made (a 4xx, a refused
--- connection): nothing was billed. The intent is refused, and its jobs wait
--- for a later batch, or fail unbilled (%(error_code)s) once they have had
--- %(max_attempts)s attempts.
-WITH refused AS MATERIALIZED (
-    UPDATE message_batches SET state = 'refused', ended_at = now()
-    WHERE id = %(batch_id)s AND state = 'intent'
-    RETURNING id
+-- connection): nothing was billed. The intent is refused, its requests read
+-- as errored, and its jobs wait for a later batch, or fail unbilled
+-- (%(error_code)s) once they have had %(max_attempts)s attempts
+-- (batch_attempts_unbilled, migration 019).
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
 ),
-unbilled AS MATERIALIZED (
-    SELECT i.job_id, i.attempt, %(outcome)s::text AS outcome, %(error_text)s::text AS error_text,
-           i.attempt >= %(max_attempts)s AS final, %(error_code)s::text AS error_code
-    FROM message_batch_items i
-    WHERE i.batch_id = %(batch_id)s AND EXISTS (SELECT 1 FROM refused)
-    ORDER BY i.job_id
+refused AS MATERIALIZED (
+    UPDATE message_batches b SET state = 'refused', ended_at = now()
+    FROM lease
+    WHERE lease.held AND b.id = %(batch_id)s AND b.state = 'intent'
+    RETURNING b.id
 ),
-items_read AS (
-    UPDATE message_batch_items SET result = 'errored', read_at = now()
-    WHERE batch_id = %(batch_id)s AND result IS NULL AND EXISTS (SELECT 1 FROM refused)
+items_read AS MATERIALIZED (
+    UPDATE message_batch_items i SET result = 'errored', read_at = now()
+    FROM refused r
+    WHERE i.batch_id = r.id AND i.result IS NULL
+    RETURNING i.job_id, i.attempt
 ),
--- include: batch_attempt_ended_ctes
-SELECT (SELECT count(*) FROM refused) AS refused, (SELECT count(*) FROM unbilled_failed) AS failed,
-       (SELECT count(*) FROM waiting_again) AS waiting;
+ended AS MATERIALIZED (
+    SELECT u.* FROM batch_attempts_unbilled(%(batch_id)s, ARRAY(
+        SELECT ROW(job_id, attempt, %(outcome)s, %(error_text)s, attempt >= %(max_attempts)s,
+                   %(error_code)s)::batch_attempt_unbilled
+        FROM items_read ORDER BY job_id)) u
+)
+SELECT (SELECT count(*) FROM refused) AS refused, ended.failed, ended.waiting FROM ended;
 
 -- name: batch_lost
 -- No batch of this intent appeared within BATCH_RECONCILE_GRACE_S: its
 -- create may still have been made, so every request of it may be billed.
--- Its jobs fail as calls of unknown outcome (llm_error), each ledger row
--- closed billed at the job's worst case at the batch price (%(worst_cases)s,
--- computed by the lane as the interactive lane computes it), the job charged
--- it. A batch of it found later (state stray) brings each charge down to
--- what its result really cost.
-WITH lost AS MATERIALIZED (
-    UPDATE message_batches SET state = 'lost', ended_at = now()
-    WHERE id = %(batch_id)s AND state = 'intent'
-    RETURNING id
+-- Its requests are read as lost (a batch of it found later, a stray, may
+-- overwrite that once with its real result), each ledger row is closed as
+-- interrupted (an unknown outcome: it costs its worst case), and its jobs
+-- fail as calls of unknown outcome (llm_error), each charged that. A stray
+-- found later brings each charge to what its result really cost, through
+-- the ledger.
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
 ),
-worst AS MATERIALIZED (
-    SELECT w.job_id, w.attempt, w.cost_usd, w.input_tokens, w.output_tokens
-    FROM jsonb_to_recordset(%(worst_cases)s::jsonb) AS w(job_id bigint, attempt smallint, cost_usd numeric,
-                                                           input_tokens int, output_tokens int)
-    WHERE EXISTS (SELECT 1 FROM lost)
-    ORDER BY w.job_id
+lost AS MATERIALIZED (
+    UPDATE message_batches b SET state = 'lost', ended_at = now()
+    FROM lease
+    WHERE lease.held AND b.id = %(batch_id)s AND b.state = 'intent'
+    RETURNING b.id
 ),
-calls_closed AS (
+items_read AS MATERIALIZED (
+    UPDATE message_batch_items i SET result = 'lost', read_at = now()
+    FROM lost
+    WHERE i.batch_id = lost.id AND i.result IS NULL
+    RETURNING i.job_id, i.attempt
+),
+calls_closed AS MATERIALIZED (
     UPDATE llm_calls c
-    SET finished_at = now(), outcome = 'interrupted', billed = true, cost_usd = w.cost_usd,
-        input_tokens = w.input_tokens, output_tokens = w.output_tokens,
+    SET finished_at = now(), outcome = 'interrupted', billed = true,
         error_text = 'the batch was created or not: its create call was not answered and no batch of it was found'
-    FROM worst w
-    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM worst)) AND c.job_id = w.job_id AND c.attempt = w.attempt
+    FROM items_read i
+    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM items_read)) AND c.job_id = i.job_id AND c.attempt = i.attempt
       AND c.outcome IN ('started', 'interrupted')
+    RETURNING c.job_id
 ),
-failed AS (
-    UPDATE story_jobs j
-    SET status = 'failed', completed_at = now(), error_code = 'llm_error',
-        error_text = 'the batch was sent and its answer was lost; no batch of it was found within '
-                     || 'BATCH_RECONCILE_GRACE_S, so the request may have been billed and is not sent again',
-        charged_usd = w.cost_usd
-    FROM worst w
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM worst)) AND j.id = w.job_id
-      AND j.status = 'running' AND j.batch_id = %(batch_id)s
-    RETURNING j.id
+-- (once the ledger rows are closed: `closed` is read by the argument)
+failed AS MATERIALIZED (
+    SELECT e.* FROM (SELECT count(*) FROM calls_closed) closed, jobs_end(
+        ARRAY(SELECT ROW(job_id, 'failed', 'llm_error',
+                         'the batch was sent and its answer was lost; no batch of it was found within '
+                         || 'BATCH_RECONCILE_GRACE_S, so the request may have been billed and is not sent again',
+                         NULL, NULL)::job_end
+              FROM items_read WHERE closed.count >= 0 ORDER BY job_id),
+        '{running}', NULL, %(batch_id)s) e
 )
 SELECT (SELECT count(*) FROM lost) AS lost, (SELECT count(*) FROM failed) AS failed;
 
 -- name: batch_stray_record
 -- A batch of the workspace that no row of ours knows, found while a lost
 -- intent (%(lost_batch_id)s) may still have made one: kept, so that it is
--- cancelled and its results charged by custom_id. Known already: nothing.
+-- cancelled and its results charged by custom_id. Known already, or the
+-- lease no longer ours: nothing.
 INSERT INTO message_batches (state, provider_batch_id, model, request_count, fence_at, sent_at, expires_at,
                              processing_status, lost_batch_id)
-VALUES ('stray', %(provider_batch_id)s, %(model)s, %(request_count)s, %(created_at)s, now(), %(expires_at)s,
-        %(processing_status)s, %(lost_batch_id)s)
+SELECT 'stray', %(provider_batch_id)s, %(model)s, %(request_count)s, %(created_at)s, now(), %(expires_at)s,
+       %(processing_status)s, %(lost_batch_id)s
+WHERE batch_lease_held(%(holder)s, %(token)s)
 ON CONFLICT (provider_batch_id) DO NOTHING
 RETURNING id;
 
@@ -232,47 +254,57 @@ ORDER BY b.id;
 SELECT provider_batch_id FROM message_batches WHERE provider_batch_id = ANY (%(provider_batch_ids)s::text[]);
 
 -- name: batch_seen
--- What the provider last said of a batch in flight.
+-- What the provider last said of a batch in flight, while the lease is ours.
 UPDATE message_batches
 SET processing_status = %(processing_status)s, request_counts = %(request_counts)s::jsonb,
     expires_at = coalesce(%(expires_at)s, expires_at),
     ended_at = CASE WHEN %(processing_status)s = 'ended' THEN coalesce(ended_at, now()) ELSE ended_at END
-WHERE id = %(batch_id)s AND state IN ('sent', 'stray');
+WHERE id = %(batch_id)s AND state IN ('sent', 'stray') AND batch_lease_held(%(holder)s, %(token)s);
 
 -- name: batch_cancel_asked
 UPDATE message_batches SET cancel_asked_at = coalesce(cancel_asked_at, now())
-WHERE id = %(batch_id)s AND state IN ('sent', 'stray');
+WHERE id = %(batch_id)s AND state IN ('sent', 'stray') AND batch_lease_held(%(holder)s, %(token)s);
 
 -- name: batch_results_ingest
--- A chunk of an ended batch's results, by custom_id, in one transaction.
--- Idempotent: an item already read is skipped (result IS NULL), so a stream
--- cut halfway and read again from its start changes nothing. Each result:
+-- A chunk of an ended batch's results, by custom_id, in one transaction,
+-- while the lease is ours. Idempotent: an item already read is skipped, so
+-- a stream cut halfway and read again from its start changes nothing (a
+-- lost intent's item, read as lost, is read once more, from its stray).
+-- Each result:
 --   succeeded: the story stored, the ledger row closed billed at the job's
 --              (batch) prices; the job completed if still running under this
---              batch, else (cancelled, swept) its story kept unseen and its
---              charge brought down to the cost, never up;
+--              batch, else (cancelled, swept, lost) its story kept unseen;
 --   unknown:   it may have billed (its line could not be read, or there was
---              none): the ledger row closed billed at the job's worst case
---              (the tokens the lane passes), the job failed as llm_error;
---   errored, expired, canceled: billed nothing (batch_attempt_ended_ctes):
---              a refused request (%(rejected)s) fails its job as
---              llm_rejected; any other waits for a later batch until its
+--              none): the ledger row closed as interrupted (its worst case),
+--              the job failed as llm_error;
+--   errored, expired, canceled: billed nothing (batch_attempts_unbilled): a
+--              refused request (%(rejected)s) fails its job as llm_rejected;
+--              any other waits for a later batch until its
 --              %(max_attempts)s-th attempt, then fails as llm_unavailable.
-WITH got AS MATERIALIZED (
+-- Whatever the job's state, its charge follows its ledger rows (migration
+-- 019): a result read after its job ended elsewhere brings the charge to
+-- what the result says was billed, down as well as up.
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
+),
+got AS MATERIALIZED (
     SELECT g.*, i.job_id, i.attempt
     FROM jsonb_to_recordset(%(results)s::jsonb) AS g(
         custom_id text, result text, rejected boolean, story_id uuid, title text, body text, model text,
         prompt_version text, input_tokens int, output_tokens int, request_id text, error_text text)
-    JOIN message_batch_items i ON i.batch_id = %(batch_id)s AND i.custom_id = g.custom_id AND i.result IS NULL
+    JOIN message_batch_items i ON i.batch_id = %(batch_id)s AND i.custom_id = g.custom_id
+                               AND (i.result IS NULL OR i.result = 'lost')
+    WHERE (SELECT held FROM lease)
     ORDER BY i.job_id
 ),
 items_read AS (
     UPDATE message_batch_items i SET result = g.result, read_at = now()
     FROM got g
-    WHERE i.batch_id = %(batch_id)s AND i.custom_id = g.custom_id AND i.result IS NULL
+    WHERE i.batch_id = %(batch_id)s AND i.custom_id = g.custom_id AND (i.result IS NULL OR i.result = 'lost')
 ),
 -- the jobs' rows locked in ascending id order, as every statement that
--- waits for several job rows locks them (sql/worker.sql, job_end_ctes)
+-- waits for several job rows locks them (jobs_end, migration 019), before
+-- their ledger rows
 job AS MATERIALIZED (
     SELECT j.id, j.client_id, j.status = 'running' AND j.batch_id = %(batch_id)s AS ours,
            j.input_usd_per_mtok, j.output_usd_per_mtok
@@ -298,7 +330,7 @@ stories_inserted AS (
     FROM billed WHERE result = 'succeeded'
     ON CONFLICT (job_id) DO NOTHING
 ),
-billed_closed AS (
+billed_closed AS MATERIALIZED (
     UPDATE llm_calls c
     SET finished_at = now(), outcome = CASE b.result WHEN 'succeeded' THEN 'succeeded' ELSE 'interrupted' END,
         billed = true, input_tokens = b.input_tokens, output_tokens = b.output_tokens, cost_usd = b.cost_usd,
@@ -306,45 +338,34 @@ billed_closed AS (
     FROM billed b
     WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM billed)) AND c.job_id = b.job_id AND c.attempt = b.attempt
       AND c.outcome IN ('started', 'interrupted')
+    RETURNING c.job_id
 ),
-completed AS (
-    UPDATE story_jobs j
-    SET status = 'completed', completed_at = now(), story_id = b.story_id, progress = b.output_tokens,
-        charged_usd = b.cost_usd
-    FROM billed b
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM billed WHERE ours AND result = 'succeeded')) AND j.id = b.job_id
-      AND j.status = 'running' AND j.batch_id = %(batch_id)s
-    RETURNING j.id
+-- ours ends once its ledger row is closed (`closed` is read by the
+-- argument), so that it is charged what the row says in the write that ends
+-- it
+ended AS MATERIALIZED (
+    SELECT e.* FROM (SELECT count(*) FROM billed_closed) closed, jobs_end(
+        ARRAY(SELECT ROW(b.job_id, CASE b.result WHEN 'succeeded' THEN 'completed' ELSE 'failed' END::job_status,
+                         CASE WHEN b.result = 'unknown' THEN 'llm_error' END,
+                         CASE WHEN b.result = 'unknown' THEN b.error_text END,
+                         CASE WHEN b.result = 'succeeded' THEN b.story_id END,
+                         CASE WHEN b.result = 'succeeded' THEN b.output_tokens END)::job_end
+              FROM billed b WHERE b.ours AND closed.count >= 0 ORDER BY b.job_id),
+        '{running}', NULL, %(batch_id)s) e
 ),
-unknown_failed AS (
-    UPDATE story_jobs j
-    SET status = 'failed', completed_at = now(), error_code = 'llm_error', error_text = b.error_text,
-        charged_usd = b.cost_usd
-    FROM billed b
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM billed WHERE ours AND result = 'unknown')) AND j.id = b.job_id
-      AND j.status = 'running' AND j.batch_id = %(batch_id)s
-    RETURNING j.id
-),
-charged_down AS (
-    UPDATE story_jobs j
-    SET charged_usd = b.cost_usd
-    FROM billed b
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM billed WHERE NOT ours)) AND j.id = b.job_id
-      AND j.status = 'failed' AND j.charged_usd > b.cost_usd
-),
+-- (after the jobs' rows are locked: `locked` is read by the argument)
 unbilled AS MATERIALIZED (
-    SELECT g.job_id, g.attempt,
-           CASE WHEN g.rejected THEN 'rejected' ELSE g.result END AS outcome, g.error_text,
-           g.rejected OR g.attempt >= %(max_attempts)s AS final,
-           CASE WHEN g.rejected THEN 'llm_rejected' ELSE 'llm_unavailable' END AS error_code
-    FROM got g
-    WHERE g.result NOT IN ('succeeded', 'unknown')
-),
--- include: batch_attempt_ended_ctes
-SELECT (SELECT count(*) FROM got) AS read, (SELECT count(*) FROM completed) AS completed,
+    SELECT u.* FROM (SELECT count(*) FROM job) locked, batch_attempts_unbilled(%(batch_id)s, ARRAY(
+        SELECT ROW(g.job_id, g.attempt, CASE WHEN g.rejected THEN 'rejected' ELSE g.result END, g.error_text,
+                   g.rejected OR g.attempt >= %(max_attempts)s,
+                   CASE WHEN g.rejected THEN 'llm_rejected' ELSE 'llm_unavailable' END)::batch_attempt_unbilled
+        FROM got g WHERE g.result NOT IN ('succeeded', 'unknown') AND locked.count >= 0 ORDER BY g.job_id)) u
+)
+SELECT (SELECT count(*) FROM got) AS read,
+       (SELECT count(*) FROM ended WHERE error_code IS NULL) AS completed,
        (SELECT count(*) FROM billed WHERE NOT ours) AS billed_unseen,
-       (SELECT count(*) FROM unbilled_failed) + (SELECT count(*) FROM unknown_failed) AS failed,
-       (SELECT count(*) FROM waiting_again) AS waiting,
+       coalesce((SELECT failed FROM unbilled), 0) + (SELECT count(*) FROM ended WHERE error_code IS NOT NULL) AS failed,
+       coalesce((SELECT waiting FROM unbilled), 0) AS waiting,
        (SELECT coalesce(sum(cost_usd), 0) FROM billed) AS cost_usd;
 
 -- name: batch_results_read
@@ -356,47 +377,53 @@ UPDATE message_batches b
 SET state = 'ended', results_read_at = now(), ended_at = coalesce(ended_at, now())
 WHERE b.id = %(batch_id)s AND b.state IN ('sent', 'stray')
   AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.batch_id = b.id AND i.result IS NULL)
+  AND batch_lease_held(%(holder)s, %(token)s)
 RETURNING b.id;
 
 -- name: batch_items_of
--- A batch's requests not read yet, with what each job was admitted with:
+-- A batch's requests not read yet (for a lost intent, whose stray may still
+-- answer them: those read as lost), with what each job was admitted with:
 -- the request (its input tokens' bound), max_tokens, model and prices, from
--- which a worst case and a cost are reckoned. For a stray batch, those of
--- the lost intent it may be.
+-- which a worst case and a cost are reckoned.
 SELECT i.custom_id, i.job_id, i.attempt, j.request, j.max_tokens, j.model, j.input_usd_per_mtok,
        j.output_usd_per_mtok, j.trace_context
 FROM message_batch_items i JOIN story_jobs j ON j.id = i.job_id
-WHERE i.batch_id = %(batch_id)s AND i.result IS NULL
+WHERE i.batch_id = %(batch_id)s AND (i.result IS NULL OR i.result = 'lost')
 ORDER BY i.custom_id;
 
 -- name: batch_stray_read
 -- A stray batch's results have all been read (those that were ours charged).
 UPDATE message_batches SET state = 'ended', results_read_at = now(), ended_at = coalesce(ended_at, now())
-WHERE id = %(batch_id)s AND state = 'stray'
+WHERE id = %(batch_id)s AND state = 'stray' AND batch_lease_held(%(holder)s, %(token)s)
 RETURNING id;
 
 -- name: batch_items_drop
 -- Before its create call, requests of an intent that cannot be sent (a
--- stored request that no longer validates): their jobs fail unbilled as
--- invalid_request, their ledger rows closed as not sent, their items gone,
--- so that the batch created is the intent's, request for request.
-WITH dropped AS MATERIALIZED (
+-- stored request that no longer validates): their items gone, so that the
+-- batch created is the intent's, request for request, their ledger rows
+-- closed as not sent, and their jobs failed (invalid_request) through
+-- jobs_end, which charges them nothing.
+WITH lease AS MATERIALIZED (
+    SELECT batch_lease_held(%(holder)s, %(token)s) AS held
+),
+dropped AS MATERIALIZED (
     DELETE FROM message_batch_items i
-    USING message_batches b
-    WHERE i.batch_id = %(batch_id)s AND b.id = i.batch_id AND b.state = 'intent'
+    USING message_batches b, lease
+    WHERE lease.held AND i.batch_id = %(batch_id)s AND b.id = i.batch_id AND b.state = 'intent'
       AND i.job_id = ANY (%(job_ids)s::bigint[])
     RETURNING i.job_id, i.attempt
 ),
 counted AS (
     UPDATE message_batches SET request_count = request_count - (SELECT count(*) FROM dropped)
-    WHERE id = %(batch_id)s AND state = 'intent'
+    WHERE id = %(batch_id)s AND state = 'intent' AND EXISTS (SELECT 1 FROM dropped)
 ),
-closed AS (
+closed AS MATERIALIZED (
     UPDATE llm_calls c SET finished_at = now(), outcome = 'not_sent', billed = false, error_text = %(error_text)s
     FROM dropped d WHERE c.job_id = d.job_id AND c.attempt = d.attempt AND c.outcome = 'started'
+    RETURNING c.job_id
 )
-UPDATE story_jobs j
-SET status = 'failed', completed_at = now(), error_code = 'invalid_request', error_text = %(error_text)s,
-    charged_usd = 0
-WHERE j.id = ANY (ARRAY(SELECT job_id FROM dropped)) AND j.status = 'running' AND j.batch_id = %(batch_id)s
-RETURNING j.id;
+-- (once the ledger rows are closed: `k` is read by the argument)
+SELECT e.id FROM (SELECT count(*) FROM closed) k, jobs_end(
+    ARRAY(SELECT ROW(job_id, 'failed', 'invalid_request', %(error_text)s, NULL, NULL)::job_end
+          FROM dropped WHERE k.count >= 0 ORDER BY job_id),
+    '{running}', NULL, %(batch_id)s) e;

@@ -88,10 +88,11 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- name: job_cancel
 -- A cancellation: DELETE /stories/jobs/{job_id} (the client's own job,
 -- %(client_id)s) or an operator's (NULL: whoever's the job). pending or
--- running -> failed (cancelled). A running job's call may have cost up to
--- its worst case: it is charged that, and its worker, which sees the change
--- at its next heartbeat and closes its stream, brings the charge down to the
--- real cost. A pending job's turn is given back to its client
+-- running -> failed (cancelled), through jobs_end (migration 019): charged
+-- what its ledger says (a running job's open call its worst case, until its
+-- worker, which sees the change at its next heartbeat and closes its
+-- stream, writes what the call cost), and its open call closed as
+-- interrupted. A pending job's turn is given back to its client
 -- (job_turns_given_back_ctes), so the caller takes the admission lock first.
 -- The snapshot row tells the caller why nothing changed; no row: no such job
 -- (for this client).
@@ -99,22 +100,13 @@ WITH job AS (
     SELECT id, status FROM story_jobs
     WHERE public_id = %(job_id)s AND (%(client_id)s::bigint IS NULL OR client_id = %(client_id)s::bigint)
 ),
-cancelled AS (
-    UPDATE story_jobs j
-    -- a batch job waiting for a batch leaves the line: an ended job the
-    -- intent's scan still found would fill a batch with nothing to send
-    SET status = 'failed', error_code = 'cancelled', completed_at = now(), batch_ready_at = NULL,
-        error_text = CASE WHEN %(client_id)s::bigint IS NULL THEN 'cancelled by an operator'
-                          ELSE 'cancelled by the client' END,
-        -- running may have billed its worst case; a batch job waiting again
-        -- for a later batch (running, in the line) has no call open: the
-        -- results of the ones before it were read, and billed as they said
-        charged_usd = CASE WHEN j.status = 'running' AND j.batch_ready_at IS NULL
-                           THEN j.reserved_usd ELSE 0 END
-    FROM job
-    WHERE j.id = job.id AND j.status IN ('pending', 'running')
-    -- (only a claim sets started_at: none, it was pending)
-    RETURNING j.id, j.client_id, j.turn, j.started_at IS NULL AS was_pending
+cancelled AS MATERIALIZED (
+    SELECT c.* FROM jobs_end(
+        ARRAY(SELECT ROW(id, 'failed', 'cancelled',
+                         CASE WHEN %(client_id)s::bigint IS NULL THEN 'cancelled by an operator'
+                              ELSE 'cancelled by the client' END, NULL, NULL)::job_end
+              FROM job),
+        '{pending,running}', NULL, NULL) c
 ),
 given_up AS MATERIALIZED (
     SELECT id, client_id, turn FROM cancelled WHERE was_pending AND turn IS NOT NULL
@@ -152,7 +144,7 @@ moved_up AS MATERIALIZED (
 ),
 turns_moved AS (
     -- reached by id through `id = ANY (ARRAY(...))`, an index lookup whatever
-    -- the generic plan guesses (see job_end_ctes)
+    -- the generic plan guesses (see jobs_end, migration 019)
     UPDATE story_jobs j SET turn = j.turn - m.shift
     FROM moved_up m
     WHERE j.id = ANY (ARRAY(SELECT id FROM moved_up WHERE NOT gone AND status = 'pending' AND shift > 0))
@@ -163,28 +155,6 @@ last_turns_moved AS (
     FROM (SELECT client_id, sum(length) AS length FROM chain WHERE gone GROUP BY client_id) g
     WHERE a.client_id = g.client_id AND g.length > 0
 )
-
--- name: llm_call_close_for_ended_jobs
--- Second statement of a cancellation (job_cancel) or of a sweep batch
--- (job_fail_stale), in its transaction: the ledger row of a call that was
--- open when the job was ended by someone else than its worker is closed as
--- interrupted, and keeps counting as billed, since it may have been. A live
--- worker overwrites it with what it knows when it closes the stream; a dead
--- one never reports. A statement of its own, because its snapshot must see
--- a retry's row opened while the ending statement waited for the job's row
--- lock (llm_call_start holds it while it opens one). %(client_id)s: the
--- cancelling client's, so that it reaches no other client's job; NULL for
--- an operator or the sweeper.
-UPDATE llm_calls c
-SET finished_at = now(), outcome = 'interrupted',
-    error_text = CASE j.error_code WHEN 'cancelled' THEN 'the job was cancelled while this call was open'
-                 ELSE 'the job was failed by the sweeper (' || j.error_code || ') while this call was open' END
-FROM story_jobs j
-WHERE j.public_id = ANY (%(job_ids)s::uuid[]) AND j.status = 'failed'
-  AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
-  -- a batch's request is closed by its result alone (sql/batch.sql): it may
-  -- still be billed however its job ended
-  AND c.job_id = j.id AND c.outcome = 'started' AND c.batch_id IS NULL;
 
 -- name: budget_days_today
 -- Today's (UTC) spend and reservations, all clients (scope 'all') and each

@@ -76,7 +76,8 @@ ORDER BY p.id DESC;
 
 -- name: ops_job_list_page
 -- What both jobs lists answer for the rows of their `page`: each job with
--- its lane, its client's name and what its calls cost (billed calls only).
+-- its lane, its client's name and what its ended calls cost (as the ledger
+-- charges them, migration 019: an unknown outcome at its worst case).
 SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
        p.lane::text AS lane, p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
        cost.calls, cost.billed_calls, cost.cost_usd
@@ -84,7 +85,8 @@ FROM page p
 LEFT JOIN api_clients c ON c.id = p.client_id
 CROSS JOIN LATERAL (
     SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
-           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
+                    FILTER (WHERE l.outcome <> 'started'), 0)::numeric(14, 6) AS cost_usd
     FROM llm_calls l WHERE l.job_id = p.id
 ) cost
 
@@ -158,14 +160,12 @@ WITH matching AS MATERIALIZED (
     ORDER BY j.id
     FOR NO KEY UPDATE
 ),
-cancelled AS (
-    UPDATE story_jobs j
-    -- a batch job waiting for its first batch leaves the line, as every
-    -- ended job does
-    SET status = 'failed', error_code = 'cancelled', batch_ready_at = NULL,
-        error_text = 'cancelled by an operator', completed_at = now(), charged_usd = 0
-    WHERE j.id = ANY (ARRAY(SELECT id FROM matching)) AND j.status = 'pending'
-    RETURNING j.id, j.public_id, j.client_id, j.turn
+-- ended through jobs_end (migration 019), which takes a batch job out of
+-- the line and charges each what its ledger says (nothing: it never ran)
+cancelled AS MATERIALIZED (
+    SELECT c.* FROM jobs_end(
+        ARRAY(SELECT ROW(id, 'failed', 'cancelled', 'cancelled by an operator', NULL, NULL)::job_end FROM matching),
+        '{pending}', NULL, NULL) c
 ),
 given_up AS MATERIALIZED (
     SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL
@@ -237,7 +237,8 @@ undelivered AS (
            coalesce(sum(billed.cost_usd), 0)::numeric(14, 6) AS day_undelivered_usd
     FROM finished f
     CROSS JOIN LATERAL (
-        SELECT sum(l.cost_usd) AS cost_usd FROM llm_calls l
+        SELECT sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd)) AS cost_usd
+        FROM llm_calls l
         WHERE l.job_id = f.id AND l.billed
         HAVING count(*) > 0
     ) billed
@@ -245,20 +246,24 @@ undelivered AS (
 ),
 calls AS (
     SELECT count(*) FILTER (WHERE last_hour AND billed) AS hour_billed_calls,
-           coalesce(sum(cost_usd) FILTER (WHERE last_hour AND billed), 0)::numeric(14, 6) AS hour_spend_usd,
+           coalesce(sum(charge_usd) FILTER (WHERE last_hour), 0)::numeric(14, 6) AS hour_spend_usd,
            coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_input_tokens,
            coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_output_tokens,
            count(*) FILTER (WHERE last_hour AND outcome = 'rate_limited') AS hour_rate_limited,
            count(*) FILTER (WHERE last_hour AND outcome = 'overloaded') AS hour_overloaded,
            count(*) FILTER (WHERE billed) AS day_billed_calls,
-           coalesce(sum(cost_usd) FILTER (WHERE billed), 0)::numeric(14, 6) AS day_spend_usd,
+           coalesce(sum(charge_usd), 0)::numeric(14, 6) AS day_spend_usd,
            coalesce(sum(input_tokens) FILTER (WHERE billed), 0)::bigint AS day_input_tokens,
            coalesce(sum(output_tokens) FILTER (WHERE billed), 0)::bigint AS day_output_tokens,
            count(*) FILTER (WHERE outcome = 'rate_limited') AS day_rate_limited,
            count(*) FILTER (WHERE outcome = 'overloaded') AS day_overloaded
     FROM (
+        -- what each ended call is charged (migration 019); one still open is
+        -- not spent yet: its job's reservation holds it
         SELECT l.started_at >= now() - interval '1 hour' AS last_hour, l.billed, l.outcome,
-               l.input_tokens, l.output_tokens, l.cost_usd
+               l.input_tokens, l.output_tokens,
+               CASE WHEN l.outcome <> 'started'
+                    THEN llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd) END AS charge_usd
         FROM llm_calls l
         WHERE l.started_at >= now() - interval '1 day'
     ) day
@@ -415,7 +420,8 @@ SELECT b.id, b.state, b.provider_batch_id, b.model, b.request_count, b.holder, b
 FROM message_batches b
 CROSS JOIN LATERAL (
     SELECT count(*) FILTER (WHERE l.billed AND l.outcome <> 'started') AS billed_requests,
-           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0)::numeric(14, 6) AS cost_usd
+           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
+                    FILTER (WHERE l.outcome <> 'started'), 0)::numeric(14, 6) AS cost_usd
     FROM message_batch_items i
     JOIN llm_calls l ON l.job_id = i.job_id AND l.attempt = i.attempt
     WHERE i.batch_id = b.id

@@ -75,24 +75,22 @@ stale AS (
     UNION ALL
     SELECT id, reason FROM stale_batched
 )
-UPDATE story_jobs j
-SET status = 'failed', error_code = stale.reason, completed_at = now_.t,
-    -- out of the batch lane's line, as every ended job is
-    batch_ready_at = NULL,
-    -- a job that never ran cost nothing; one whose worker is gone or too slow
-    -- may have been billed anything up to its worst case
-    charged_usd = CASE stale.reason WHEN 'queue_timeout' THEN 0 ELSE j.reserved_usd END,
-    error_text = CASE
-        WHEN stale.reason = 'queue_timeout' AND j.lane = 'batch' THEN 'no batch took the job in time'
-        WHEN stale.reason = 'queue_timeout' THEN 'no worker picked the job up in time'
-        WHEN stale.reason = 'timed_out' AND j.lane = 'batch' THEN 'its batch expired without a result for it'
-        WHEN stale.reason = 'timed_out' THEN 'the story took longer than the job timeout'
-        ELSE 'the worker stopped sending heartbeats'
-    END
-FROM stale, now_
-WHERE j.id = stale.id AND j.status IN ('pending', 'running')
--- the job's trace context: the sweeper's span for the job links to its trace
-RETURNING j.id, j.public_id, stale.reason, j.worker_id, j.trace_context;
+-- ended through jobs_end (migration 019), which charges each what its ledger
+-- says: a job that never ran nothing, one whose worker is gone or too slow
+-- its open call's worst case; with the job's trace context (the sweeper's
+-- span for the job links to its trace)
+SELECT e.id, e.public_id, e.error_code AS reason, e.worker_id, e.trace_context
+FROM now_, jobs_end(
+    ARRAY(SELECT ROW(j.id, 'failed', s.reason,
+                     CASE WHEN s.reason = 'queue_timeout' AND j.lane = 'batch' THEN 'no batch took the job in time'
+                          WHEN s.reason = 'queue_timeout' THEN 'no worker picked the job up in time'
+                          WHEN s.reason = 'timed_out' AND j.lane = 'batch'
+                              THEN 'its batch expired without a result for it'
+                          WHEN s.reason = 'timed_out' THEN 'the story took longer than the job timeout'
+                          ELSE 'the worker stopped sending heartbeats' END,
+                     NULL, NULL)::job_end
+          FROM stale s JOIN story_jobs j ON j.id = s.id),
+    '{pending,running}', NULL, NULL, now_.t) e;
 
 -- name: transaction_lock_timeout_set
 -- How long the statements of this transaction may wait for a lock before
@@ -227,7 +225,9 @@ histograms AS (
 ),
 calls AS (
     SELECT date_trunc('minute', l.started_at) AS minute,
-           coalesce(sum(l.cost_usd) FILTER (WHERE l.billed), 0) AS spend_usd,
+           -- what each ended call is charged (migration 019)
+           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
+                    FILTER (WHERE l.outcome <> 'started'), 0) AS spend_usd,
            count(*) FILTER (WHERE l.outcome = 'rate_limited') AS rate_limited
     FROM llm_calls l
     WHERE l.started_at >= %(from_minute)s

@@ -5,63 +5,6 @@
 -- conventions are in common.sql.
 
 
--- name: job_end_ctes
--- The one definition of how a worker ends the jobs it holds, for the round's
--- completions (job_settle) and for its failures (job_fail_running):
--- from `ending` (one row a job, sorted by job id: the attempt it sent last,
--- the status it goes to, its story or its error, what the call cost and
--- whether it was billed), the ledger rows closed, the job running ->
--- completed or failed, guarded by status and worker_id, and what the claim
--- reserved and the call did not use, for the rate bucket.
---
--- The attempt named is the last one the worker could have sent (it sends an
--- attempt only once its row is open): a later row, opened by a retry whose
--- answer was lost, is closed as not sent. The ledger row is closed even when
--- the job lost the race to the sweeper or a cancel: it records what was sent.
---
--- Rows are reached by id through `id = ANY (ARRAY(...))`, an index lookup
--- whatever the planner guesses of how many there are: these statements are
--- prepared once and run on a generic plan, and a guess of "10 % of the
--- table" must not turn a lookup into a scan. Every statement that waits for
--- several job rows (these, job_heartbeat, the console's bulk cancel) locks
--- them in ascending id order, so that two of them (a worker's heartbeat and
--- its round, on two pooled connections) queue instead of deadlocking.
-calls_closed AS (
-    UPDATE llm_calls c
-    SET finished_at = now(),
-        outcome = CASE WHEN c.attempt = ending.attempt THEN ending.call_outcome ELSE 'not_sent' END,
-        billed = c.attempt = ending.attempt AND ending.billed,
-        input_tokens = CASE WHEN c.attempt = ending.attempt THEN ending.input_tokens ELSE 0 END,
-        output_tokens = CASE WHEN c.attempt = ending.attempt THEN ending.output_tokens ELSE 0 END,
-        cost_usd = CASE WHEN c.attempt = ending.attempt THEN ending.cost_usd ELSE 0 END,
-        request_id = CASE WHEN c.attempt = ending.attempt THEN coalesce(ending.request_id, c.request_id) END,
-        error_text = ending.error_text
-    FROM ending
-    WHERE c.job_id = ANY (ARRAY(SELECT job_id FROM ending))
-      AND c.job_id = ending.job_id
-      AND (c.attempt = ending.attempt OR (c.attempt > ending.attempt AND c.outcome IN ('started', 'interrupted')))
-),
-ended AS (
-    UPDATE story_jobs j
-    SET status = ending.status, completed_at = now(), story_id = ending.story_id,
-        error_code = ending.error_code, error_text = ending.error_text, progress = ending.output_tokens,
-        charged_usd = CASE WHEN ending.billed THEN ending.cost_usd ELSE 0 END
-    FROM ending
-    WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending)) AND j.id = ending.job_id
-      AND j.status = 'running' AND j.worker_id = %(worker_id)s
-    RETURNING j.id,
-              coalesce(j.input_tokens_estimate, 0) - ending.input_tokens AS input_tokens_back,
-              coalesce(j.max_tokens, 0) - ending.output_tokens AS output_tokens_back
-),
--- What the ended jobs' claims reserved and their calls did not use, in all.
--- (Evaluated only by a statement that gives it back: a CTE nobody reads
--- does not run.)
-given_back AS MATERIALIZED (
-    SELECT coalesce(sum(input_tokens_back), 0)::float8 AS input_tokens,
-           coalesce(sum(output_tokens_back), 0)::float8 AS output_tokens
-    FROM ended
-)
-
 -- name: job_claim_ctes
 -- The claim, for job_claim and job_claim_limited: the jobs in `chosen`
 -- (locked by the including statement) go pending -> running, and each gets
@@ -75,11 +18,11 @@ claimed AS (
     WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
     RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
               j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok,
-              j.trace_context
+              j.trace_context, j.worst_case_usd
 ),
 first_calls AS (
-    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
-    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s FROM claimed
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, worst_case_usd)
+    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s, worst_case_usd FROM claimed
 )
 
 -- name: job_claimed_answer
@@ -314,39 +257,54 @@ SELECT
  ) n ON true)::text AS limiter;
 
 -- name: job_fail_running
--- The worker gives up on jobs it owns (LLM error, rejected request): running ->
--- failed through job_end_ctes, the job charged what its billed call cost,
--- and the rate bucket given back what the claims reserved and the calls did
--- not use. Returns the jobs that were still ours.
+-- The worker gives up on jobs it owns (LLM error, rejected request): the
+-- ledger rows of their calls closed with what the worker knows, and the jobs
+-- running -> failed where they are still its own (jobs_end, migration 019,
+-- which charges each what its ledger says). With a rate limit
+-- (%(limited)s), the model's bucket gets back what the ended jobs' claims
+-- reserved and their calls did not use. Returns the jobs that were still
+-- ours.
 WITH ending AS MATERIALIZED (
-    SELECT f.job_id, f.attempt, 'failed'::job_status AS status, NULL::uuid AS story_id, f.error_code, f.error_text,
-           f.call_outcome, f.billed, f.input_tokens, f.output_tokens, f.cost_usd, f.request_id
+    SELECT f.job_id, f.attempt, f.error_code, f.error_text, f.call_outcome, f.billed, f.input_tokens,
+           f.output_tokens, f.cost_usd, f.request_id
     FROM jsonb_to_recordset(%(failures)s::jsonb) AS f(
         job_id bigint, attempt smallint, error_code text, error_text text, call_outcome text,
         billed boolean, input_tokens int, output_tokens int, cost_usd numeric, request_id text)
     ORDER BY f.job_id
 ),
--- include: job_end_ctes
-,
-bucket_given_back AS (
-    UPDATE llm_rate_buckets b
-    SET input_tokens = b.input_tokens + g.input_tokens, output_tokens = b.output_tokens + g.output_tokens
-    FROM given_back g
-    WHERE b.model = %(model)s AND %(limited)s AND EXISTS (SELECT 1 FROM ended)
+ended AS MATERIALIZED (
+    SELECT e.* FROM jobs_end(
+        ARRAY(SELECT ROW(job_id, 'failed', error_code, error_text, NULL, output_tokens)::job_end FROM ending),
+        '{running}', %(worker_id)s, NULL, NULL,
+        ARRAY(SELECT ROW(job_id, attempt, call_outcome, billed, input_tokens, output_tokens, cost_usd, request_id,
+                         error_text)::llm_call_close
+              FROM ending)) e
+),
+given_back AS MATERIALIZED (
+    SELECT llm_rate_bucket_give_back(%(model)s, sum(coalesce(e.input_tokens_estimate, 0) - f.input_tokens),
+                                     sum(coalesce(e.max_tokens, 0) - f.output_tokens))
+    FROM ended e JOIN ending f ON f.job_id = e.id
+    WHERE %(limited)s
+    HAVING count(*) > 0
 )
-SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids;
+SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids, (SELECT count(*) FROM given_back) AS given_back;
 
--- name: job_settle_ctes
--- The body of job_settle and job_settle_limited: the written stories' jobs
--- completed through job_end_ctes and their stories inserted.
+-- name: job_settle
+-- A round's written stories, in a transaction of their own, apart from the
+-- claim that follows (so that nothing the claim does wrong is blamed on a
+-- story, which was paid for), one commit however many the round carries:
+-- each story inserted, its call's ledger row closed as billed at its cost,
+-- and its job running -> completed where it is still ours (jobs_end). With a
+-- rate limit (%(limited)s), the model's bucket gets back what their claims
+-- reserved and their calls did not use.
 --
 -- A story is inserted even when its job lost the race to the sweeper: it was
 -- paid for. ON CONFLICT makes a retry after an ambiguous commit harmless:
 -- a story already there was inserted by the earlier commit of this
 -- statement, which also ended its job (a job's story is written nowhere
 -- else, and a job that is no longer running never runs again), so the job
--- is not running and job_end_ctes leaves it, and the id the worker made
--- for the story not inserted, as they are.
+-- is not running and jobs_end leaves it, and the id the worker made for the
+-- story not inserted, as they are.
 --
 -- The written stories' small fields arrive as one JSON array, one
 -- parameter however many stories the round carries; their titles and texts
@@ -356,10 +314,13 @@ SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids;
 -- part of the round's cost, a text in a binary array is copied. The ids are
 -- made by the worker, not by gen_random_uuid() here: the planner computes a
 -- volatile column after the sort, which costs a second copy of every row.
-ending AS MATERIALIZED (
-    SELECT d.job_id, d.attempt, 'completed'::job_status AS status, (%(story_ids)b::uuid[])[d.n] AS story_id,
-           NULL::text AS error_code, NULL::text AS error_text, 'succeeded' AS call_outcome, true AS billed,
-           d.input_tokens, d.output_tokens, d.cost_usd, d.request_id, d.client_id,
+--
+-- Answers the jobs completed now, and those (after an ambiguous commit)
+-- already completed by this worker; the caller takes every other one for a
+-- lost race.
+WITH ending AS MATERIALIZED (
+    SELECT d.job_id, d.attempt, (%(story_ids)b::uuid[])[d.n] AS story_id, d.input_tokens, d.output_tokens,
+           d.cost_usd, d.request_id, d.client_id,
            (%(titles)b::text[])[d.n] AS title, (%(bodies)b::text[])[d.n] AS body, d.model, d.prompt_version
     FROM jsonb_to_recordset(%(completions)s::jsonb) AS d(
         n int, job_id bigint, client_id bigint, attempt smallint, model text, prompt_version text,
@@ -374,45 +335,28 @@ stories_inserted AS (
     FROM ending
     ON CONFLICT (job_id) DO NOTHING
 ),
--- include: job_end_ctes
-
--- name: job_settled_answer
--- completed now, or (after an ambiguous commit) already completed by this
--- worker; the caller takes every other one for a lost race
+ended AS MATERIALIZED (
+    SELECT e.* FROM jobs_end(
+        ARRAY(SELECT ROW(job_id, 'completed', NULL, NULL, story_id, output_tokens)::job_end FROM ending),
+        '{running}', %(worker_id)s, NULL, NULL,
+        ARRAY(SELECT ROW(job_id, attempt, 'succeeded', true, input_tokens, output_tokens, cost_usd, request_id,
+                         NULL)::llm_call_close
+              FROM ending)) e
+),
+given_back AS MATERIALIZED (
+    SELECT llm_rate_bucket_give_back(%(model)s, sum(coalesce(e.input_tokens_estimate, 0) - f.input_tokens),
+                                     sum(coalesce(e.max_tokens, 0) - f.output_tokens))
+    FROM ended e JOIN ending f ON f.job_id = e.id
+    WHERE %(limited)s
+    HAVING count(*) > 0
+)
 SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS completed_ids,
        coalesce((
            SELECT array_agg(j.id) FROM story_jobs j
            WHERE j.id = ANY (ARRAY(SELECT job_id FROM ending))
              AND j.status = 'completed' AND j.worker_id = %(worker_id)s
-       ), '{}') AS already_completed_ids
-
--- name: job_settle
--- A round's written stories, in a transaction of their own, apart from the
--- claim that follows (so that nothing the claim does wrong is blamed on a
--- story, which was paid for): their jobs completed through job_end_ctes
--- and their stories inserted, one commit however many the round carries.
--- Without a rate limit configured, so the rate bucket is not touched: a
--- give-back that gives nothing still costs every settle the update's setup,
--- 4 % of a one-job round (tests/bench/statement_cost.py).
-WITH
--- include: job_settle_ctes
--- include: job_settled_answer
-;
-
--- name: job_settle_limited
--- job_settle while a rate limit is configured: the model's bucket gets back
--- what the settled calls' claims reserved and their calls did not use.
-WITH
--- include: job_settle_ctes
-,
-bucket_given_back AS (
-    UPDATE llm_rate_buckets b
-    SET input_tokens = b.input_tokens + g.input_tokens, output_tokens = b.output_tokens + g.output_tokens
-    FROM given_back g
-    WHERE b.model = %(model)s AND EXISTS (SELECT 1 FROM ended)
-)
--- include: job_settled_answer
-;
+       ), '{}') AS already_completed_ids,
+       (SELECT count(*) FROM given_back) AS given_back;
 
 -- name: job_heartbeat
 -- Every few seconds, one statement for all jobs a worker process holds:
@@ -483,7 +427,7 @@ RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
 -- Idempotent: run again after its answer was lost, it finds the row it
 -- opened (still started) and answers it, taking nothing more from the bucket.
 WITH owned AS MATERIALIZED (
-    SELECT id FROM story_jobs
+    SELECT id, worst_case_usd FROM story_jobs
     WHERE id = %(job_id)s AND status = 'running' AND worker_id = %(worker_id)s
     FOR SHARE
 ),
@@ -535,8 +479,8 @@ already AS MATERIALIZED (
     WHERE c.job_id = %(job_id)s AND c.attempt = %(previous_attempt)s + 1
 ),
 opened AS (
-    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model)
-    SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, worst_case_usd)
+    SELECT p.job_id, p.attempt + 1, p.worker_id, p.provider, p.model, o.worst_case_usd
     FROM previous p JOIN owned o ON o.id = p.job_id
     WHERE (SELECT paused_s FROM paused) = 0 AND NOT EXISTS (SELECT 1 FROM already)
     RETURNING attempt
@@ -585,51 +529,30 @@ ON CONFLICT (model) DO NOTHING;
 
 -- name: llm_call_finish
 -- Closes a ledger row outside a job transition: a stream stopped because the
--- job was no longer ours. Whoever ended the job charged it its worst case,
--- not knowing what the call cost; now that it is known, the charge comes down
--- to it (the budget follows), and the rate bucket gets back what the claim
--- reserved and the call did not use. A later attempt's row (a retry opened
--- by a statement whose answer was lost, never sent) is closed as not sent.
--- The job's row is locked first, as every statement that writes a job and
--- its ledger locks them. Run again after its answer was lost, it finds its
--- row as it left it and gives the bucket nothing twice.
-WITH job_locked AS MATERIALIZED (
-    SELECT id FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
+-- job was no longer ours (llm_calls_close, migration 019: the attempt's row
+-- with what the worker knows, a later one as not sent). Whoever ended the
+-- job charged it as its ledger then said, the call's outcome unknown; the
+-- ledger's trigger now brings the charge to what the row says (the budget
+-- follows), and the rate bucket gets back what the claim reserved and the
+-- call did not use. The job's row is locked first (`job` is read by the
+-- close's argument), as every statement that writes a job and its ledger
+-- locks them. Run again after its answer was lost, it finds its row as it
+-- left it and gives the bucket nothing twice.
+WITH job AS MATERIALIZED (
+    SELECT id, input_tokens_estimate, max_tokens FROM story_jobs WHERE id = %(job_id)s FOR NO KEY UPDATE
 ),
-closed AS (
-    UPDATE llm_calls c
-    SET finished_at = now(), outcome = %(outcome)s, billed = %(billed)s,
-        input_tokens = %(input_tokens)s, output_tokens = %(output_tokens)s,
-        cost_usd = %(cost_usd)s, error_text = %(error_text)s,
-        request_id = coalesce(%(request_id)s, c.request_id)
-    FROM (SELECT count(*) FROM job_locked) l
-    WHERE c.job_id = %(job_id)s AND c.attempt = %(attempt)s
-      AND (c.outcome, c.billed, c.cost_usd, c.error_text)
-          IS DISTINCT FROM (%(outcome)s::text, %(billed)s::boolean, %(cost_usd)s::numeric, %(error_text)s::text)
-    RETURNING c.job_id, c.model
-),
-never_sent AS (
-    UPDATE llm_calls c
-    SET finished_at = now(), outcome = 'not_sent', billed = false, error_text = %(error_text)s
-    FROM (SELECT count(*) FROM job_locked) l
-    WHERE c.job_id = %(job_id)s AND c.attempt > %(attempt)s AND c.outcome IN ('started', 'interrupted')
-),
-charged AS (
-    UPDATE story_jobs j
-    SET charged_usd = %(cost_usd)s::numeric
-    FROM job_locked l
-    WHERE j.id = l.id AND j.status = 'failed' AND j.charged_usd > %(cost_usd)s::numeric
-    RETURNING j.id
-),
-reservation AS (
-    SELECT coalesce(j.input_tokens_estimate, 0) - %(input_tokens)s AS input_tokens_back,
-           coalesce(j.max_tokens, 0) - %(output_tokens)s AS output_tokens_back, c.model
-    FROM closed c JOIN story_jobs j ON j.id = c.job_id
+closed AS MATERIALIZED (
+    SELECT c.* FROM (SELECT count(*) FROM job) locked,
+    llm_calls_close(CASE WHEN locked.count >= 0 THEN
+                        ARRAY[ROW(%(job_id)s, %(attempt)s, %(outcome)s, %(billed)s, %(input_tokens)s,
+                                  %(output_tokens)s, %(cost_usd)s, %(request_id)s, %(error_text)s)::llm_call_close]
+                    END) c
 )
-UPDATE llm_rate_buckets b
-SET input_tokens = b.input_tokens + r.input_tokens_back, output_tokens = b.output_tokens + r.output_tokens_back
-FROM reservation r
-WHERE b.model = r.model AND (b.input_tokens IS NOT NULL OR b.output_tokens IS NOT NULL);
+SELECT llm_rate_bucket_give_back(%(model)s, sum(coalesce(j.input_tokens_estimate, 0) - c.input_tokens),
+                                 sum(coalesce(j.max_tokens, 0) - c.output_tokens))
+FROM closed c JOIN job j ON j.id = c.job_id
+WHERE c.attempt = %(attempt)s
+HAVING count(*) > 0;
 
 -- name: webhook_delivery_claim
 -- A worker takes up to %(limit)s due deliveries: each is counted as an

@@ -39,9 +39,9 @@ async def job_fail_stale(
     now: datetime | None = None,
     batch_collect_s: float = 60.0,
 ) -> list[StaleJob]:
-    """One batch of the sweeper's rules, and the ledger rows its jobs left
-    open closed, in one transaction whose statements wait at most
-    lock_timeout_s for a lock."""
+    """One batch of the sweeper's rules (the ledger rows its jobs left open
+    closed by the same statement), in one transaction whose statements wait
+    at most lock_timeout_s for a lock."""
     async with conn.transaction():
         await _set_lock_timeout(conn, lock_timeout_s)
         swept = await fetch_all(
@@ -58,9 +58,6 @@ async def job_fail_stale(
                 "now": now,
             },
         )
-        if swept:
-            await conn.execute(Q["llm_call_close_for_ended_jobs"],
-                               {"job_ids": [job.public_id for job in swept], "client_id": None})
     return swept
 
 

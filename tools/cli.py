@@ -88,6 +88,8 @@ async def cmd_migrate(_: argparse.Namespace) -> int:
         version = await store.schema_version_get(conn)
     for migration in applied:
         _out(f"applied {migration.version:03d}_{migration.name}")
+        for notice in migration.notices:
+            _out(f"  {notice}")
     _out(f"schema at version {version}" + ("" if applied else " (nothing to apply)"))
     return 0
 

@@ -16,7 +16,7 @@ from shared.config import WorkerSettings
 from shared.ratelimit import RateLimits
 from worker.batch.lane import BatchLane
 from worker.batch.provider import BatchProvider
-from worker.batch.store import PgBatchStore
+from worker.batch.store import BatchStore
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
@@ -73,7 +73,7 @@ async def serve(settings: WorkerSettings) -> int:
         batch_provider = make_batch_provider(settings)
         async with _side_pool(settings, "webhooks") as deliveries_pool, _side_pool(settings, "batches") as batch_pool:
             deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool), tracer=tracer)
-            lane = BatchLane(settings, PgBatchStore(batch_pool), batch_provider, holder=store.worker_id)
+            lane = BatchLane(settings, BatchStore(batch_pool), batch_provider, holder=store.worker_id)
 
             def stop() -> None:
                 coordinator.stop()

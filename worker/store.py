@@ -187,7 +187,8 @@ class PgWorkerStore:
     ) -> None:
         async with self._pool.connection() as conn:
             await llm_call_finish(
-                conn, job_id=job_id, attempt=attempt, outcome=outcome, billed=billed, input_tokens=input_tokens,
+                conn, model=self._model, job_id=job_id, attempt=attempt, outcome=outcome, billed=billed,
+                input_tokens=input_tokens,
                 output_tokens=output_tokens, cost_usd=cost_usd, error_text=error_text, request_id=request_id,
             )
 
@@ -276,11 +277,11 @@ async def job_settle(
     """Completes written stories, claiming nothing; with a rate limit
     configured (``limited``), the model's bucket gets back what their calls
     did not use."""
-    params = {"worker_id": worker_id, "model": model, **completion_params(completions)}
-    cur = await conn.execute(Q["job_settle_limited" if limited else "job_settle"], params)
+    params = {"worker_id": worker_id, "model": model, "limited": limited, **completion_params(completions)}
+    cur = await conn.execute(Q["job_settle"], params)
     row = await cur.fetchone()
     assert row is not None
-    completed_ids, already_completed_ids = row
+    completed_ids, already_completed_ids, _ = row
     return SettleResult(completed_ids=list(completed_ids), already_completed_ids=list(already_completed_ids))
 
 
@@ -364,6 +365,7 @@ async def llm_rate_bucket_ensure(conn: Conn, *, model: str, limits: RateLimits) 
 async def llm_call_finish(
     conn: Conn,
     *,
+    model: str,
     job_id: int,
     attempt: int,
     outcome: LlmOutcome,
@@ -377,6 +379,7 @@ async def llm_call_finish(
     await conn.execute(
         Q["llm_call_finish"],
         {
+            "model": model,
             "job_id": job_id,
             "attempt": attempt,
             "outcome": outcome,

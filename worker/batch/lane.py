@@ -47,7 +47,7 @@ from opentelemetry.trace import Link, Tracer
 
 from shared import db, prompt, telemetry
 from shared.config import WorkerSettings
-from shared.pricing import BATCH_PRICE_FACTOR, FREE
+from shared.pricing import BATCH_PRICE_FACTOR
 from shared.story_request import StoryRequest
 from shared.text import storable
 from worker.backoff import Backoff
@@ -66,7 +66,7 @@ from worker.batch.provider import (
     ResultsInterrupted,
     walk,
 )
-from worker.batch.rows import BatchItemRow, Intent, LeaseTaken, LiveBatch, ResultRecord, WorstCase
+from worker.batch.rows import BatchItemRow, Intent, Lease, LeaseTaken, LiveBatch, ResultRecord
 from worker.batch.store import BatchStore
 
 log = structlog.get_logger()
@@ -127,9 +127,8 @@ class BatchLane:
         self._stopping = asyncio.Event()
         self._errors = db.ErrorEpisode("batch", clock=clock, task="lane")
         self._backoff = Backoff()
-        # what a request is charged when its job carries no prices of its own
-        # (admitted before jobs carried them); the offline provider bills nothing
-        self._price = FREE if provider.provider == "offline" else settings.price().batch()
+        # the offline provider bills nothing
+        self._free = provider.provider == "offline"
 
     @property
     def lease_s(self) -> float:
@@ -164,6 +163,18 @@ class BatchLane:
             log.info("batch.lane_stopped", holder=self.holder)
 
     @property
+    def lease(self) -> Lease | None:
+        """The lease the last tick took (None: it took none), which every
+        write of the holder checks."""
+        return None if self._lease is None else Lease(self.holder, self._lease.token)
+
+    @property
+    def _fence(self) -> Lease:
+        lease = self.lease
+        assert lease is not None
+        return lease
+
+    @property
     def _tick_s(self) -> float:
         """Often enough to submit within a tenth of BATCH_COLLECT_S of its
         end and to poll on time; at least a second."""
@@ -173,7 +184,7 @@ class BatchLane:
         if self._lease is None:
             return
         try:
-            await self._store.lease_release(self.holder, self._lease.token)
+            await self._store.lease_release(self._fence)
         except db.DB_ERRORS as exc:
             # it runs out by itself
             log.warning("batch.lease_release_failed", error=db.describe(exc))
@@ -223,14 +234,14 @@ class BatchLane:
         if not due or self._lease is None:
             return
         intent = await self._store.intent_create(
-            self.holder, self._lease.token, self.lease_s, max_requests=self.settings.batch_max_requests,
+            self._fence, self.lease_s, max_requests=self.settings.batch_max_requests,
             model=self.settings.llm_model, provider=self._provider.provider)
         if intent is None:
             return
         requests = await self._requests(intent)
         if not requests:
             # every request of it was dropped: nothing to send, nothing to reconcile
-            await self._store.refused(intent.id, outcome="not_sent", error_code="invalid_request",
+            await self._store.refused(self._fence, intent.id, outcome="not_sent", error_code="invalid_request",
                                       error_text="no request of the batch could be sent",
                                       max_attempts=self.settings.batch_max_attempts)
             return
@@ -239,7 +250,7 @@ class BatchLane:
         renewed = await self._store.lease_take(self.holder, self.lease_s)
         if renewed is None or renewed.token != self._lease.token:
             log.warning("batch.lease_lost_before_create", batch=intent.id)
-            answer = await self._store.refused(intent.id, outcome="not_sent", error_code="llm_unavailable",
+            answer = await self._store.refused(self._fence, intent.id, outcome="not_sent", error_code="llm_unavailable",
                                                error_text="the lane lost its lease before the batch was sent",
                                                max_attempts=self.settings.batch_max_attempts + len(requests))
             result.waiting += answer.waiting
@@ -259,7 +270,7 @@ class BatchLane:
                 log.error("batch.request_invalid", job_id=item.job_id, error=str(exc))
                 invalid.append(item.job_id)
         if invalid:
-            await self._store.items_drop(intent.id, invalid, "the stored request is not valid")
+            await self._store.items_drop(self._fence, intent.id, invalid, "the stored request is not valid")
         return requests
 
     async def _create(self, intent: Intent, requests: Sequence[BatchRequest], result: TickResult) -> None:
@@ -275,7 +286,7 @@ class BatchLane:
             # certainly nothing made: the jobs wait for a later batch
             outcome = "connect_failed" if exc.retryable else "rejected"
             answer = await self._store.refused(
-                intent.id, outcome=outcome, error_code="llm_unavailable" if exc.retryable else "llm_rejected",
+                self._fence, intent.id, outcome=outcome, error_code="llm_unavailable" if exc.retryable else "llm_rejected",
                 error_text=storable(f"the batch was refused: {exc.message}"[:500]),
                 max_attempts=self.settings.batch_max_attempts)
             result.refused += 1
@@ -293,10 +304,18 @@ class BatchLane:
         result.submitted += len(requests)
 
     async def _adopt(self, batch_id: int, info: BatchInfo, *, how: str) -> None:
-        if await self._store.sent(batch_id, info.id, info.expires_at, info.state.value):
+        answer = await self._store.sent(self._fence, batch_id, info.id, info.expires_at, info.state.value)
+        if answer.sent:
             metrics.BATCHES.labels(event=how).inc()
             log.info(f"batch.{how}", batch=batch_id, provider_batch_id=info.id, requests=info.counts.total,
                      expires_at=info.expires_at.isoformat())
+        elif answer.known_as is not None:
+            # never raised: the intent stays unresolved, for reconciliation
+            log.error("batch.already_known", batch=batch_id, provider_batch_id=info.id, known_as=answer.known_as,
+                      known_state=answer.known_state, detail="the provider's batch is recorded by another row")
+        elif not answer.lease_held:
+            log.warning("batch.lease_lost", batch=batch_id, provider_batch_id=info.id,
+                        detail="the lease was no longer ours: the next holder reconciles the intent")
 
     # -- reconciling a lost create answer ------------------------------------------------
 
@@ -320,7 +339,10 @@ class BatchLane:
                 unknown.remove(matching[0])
                 result.adopted += 1
             elif intent.age_s >= self.settings.batch_reconcile_grace_s:
-                answer = await self._store.lost(intent.id, await self._worst_cases(intent.id))
+                answer = await self._store.lost(self._fence, intent.id)
+                if not answer.lost:
+                    # the lease is no longer ours, or another holder resolved it
+                    continue
                 result.lost += 1
                 result.failed += answer.failed
                 metrics.BATCHES.labels(event="lost").inc()
@@ -329,7 +351,7 @@ class BatchLane:
         for stray_of in lost:
             for info in [b for b in unknown if b.created_at >= stray_of.fence_at - FENCE_MARGIN]:
                 recorded = await self._store.stray_record(
-                    info.id, model=stray_of.model, request_count=info.counts.total, created_at=info.created_at,
+                    self._fence, info.id, model=stray_of.model, request_count=info.counts.total, created_at=info.created_at,
                     expires_at=info.expires_at, processing_status=info.state.value, lost_batch_id=stray_of.id)
                 unknown.remove(info)
                 if recorded is not None:
@@ -337,15 +359,6 @@ class BatchLane:
                     metrics.BATCHES.labels(event="stray").inc()
                     log.warning("batch.stray", batch=recorded, provider_batch_id=info.id, lost_batch=stray_of.id,
                                 detail="a batch nobody knew, after a lost create: cancelled, its results charged")
-
-    async def _worst_cases(self, batch_id: int) -> list[WorstCase]:
-        cases = []
-        for item in await self._store.items_of(batch_id):
-            at_most, max_tokens = self._bounds(item)
-            price = FREE if self._price is FREE else item.price(self._price)
-            cost = price.worst_case(at_most, max_tokens)
-            cases.append(WorstCase(item.job_id, item.attempt, cost, at_most, max_tokens))
-        return cases
 
     def _bounds(self, item: BatchItemRow) -> tuple[int, int]:
         """The job's input tokens' bound and its max_tokens."""
@@ -373,7 +386,7 @@ class BatchLane:
         except BatchError as exc:
             log.info("batch.retrieve_unavailable", batch=batch.id, error=exc.message)
             return
-        await self._store.seen(batch.id, processing_status=info.state.value,
+        await self._store.seen(self._fence, batch.id, processing_status=info.state.value,
                                request_counts=msgspec.structs.asdict(info.counts), expires_at=info.expires_at)
         if not info.ended:
             if (batch.abandoned or batch.state == "stray") and batch.cancel_asked_at is None:
@@ -390,7 +403,7 @@ class BatchLane:
         except BatchError as exc:
             log.info("batch.cancel_unavailable", batch=batch.id, error=exc.message)
             return
-        await self._store.cancel_asked(batch.id)
+        await self._store.cancel_asked(self._fence, batch.id)
         log.info("batch.cancel_asked", batch=batch.id, provider_batch_id=batch.provider_batch_id,
                  stray=batch.state == "stray")
 
@@ -423,7 +436,7 @@ class BatchLane:
         if chunk:
             await self._ingest_chunk(owner, chunk, result, [every[r.custom_id] for r in chunk])
         if batch.state == "stray":
-            await self._store.stray_read(batch.id)
+            await self._store.stray_read(self._fence, batch.id)
             return
         # a request the results did not name may have billed: charged as unknown
         if items:
@@ -433,14 +446,14 @@ class BatchLane:
             for start in range(0, len(missing), INGEST_CHUNK):
                 part = missing[start:start + INGEST_CHUNK]
                 await self._ingest_chunk(owner, part, result, [every[r.custom_id] for r in part])
-        if await self._store.results_read(batch.id):
+        if await self._store.results_read(self._fence, batch.id):
             metrics.BATCHES.labels(event="read").inc()
             log.info("batch.results_read", batch=batch.id, provider_batch_id=batch.provider_batch_id)
 
     async def _ingest_missing(self, batch: LiveBatch, kind: ResultKind, result: TickResult) -> None:
         owner = self._owner(batch)
         if batch.state == "stray":
-            await self._store.stray_read(batch.id)
+            await self._store.stray_read(self._fence, batch.id)
             return
         items = await self._store.items_of(owner)
         records = [self._record(BatchItemResult(custom_id=item.custom_id, kind=kind,
@@ -449,7 +462,7 @@ class BatchLane:
         for start in range(0, len(records), INGEST_CHUNK):
             await self._ingest_chunk(owner, records[start:start + INGEST_CHUNK], result,
                                      items[start:start + INGEST_CHUNK])
-        await self._store.results_read(batch.id)
+        await self._store.results_read(self._fence, batch.id)
         log.warning("batch.not_found", batch=batch.id, provider_batch_id=batch.provider_batch_id,
                     requests=len(records), detail=f"its unread requests were read as {kind.value}")
 
@@ -484,8 +497,8 @@ class BatchLane:
         with self._tracer.start_as_current_span("storyjobs.batch.ingest", links=_links(i.trace_context for i in items),
                                                 attributes={"storyjobs.batch.id": owner,
                                                             "storyjobs.batch.results": len(chunk)}):
-            answer = await self._store.ingest(owner, chunk, max_attempts=self.settings.batch_max_attempts,
-                                              free=self._price is FREE)
+            answer = await self._store.ingest(self._fence, owner, chunk, max_attempts=self.settings.batch_max_attempts,
+                                              free=self._free)
         result.completed += answer.completed
         result.failed += answer.failed
         result.waiting += answer.waiting

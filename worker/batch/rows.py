@@ -19,6 +19,14 @@ class LeaseTaken(msgspec.Struct, frozen=True):
     lease_s: float
 
 
+class Lease(msgspec.Struct, frozen=True):
+    """The lease a holder's statements are fenced by: each changes nothing
+    unless the lease is still ``holder``'s under ``token``."""
+
+    holder: str
+    token: int
+
+
 class ReadySummary(msgspec.Struct, frozen=True):
     """Batch jobs waiting for a batch (counted up to BATCH_MAX_REQUESTS), and
     how long the oldest has waited."""
@@ -87,6 +95,17 @@ class RefusedAnswer(msgspec.Struct, frozen=True):
     waiting: int
 
 
+class SentAnswer(msgspec.Struct, frozen=True):
+    """Whether the intent was adopted as the provider's batch; if a row of
+    ours already records that batch, which (and its state); whether the
+    lease was still ours."""
+
+    sent: bool
+    known_as: int | None
+    known_state: str | None
+    lease_held: bool
+
+
 class LostAnswer(msgspec.Struct, frozen=True):
     lost: int
     failed: int
@@ -119,13 +138,3 @@ class ResultRecord(msgspec.Struct, frozen=True, kw_only=True):
     output_tokens: int = 0
     request_id: str | None = None
     error_text: str | None = None
-
-
-class WorstCase(msgspec.Struct, frozen=True):
-    """What a request of unknown outcome is charged: its job's worst case."""
-
-    job_id: int
-    attempt: int
-    cost_usd: Decimal
-    input_tokens: int
-    output_tokens: int
