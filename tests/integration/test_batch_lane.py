@@ -22,7 +22,7 @@ from tests.support.database import cancel_pending_in_bulk, client_id_of, count, 
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
-from worker.batch.store import PgBatchStore
+from worker.batch.store import BatchStore
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -38,7 +38,7 @@ async def provider(server: FakeAnthropicServer, clock: SettableClock) -> AsyncIt
 def _lane(pool: AsyncConnectionPool, provider: AnthropicBatches, holder: str = "w-1", **settings: Any) -> BatchLane:
     values = {"batch_collect_s": 1.0, "batch_poll_interval_s": 1.0, "batch_reconcile_grace_s": 5.0,
               "anthropic_api_key": "test", **settings}
-    lane = BatchLane(worker_settings(**values), PgBatchStore(pool), provider, holder=holder, clock=_FakeTime())
+    lane = BatchLane(worker_settings(**values), BatchStore(pool), provider, holder=holder, clock=_FakeTime())
     return lane
 
 
@@ -112,7 +112,8 @@ async def test_a_create_that_made_nothing_and_was_not_answered_fails_its_jobs_as
     conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
 ) -> None:
     """A 500 to the create with no batch made: nothing is found by listing; past BATCH_RECONCILE_GRACE_S the
-    jobs fail as llm_error, their ledger rows billed at their worst case, and no create is sent again."""
+    jobs fail as llm_error, their ledger rows of unknown outcome, each charged its worst case, and no create is
+    sent again."""
     client = await client_id_of(conn)
     await enqueue_batch(conn, client, "a boat")
     fake.queue(BatchPlan(status=500))
@@ -124,9 +125,10 @@ async def test_a_create_that_made_nothing_and_was_not_answered_fails_its_jobs_as
     assert await _jobs(conn) == [("failed", "llm_error", False)]
     ((_, attempt, outcome, billed),) = await _ledger(conn)
     assert (attempt, outcome, billed) == (1, "interrupted", True)
-    cur = await conn.execute("SELECT c.cost_usd, j.charged_usd FROM llm_calls c JOIN story_jobs j ON j.id = c.job_id")
-    ((cost, charged),) = await cur.fetchall()
-    assert cost == charged and cost > 0
+    cur = await conn.execute("SELECT c.worst_case_usd, j.worst_case_usd, j.charged_usd FROM llm_calls c "
+                             "JOIN story_jobs j ON j.id = c.job_id")
+    ((row_worst, job_worst, charged),) = await cur.fetchall()
+    assert row_worst == job_worst == charged and charged > 0
     await lane.tick_once()
     assert len(fake.creates) == 1
 
@@ -350,7 +352,7 @@ async def test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in
     assert await cur.fetchone() == (0,)
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL "
                              "AND status = 'pending'") == 1
-    assert (await PgBatchStore(pool).ready_summary(10)).ready == 1
+    assert (await BatchStore(pool).ready_summary(10)).ready == 1
     lane = _lane(pool, provider, batch_max_requests=3)
     assert (await lane.tick_once()).submitted == 1
     (batch,) = fake.batches

@@ -25,7 +25,7 @@ from tests.support.database import client_id_of, enqueue, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
-from worker.batch.store import PgBatchStore
+from worker.batch.store import BatchStore
 
 Conn = psycopg.AsyncConnection[Any]
 
@@ -41,7 +41,7 @@ async def lane(pool: AsyncConnectionPool, server: FakeAnthropicServer) -> AsyncI
     provider = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0)
     settings = worker_settings(anthropic_api_key="test", batch_collect_s=1.0, batch_poll_interval_s=1.0)
     ticks = iter(range(0, 10**9, 3600))
-    yield BatchLane(settings, PgBatchStore(pool), provider, holder="w-1", clock=lambda: float(next(ticks)))
+    yield BatchLane(settings, BatchStore(pool), provider, holder="w-1", clock=lambda: float(next(ticks)))
     await provider.aclose()
 
 

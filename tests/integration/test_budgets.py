@@ -97,7 +97,7 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
         await api_store.job_cancel(conn, client_id=client, job_id=public_id)
     assert await _day(conn) == (Decimal("0.000510") + WORST, Decimal(0))
     # the cancelled job's worker closes its stream and says what it cost
-    await worker_store.llm_call_finish(conn, job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
+    await worker_store.llm_call_finish(conn, model="m", job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
                                 input_tokens=5, output_tokens=20, cost_usd=Decimal("0.000210"),
                                 error_text="stream stopped: job cancelled")
     assert await _day(conn) == (Decimal("0.000720"), Decimal(0))

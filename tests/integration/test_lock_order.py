@@ -138,11 +138,9 @@ async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_
     (job,) = await _running_jobs(conn, 1)
     cancelled = await api_store.job_cancel(conn, client_id=job.client_id, job_id=job.public_id)
     assert cancelled is not None and cancelled.cancelled
-    # the worst case a budget's reservation would have charged it, which the close brings down
-    await conn.execute("UPDATE story_jobs SET charged_usd = 0.04 WHERE id = %s", (job.id,))
     await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: worker_store.llm_call_finish(actor, job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
+        lambda actor: worker_store.llm_call_finish(actor, model="m", job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
                                             billed=True, input_tokens=1, output_tokens=2,
                                             cost_usd=Decimal("0.001"), error_text=None),
         lambda: _ledger_row_free(conn, job.id))

@@ -25,7 +25,7 @@ from tests.support.database import enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
-from worker.batch.store import PgBatchStore
+from worker.batch.store import BatchStore
 
 OPS = "/ops/api"
 Conn = psycopg.AsyncConnection[Any]
@@ -42,7 +42,7 @@ async def lane(pool: AsyncConnectionPool, server: FakeAnthropicServer) -> AsyncI
     """The batch lane on the test's pool, against the fake provider through the real SDK."""
     provider = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0)
     settings = worker_settings(anthropic_api_key="test", batch_collect_s=1.0, batch_poll_interval_s=1.0)
-    yield BatchLane(settings, PgBatchStore(pool), provider, holder="w-lane", clock=_far_apart())
+    yield BatchLane(settings, BatchStore(pool), provider, holder="w-lane", clock=_far_apart())
     await provider.aclose()
 
 

@@ -44,7 +44,7 @@ import itertools
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -63,17 +63,19 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
 from shared import db
+from sweeper import store as sweeper_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.model.machine_pg import PostgresMachine
 from tests.support.batches import SettableClock
 from tests.support.database import cancel_pending_in_bulk, client_id_of, enqueue_batch
-from tests.support.settings import worker_settings
+from tests.support.money import money_problems
+from tests.support.settings import SWEEP, worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane, TickResult
 from worker.batch.provider import BatchError, BatchItemResult
 from worker.batch.rows import BatchItemRow
-from worker.batch.store import PgBatchStore
+from worker.batch.store import BatchStore
 
 MAX_ATTEMPTS = 2
 GRACE_S = 5.0
@@ -118,6 +120,24 @@ def _job_of(custom_id: str) -> int:
     return int(custom_id.split("-")[2])
 
 
+class PausingStore(BatchStore):
+    """The lane's real store, which can hold its holder after it has listed
+    the provider's batches and before it records what it made of them (an
+    adoption, a stray): a holder paused there past its lease."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        super().__init__(pool)
+        self.resume: asyncio.Event | None = None
+        self.paused = asyncio.Event()
+
+    async def known(self, provider_batch_ids: Sequence[str]) -> set[str]:
+        found = await super().known(provider_batch_ids)
+        if self.resume is not None:
+            self.paused.set()
+            await self.resume.wait()
+        return found
+
+
 @dataclass(frozen=True)
 class Ended:
     status: str
@@ -157,7 +177,7 @@ class BatchLaneMachine(PostgresMachine):
         settings_ = worker_settings(batch_collect_s=1.0, batch_poll_interval_s=1.0,
                                     batch_reconcile_grace_s=GRACE_S, batch_max_attempts=MAX_ATTEMPTS,
                                     batch_max_requests=MAX_REQUESTS, anthropic_api_key="test")
-        return BatchLane(settings_, PgBatchStore(self.pool), self.provider,
+        return BatchLane(settings_, PausingStore(self.pool), self.provider,
                          holder=f"w-{slot}-{next(self.holders)}", clock=_PollAlways())
 
     # -- reading -------------------------------------------------------------------------
@@ -264,6 +284,57 @@ class BatchLaneMachine(PostgresMachine):
         """Whoever holds the lease is paused long enough for it to run out: either may take it next."""
         self.run(self._expire_lease())
 
+    @rule(lane=st.sampled_from(LANES), create=st.sampled_from(["answered", *sorted(CREATE_FAULTS)]))
+    def a_holder_is_paused_between_listing_and_recording(self, lane: str, create: str) -> None:
+        """A holder lists the provider's batches to reconcile, then is paused past its lease before it
+        records what it made of them; the other would-be submitter takes the lease and ticks (its create
+        answered as ``create`` says); then the paused one goes on with what it listed."""
+        self.run(self._paused_while_the_other_ticks(lane, create))
+
+    async def _paused_while_the_other_ticks(self, lane: str, create: str) -> None:
+        paused = self.lanes[lane]
+        other = next(self.lanes[name] for name in LANES if name != lane)
+        store = paused._store
+        assert isinstance(store, PausingStore)
+        store.resume, store.paused = asyncio.Event(), asyncio.Event()
+        self.clock.advance(1.0)
+        tick = asyncio.ensure_future(paused.tick_once())
+        try:
+            reached = asyncio.ensure_future(store.paused.wait())
+            await asyncio.wait({tick, reached}, return_when=asyncio.FIRST_COMPLETED)
+            reached.cancel()
+            if tick.done():
+                self._seen(tick.result())
+                return  # nothing to reconcile: it never listed
+            event("a holder paused between listing and recording")
+            await self._expire_lease(paused.holder)
+            await self._collection_time_passes()
+            self.fake.default = CREATE_FAULTS.get(create, BatchPlan())
+            try:
+                await self._tick(other)
+            finally:
+                self.fake.default = BatchPlan()
+        finally:
+            store.resume.set()
+            store.resume = None
+            self._seen(await tick)
+
+    @rule()
+    def the_sweeper_fails_batch_jobs_whose_batch_expired(self) -> None:
+        """Every batch in flight expired over an hour ago and every waiting job waited over a day, as the
+        sweeper judges them: its pass fails them (timed_out, queue_timeout), whatever their results say
+        later."""
+        self.run(self._swept())
+
+    async def _swept(self) -> None:
+        await self.conn.execute("UPDATE message_batches SET expires_at = now() - interval '2 hours', "
+                                "fence_at = fence_at - interval '2 days' WHERE state IN ('intent', 'sent')")
+        await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '2 days' "
+                                "WHERE batch_ready_at IS NOT NULL")
+        swept = await sweeper_store.job_fail_stale(self.conn, **SWEEP)
+        if swept:
+            event("the sweeper failed batch jobs")
+
     @precondition(lambda self: any(b.ended_at is None for b in self.fake.batches))
     @rule(data=st.data())
     def a_batch_ends(self, data: st.DataObject) -> None:
@@ -323,8 +394,8 @@ class BatchLaneMachine(PostgresMachine):
         except BatchError:
             pass  # what was read is ingested, as the lane does
         records = [lane._record(r, items[r.custom_id]) for r in results if r.custom_id in items]
-        if records:
-            await PgBatchStore(self.pool).ingest(owner, records, max_attempts=MAX_ATTEMPTS)
+        if records and lane.lease is not None:
+            await BatchStore(self.pool).ingest(lane.lease, owner, records, max_attempts=MAX_ATTEMPTS)
 
     @precondition(lambda self: bool(self.lost - self.made_late))
     @rule(data=st.data(), ends=st.sampled_from(sorted(ITEM_PLANS)))
@@ -415,6 +486,20 @@ class BatchLaneMachine(PostgresMachine):
         assert ended == [], ("an ended job waits for a batch", ended)
 
     @invariant()
+    def money_follows_the_ledger(self) -> None:
+        """Each ended job is charged what its ledger rows say (reckoned apart from the database's own
+        derivation), its rows closed or open only while their result is unread; each budget day holds its
+        jobs' charges and live reservations; and every request the provider billed has a billed ledger row."""
+        problems = self.run(money_problems(self.conn))
+        assert problems == [], problems
+        rows = {(job, attempt): billed for job, attempt, billed in self.run(self._rows(
+            "SELECT job_id, attempt, billed FROM llm_calls"))}
+        for custom_id in self.fake.bills_by_custom_id():
+            _, _, job, attempt = custom_id.split("-")
+            assert rows.get((int(job), int(attempt))) is True, ("billed by the provider, not in the ledger",
+                                                                custom_id)
+
+    @invariant()
     def no_job_is_sent_more_than_its_attempts(self) -> None:
         rows = self.run(self._rows("SELECT job_id, count(*) FROM llm_calls WHERE outcome <> 'not_sent' "
                                    "GROUP BY job_id HAVING count(*) > %s", MAX_ATTEMPTS))
@@ -438,7 +523,8 @@ class BatchLaneMachine(PostgresMachine):
                           self.a_ledger_row_is_open_exactly_while_its_result_is_unread,
                           self.an_intent_is_lost_only_when_no_create_made_its_batch,
                           self.no_job_is_sent_more_than_its_attempts,
-                          self.no_ended_job_waits_in_the_line):
+                          self.no_ended_job_waits_in_the_line,
+                          self.money_follows_the_ledger):
                 check()
             if not self.run(self._left()):
                 break

@@ -25,7 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from hypothesis import HealthCheck, settings
-from hypothesis.stateful import run_state_machine_as_test
+from hypothesis.stateful import invariant, run_state_machine_as_test
 
 from api import store as api_store
 from api.admission import admission
@@ -37,6 +37,7 @@ from sweeper import store as sweeper_store
 from tests.model.worker_model import MAX_TOKENS, OTHER_WORKER, JobState, WorkerMachine, World
 from tests.support import postgres_server
 from tests.support.database import create_key
+from tests.support.money import money_problems
 from worker import store as worker_store
 from worker.store import PgWorkerStore
 
@@ -159,6 +160,11 @@ class PgWorld:
                                       "FROM story_jobs")
         return {row[0]: JobState(*row[1:]) for row in await cur.fetchall()}
 
+    async def charges(self) -> list[tuple[int, Decimal]]:
+        """The ended jobs' charges."""
+        cur = await self.conn.execute("SELECT id, charged_usd FROM story_jobs WHERE status IN ('completed', 'failed')")
+        return await cur.fetchall()
+
     async def budget_held(self) -> Decimal:
         cur = await self.conn.execute("SELECT coalesce(sum(spent_usd + reserved_usd), 0) FROM budget_days "
                                       "WHERE client_id = 0")
@@ -171,6 +177,24 @@ class PgStoreMachine(WorkerMachine):
     template = ""
     # statements take real time: tasks are let run until they are still for longer
     settle_rounds = 100
+
+    @invariant()
+    def money_follows_the_ledger(self) -> None:
+        """Each ended job is charged what its ledger rows say (reckoned here, apart from the database's
+        derivation), its rows closed; each budget day's spent and reserved are its jobs' charges and
+        reservations; and no ended job is charged less than the provider billed for it."""
+        problems = self.run(money_problems(self._pg.conn))
+        assert problems == [], problems
+        charged = dict(self.run(self._pg.charges()))
+        for job_id in {r.job_id for r in self.d.provider.requests}:
+            billed = sum((r.cost for r in self.d.provider.for_job(job_id)), Decimal(0))
+            if job_id in charged:
+                assert charged[job_id] >= billed, ("charged less than the provider billed", job_id,
+                                                   charged[job_id], billed)
+
+    def check_invariants_now(self) -> None:
+        super().check_invariants_now()
+        self.money_follows_the_ledger()
 
     async def make_world(self) -> World:
         world = PgWorld(self.server_url, self.template)

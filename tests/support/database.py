@@ -147,15 +147,16 @@ async def enqueue_batch(conn: psycopg.AsyncConnection[Any], client_id: int, prom
                         waited_s: float = 3600.0) -> uuid.UUID:
     """A job of the batch lane, admitted as the api admits it (its worst case
     reserved at the batch price against a day's budget of 1,000 USD), then
-    made ``waited_s`` older, so that a collection is due."""
+    waiting ``waited_s`` longer, so that a collection is due. (Its
+    created_at, the day its reservation is held on, stays as admitted.)"""
     request = StoryRequest(prompt=prompt, lane="batch")
     (result,) = await api_store.job_insert_if_admitted(
         conn, admissions=[admission(client_id, uuid.uuid4().hex, request, ApiSettings())],
         queue_max=1_000_000, client_queue_max=1_000_000, budget_usd=Decimal(1000))
     assert result.outcome == "inserted" and result.public_id is not None, result
     await conn.execute(
-        "UPDATE story_jobs SET created_at = created_at - make_interval(secs => %(waited_s)s), "
-        "batch_ready_at = batch_ready_at - make_interval(secs => %(waited_s)s) WHERE public_id = %(job_id)s",
+        "UPDATE story_jobs SET batch_ready_at = batch_ready_at - make_interval(secs => %(waited_s)s) "
+        "WHERE public_id = %(job_id)s",
         {"job_id": result.public_id, "waited_s": waited_s})
     return result.public_id
 
