@@ -29,17 +29,66 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
-        # the completion's and the failure's guard: both end through job_end_ctes
-        name="end-without-running-guard",
+        # every end goes through jobs_end (migration 019): the worker's, the
+        # cancels', the sweeper's, the batch lane's
+        name="end-without-its-holder",
         invariant="an end (completed or failed) written by a worker that no longer holds the job changes nothing",
         tier="model",
-        file="sql/worker.sql",
-        edits=(("      AND j.status = 'running' AND j.worker_id = %(worker_id)s\n    RETURNING j.id,",
-                "    RETURNING j.id,"),),
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("          AND (by_worker IS NULL OR j.worker_id = by_worker)\n"
+                "          AND (by_batch IS NULL OR j.batch_id = by_batch)\n        -- (only a claim",
+                "        -- (only a claim"),),
         # the orders that attack it, played first; then the model's own search
         tests=("tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
                "tests/model/test_worker_model_pg.py::test_a_failure_that_arrives_after_a_sweep_changes_nothing",
                "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
+    ),
+    Mutant(
+        name="end-without-running-guard",
+        invariant="a completed or failed job never changes again, whoever tries to end it",
+        tier="model",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("          AND j.status = ANY (expected)\n          AND (by_worker IS NULL",
+                "          AND (by_worker IS NULL"),),
+        tests=("tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
+               "tests/integration/test_races.py",
+               "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
+    ),
+    # money by construction (migration 019): a job's charge is derived from
+    # its ledger rows, in one place
+    Mutant(
+        name="charge-unknown-row-as-zero",
+        invariant="a request whose outcome is unknown (open, interrupted, a lost batch's) costs its worst case",
+        tier="integration",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("                WHEN outcome IN ('started', 'interrupted') THEN worst_case_usd\n",
+                "                WHEN outcome IN ('started', 'interrupted') THEN 0\n"),),
+        tests=("tests/integration/test_budgets.py",
+               "tests/integration/test_batch_money.py::"
+               "test_a_job_cancelled_while_its_batch_is_in_flight_is_charged_nothing_when_its_result_is_canceled",
+               "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
+    ),
+    Mutant(
+        # the batch lane's bug this derivation replaced: a request its result
+        # said was never billed stayed charged its worst case
+        name="charge-unbilled-row-at-its-worst-case",
+        invariant="a request certainly not billed costs nothing",
+        tier="integration",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("    SELECT CASE WHEN NOT billed THEN 0\n", "    SELECT CASE WHEN NOT billed THEN worst_case_usd\n"),),
+        tests=("tests/integration/test_batch_money.py",
+               "tests/model/test_batch_lane_model_pg.py"),
+    ),
+    Mutant(
+        name="ended-charge-not-followed",
+        invariant="an ended job's charge follows its ledger when a result arrives after the end, down as well as "
+                  "up, and the day's spend with it",
+        tier="integration",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("    WHERE j.id = d.job_id AND j.status IN ('completed', 'failed') AND j.charged_usd IS DISTINCT FROM",
+                "    WHERE false AND j.charged_usd IS DISTINCT FROM"),),
+        tests=("tests/integration/test_batch_money.py",
+               "tests/integration/test_budgets.py"),
     ),
     Mutant(
         name="sweeper-without-status-guard",
@@ -49,8 +98,8 @@ MUTANTS: tuple[Mutant, ...] = (
         # the running rule's scan and the update's own guard
         edits=(("    WHERE %(judge_running)s AND j.status = 'running' AND j.lane = 'interactive'\n",
                 "    WHERE %(judge_running)s AND j.status <> 'pending' AND j.lane = 'interactive'\n"),
-               ("WHERE j.id = stale.id AND j.status IN ('pending', 'running')",
-                "WHERE j.id = stale.id")),
+               ("    '{pending,running}', NULL, NULL, now_.t) e;",
+                "    '{pending,running,completed,failed}', NULL, NULL, now_.t) e;")),
         tests=("tests/integration/test_races.py", "tests/integration/test_sweeper.py"),
     ),
     Mutant(
@@ -234,9 +283,9 @@ MUTANTS: tuple[Mutant, ...] = (
         name="batch-unbilled-result-billed",
         invariant="an errored, expired or canceled request billed nothing: its ledger row says so",
         tier="integration",
-        file="sql/batch.sql",
-        edits=(("SET finished_at = now(), outcome = u.outcome, billed = false, error_text = u.error_text",
-                "SET finished_at = now(), outcome = u.outcome, billed = true, error_text = u.error_text"),),
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("SET finished_at = now(), outcome = a.outcome, billed = false, cost_usd = 0, error_text = a.error_text",
+                "SET finished_at = now(), outcome = a.outcome, billed = true, cost_usd = 0, error_text = a.error_text"),),
         tests=("tests/integration/test_batch_lane.py::test_requests_that_billed_nothing_go_into_a_later_batch_until_their_attempts_run_out",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
@@ -244,9 +293,9 @@ MUTANTS: tuple[Mutant, ...] = (
         name="batch-cancel-closes-the-ledger-row",
         invariant="a batch request's ledger row stays open until its result is read, whoever ended its job",
         tier="integration",
-        file="sql/common.sql",
-        edits=(("  AND c.job_id = j.id AND c.outcome = 'started' AND c.batch_id IS NULL;",
-                "  AND c.job_id = j.id AND c.outcome = 'started';"),),
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("      AND c.outcome = 'started' AND c.batch_id IS NULL;",
+                "      AND c.outcome = 'started';"),),
         tests=("tests/integration/test_batch_lane.py::test_a_job_cancelled_in_flight_reads_cancelled_and_its_billed_story_is_kept_unseen",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
@@ -255,28 +304,48 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a request that billed nothing is sent at most BATCH_MAX_ATTEMPTS times",
         tier="integration",
         file="sql/batch.sql",
-        edits=(("g.rejected OR g.attempt >= %(max_attempts)s AS final", "g.rejected AS final"),),
+        edits=(("                   g.rejected OR g.attempt >= %(max_attempts)s,\n",
+                "                   g.rejected,\n"),),
         tests=("tests/integration/test_batch_lane.py::test_requests_that_billed_nothing_go_into_a_later_batch_until_their_attempts_run_out",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
-        name="batch-cancelled-job-stays-in-line",
+        # every end takes its job out of the line, in jobs_end: a cancel, the
+        # operator's bulk cancel, the sweeper's rules
+        name="ended-job-stays-in-line",
         invariant="a job ended while it waits for a batch leaves the line: the live jobs behind it are sent",
         tier="integration",
-        file="sql/common.sql",
-        edits=(("completed_at = now(), batch_ready_at = NULL,", "completed_at = now(),"),),
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("            error_text = e.error_text, story_id = e.story_id, progress = coalesce(e.progress, j.progress),\n"
+                "            batch_ready_at = NULL\n",
+                "            error_text = e.error_text, story_id = e.story_id, progress = coalesce(e.progress, j.progress)\n"),),
         tests=("tests/integration/test_batch_lane.py::test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them",
+               "tests/integration/test_batch_lane.py::"
+               "test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in_it_is_never_counted",
+               "tests/model/test_batch_lane_model_pg.py"),
+    ),
+    # the batch lane's writes fenced by its lease (sql/batch.sql)
+    Mutant(
+        name="stray-recorded-without-the-lease",
+        invariant="a holder paused past its lease records nothing: never the new holder's batch as a stray",
+        tier="integration",
+        file="sql/batch.sql",
+        edits=(("       %(processing_status)s, %(lost_batch_id)s\nWHERE batch_lease_held(%(holder)s, %(token)s)\n",
+                "       %(processing_status)s, %(lost_batch_id)s\n"),),
+        tests=("tests/integration/test_batch_money.py::"
+               "test_a_holder_paused_past_its_lease_never_takes_the_new_holders_batch_for_a_stray",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
-        name="batch-bulk-cancelled-job-stays-in-line",
-        invariant="a job the operator cancels in bulk leaves the batch line, as every ended job does",
-        tier="integration",
-        file="sql/console.sql",
-        edits=(("SET status = 'failed', error_code = 'cancelled', batch_ready_at = NULL,",
-                "SET status = 'failed', error_code = 'cancelled',"),),
-        tests=("tests/integration/test_batch_lane.py::"
-               "test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in_it_is_never_counted",
+        name="loss-declared-without-the-lease",
+        invariant="a holder paused past its lease declares no intent lost: the new holder reconciles it",
+        tier="model",
+        file="sql/batch.sql",
+        edits=(("    FROM lease\n    WHERE lease.held AND b.id = %(batch_id)s AND b.state = 'intent'\n    RETURNING b.id\n),\n"
+                "items_read AS MATERIALIZED (\n    UPDATE message_batch_items i SET result = 'lost'",
+                "    FROM lease\n    WHERE b.id = %(batch_id)s AND b.state = 'intent'\n    RETURNING b.id\n),\n"
+                "items_read AS MATERIALIZED (\n    UPDATE message_batch_items i SET result = 'lost'"),),
+        tests=("tests/integration/test_batch_money.py",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
