@@ -290,8 +290,8 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
                                       output_tokens_capacity=5000.0), None, default_max_tokens=1000)
     statements = [
         ("job_heartbeat", {"worker_id": "w", "beats": beats}),
-        ("job_settle", settle),
-        ("job_settle_limited", settle),
+        ("job_settle", {**settle, "limited": False}),
+        ("job_settle", {**settle, "limited": True}),
         ("job_claim", claim),
         ("job_claim_limited", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),

@@ -34,6 +34,9 @@ class Call:
     cost_usd: Decimal = Decimal(0)
     request_id: str | None = None
     error_text: str | None = None
+    # the row's worst case, what an unknown outcome is charged (default: its cost,
+    # as a request is never charged less than what it reported)
+    worst_case_usd: Decimal | None = None
     # when the request was sent, seconds ago (default: when the job started)
     started_ago_s: float | None = None
 
@@ -121,15 +124,18 @@ async def insert_job(conn: psycopg.AsyncConnection[Any], job: Job) -> Job:
         await conn.execute(
             """
             INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome,
-                                   billed, input_tokens, output_tokens, cost_usd, request_id, error_text)
+                                   billed, input_tokens, output_tokens, cost_usd, worst_case_usd, request_id,
+                                   error_text)
             VALUES (%(job_id)s, %(attempt)s, %(worker)s, 'anthropic', 'claude-sonnet-5-5',
                     now() - %(sent)s::interval,
                     CASE WHEN %(outcome)s <> 'started' THEN now() - %(sent)s::interval + interval '1 second' END,
-                    %(outcome)s, %(billed)s, %(input)s, %(output)s, %(cost)s, %(request_id)s, %(error_text)s)
+                    %(outcome)s, %(billed)s, %(input)s, %(output)s, %(cost)s, %(worst)s, %(request_id)s,
+                    %(error_text)s)
             """,
             {"job_id": job.id, "attempt": attempt, "worker": worker or "w-seed", "sent": _ago(sent or 0),
              "outcome": call.outcome, "billed": call.billed, "input": call.input_tokens,
-             "output": call.output_tokens, "cost": call.cost_usd, "request_id": call.request_id,
+             "output": call.output_tokens, "cost": call.cost_usd,
+             "worst": call.cost_usd if call.worst_case_usd is None else call.worst_case_usd, "request_id": call.request_id,
              "error_text": call.error_text},
         )
     return job
