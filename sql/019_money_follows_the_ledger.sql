@@ -12,23 +12,24 @@
 --                     billed; its worst case while its outcome is unknown
 --                     (open, interrupted, a lost batch's); otherwise what it
 --                     reported (cost_usd)
---   job_charge        the sum over a job's rows; 0 for a job without one
---   story_jobs_charged       (BEFORE UPDATE on story_jobs) sets charged_usd
---                     to job_charge when a job ends, and to it again whenever
---                     any statement writes charged_usd: nothing else can
---                     write a charge of its own
+--   job_charges       the sum over a job's rows (a view); 0 for a job without one
+--   jobs_end          (below) the one function that ends jobs: it sets each
+--                     ended job's charged_usd to that sum, in the write that
+--                     ends it, after the job's row is locked
 --   llm_calls_charge_followed (AFTER UPDATE on llm_calls) brings an ended
 --                     job's charge to its ledger when a row's charge changes
 --                     later (a stopped stream's real cost, a batch's result
 --                     read after its job was cancelled or swept)
 --
--- Triggers rather than one function every path calls, because ledger rows
--- change after a job's end from several places (a worker closing a stopped
--- stream, a batch's results, a lost batch's stray), and a trigger cannot be
--- forgotten by the next one. The BEFORE trigger runs once the job's row is
--- locked and reads the ledger with a snapshot of its own, so an end that
--- waited for a worker opening a retry's row still counts that row.
---
+-- No other statement writes charged_usd (tests/unit/test_named_queries.py
+-- reads every statement for it). The end sets it in jobs_end rather than in
+-- a BEFORE trigger on story_jobs: a row trigger costs a function call per
+-- ended job, a third of the worker's round (tests/bench/statement_cost.py),
+-- and every end already goes through jobs_end. The ledger's later changes
+-- come from several places (a worker closing a stopped stream, a batch's
+-- results, a lost batch's stray): a trigger there cannot be forgotten by the
+-- next one.
+
 -- The day's spent_usd follows charged_usd, down as well as up, through the
 -- budget trigger (migration 008), unchanged.
 
@@ -71,54 +72,35 @@ AS $$
                 ELSE cost_usd END
 $$;
 
--- What a job costs: the sum of its ledger rows' charges. PL/pgSQL, whose
--- plan is kept for the session (a SQL function with a FROM is planned again
--- at every call); VOLATILE, so that it reads the ledger as it is when it
--- runs, with the changes its caller's statement made so far.
-CREATE FUNCTION job_charge(job bigint) RETURNS numeric
-LANGUAGE plpgsql VOLATILE
-AS $$
-BEGIN
-    RETURN (SELECT coalesce(sum(llm_call_charge(c.billed, c.outcome, c.cost_usd, c.worst_case_usd)), 0)
-            FROM llm_calls c WHERE c.job_id = job);
-END
-$$;
-
--- A job's charge, set by the database alone: when the job ends, and whenever
--- a statement writes charged_usd (the ledger's trigger below; no other
--- statement should), to what its ledger says. A live job has none (NULL):
--- the budgets hold its reservation until it ends.
-CREATE FUNCTION story_jobs_charged() RETURNS trigger LANGUAGE plpgsql AS $$
-BEGIN
-    NEW.charged_usd := CASE WHEN NEW.status IN ('completed', 'failed') THEN job_charge(NEW.id) END;
-    RETURN NEW;
-END
-$$;
-
--- A claim (pending -> running, no charge) does not call it.
-CREATE TRIGGER story_jobs_charged
-    BEFORE UPDATE OF status, charged_usd ON story_jobs
-    FOR EACH ROW
-    WHEN (NEW.status IN ('completed', 'failed') OR NEW.charged_usd IS NOT NULL)
-    EXECUTE FUNCTION story_jobs_charged();
+-- What a job costs: the sum of its ledger rows' charges (a job without one
+-- costs 0: coalesce where it is read). A view, so that a statement reading
+-- one job's charge plans it inline, through llm_calls' primary key, with no
+-- function call per job.
+CREATE VIEW job_charges AS
+SELECT c.job_id, sum(llm_call_charge(c.billed, c.outcome, c.cost_usd, c.worst_case_usd)) AS charge_usd
+FROM llm_calls c
+GROUP BY c.job_id;
 
 -- An ended job's charge brought to its ledger after one of its rows changed
 -- what it costs. Once per statement, over the rows it changed (a batch's
--- results arrive a hundred at a time); the write (which story_jobs_charged
--- turns into the derived value) only where the charge differs, so an end
--- whose rows were closed before it, as the worker's are, writes nothing
--- more. Ledger rows are only ever inserted for live jobs (every insert is
+-- results arrive a hundred at a time); the write only where the charge
+-- differs, and only for ended jobs (a live job's charge is set when it
+-- ends: a worker closes its calls just before its jobs end). Ledger rows are only ever inserted for live jobs (every insert is
 -- guarded by its job's status), so an insert needs no trigger.
 CREATE FUNCTION llm_calls_charge_followed() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     UPDATE story_jobs j SET charged_usd = d.charged_usd
-    FROM (SELECT c.job_id, job_charge(c.job_id) AS charged_usd
-          FROM (SELECT DISTINCT n.job_id
-                FROM changed_rows n JOIN rows_before o ON o.job_id = n.job_id AND o.attempt = n.attempt
-                WHERE llm_call_charge(n.billed, n.outcome, n.cost_usd, n.worst_case_usd)
-                      IS DISTINCT FROM llm_call_charge(o.billed, o.outcome, o.cost_usd, o.worst_case_usd)) c
-         ) d
-    WHERE j.id = d.job_id AND j.status IN ('completed', 'failed') AND j.charged_usd IS DISTINCT FROM d.charged_usd;
+    FROM (SELECT e.id, coalesce((SELECT g.charge_usd FROM job_charges g WHERE g.job_id = e.id), 0) AS charged_usd
+          FROM story_jobs e
+          WHERE e.id = ANY (ARRAY(
+                    SELECT DISTINCT n.job_id
+                    FROM changed_rows n JOIN rows_before o ON o.job_id = n.job_id AND o.attempt = n.attempt
+                    WHERE llm_call_charge(n.billed, n.outcome, n.cost_usd, n.worst_case_usd)
+                          IS DISTINCT FROM llm_call_charge(o.billed, o.outcome, o.cost_usd, o.worst_case_usd)))
+            -- a live job's charge is derived when it ends: only ended jobs'
+            -- sums are taken (a worker closes its calls before its jobs end)
+            AND e.status IN ('completed', 'failed')) d
+    WHERE j.id = d.id AND j.charged_usd IS DISTINCT FROM d.charged_usd;
     RETURN NULL;
 END
 $$;
@@ -219,7 +201,7 @@ $$;
 -- that each is charged what they say in the one write that ends it; closed
 -- whether or not the job is still the worker's: a ledger row records what
 -- was sent. Each ended job then leaves the batch
--- lane's line and is charged what its ledger says (story_jobs_charged); a
+-- lane's line and is charged what its ledger says (job_charges); a
 -- call it left open (a job cancelled or swept mid-call) is closed as
 -- interrupted: it may have been billed, and keeps counting as its worst case
 -- until its worker, if it lives, writes what it knows. A batch's request is
@@ -235,22 +217,28 @@ AS $$
 DECLARE
     done job_ended[];
 BEGIN
+    -- the jobs' rows first, as every statement that writes a job and its
+    -- ledger locks them (a cancel or a sweep locks the job, then closes its
+    -- open call); then the calls, so that the end reads them closed; then
+    -- the end, a statement of its own whose snapshot is taken once the rows
+    -- are ours, so that the charge counts a retry's row a worker opened while
+    -- this end waited for the lock
+    PERFORM FROM story_jobs j
+    WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(ends) x)) AND j.status = ANY (expected)
+      AND (by_worker IS NULL OR j.worker_id = by_worker) AND (by_batch IS NULL OR j.batch_id = by_batch)
+    ORDER BY j.id
+    FOR NO KEY UPDATE;
     IF calls IS NOT NULL THEN
-        -- the jobs' rows first, as every statement that writes a job and its
-        -- ledger locks them (a cancel or a sweep locks the job, then closes
-        -- its open call): then the calls, so that the end reads them closed
-        PERFORM FROM story_jobs j
-        WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(ends) x)) AND j.status = ANY (expected)
-          AND (by_worker IS NULL OR j.worker_id = by_worker) AND (by_batch IS NULL OR j.batch_id = by_batch)
-        ORDER BY j.id
-        FOR NO KEY UPDATE;
         PERFORM llm_calls_close(calls);
     END IF;
     WITH ended AS (
         UPDATE story_jobs j
         SET status = e.status, completed_at = coalesce(ended_at, now()), error_code = e.error_code,
             error_text = e.error_text, story_id = e.story_id, progress = coalesce(e.progress, j.progress),
-            batch_ready_at = NULL
+            batch_ready_at = NULL,
+            -- what its ledger says (an open call left open below keeps its
+            -- worst case as `interrupted`: the same charge)
+            charged_usd = coalesce((SELECT g.charge_usd FROM job_charges g WHERE g.job_id = j.id), 0)
         FROM unnest(ends) e
         WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(ends) x)) AND j.id = e.job_id
           AND j.status = ANY (expected)
@@ -261,7 +249,9 @@ BEGIN
                       j.input_tokens_estimate, j.max_tokens, j.trace_context)::job_ended AS job
     )
     SELECT array_agg(job ORDER BY (job).id) INTO done FROM ended;
-    IF done IS NULL THEN
+    -- a worker's end closed every call of its jobs above: none is left open
+    IF done IS NULL OR calls IS NOT NULL THEN
+        RETURN QUERY SELECT * FROM unnest(done);
         RETURN;
     END IF;
     UPDATE llm_calls c
@@ -366,8 +356,7 @@ WHERE b.id = i.batch_id AND b.state = 'lost' AND i.result IS NULL;
 -- ended, and which way its charge moved. Expected: a batch job cancelled,
 -- swept or lost whose request was then canceled or expired goes down to 0;
 -- a job swept or cancelled while running without a budget (charged 0 before)
--- goes up to its worst case. The update's trigger (story_jobs_charged) sets
--- each to job_charge, the same sum.
+-- goes up to its worst case.
 DO $$
 DECLARE
     cause record;
@@ -378,8 +367,7 @@ BEGIN
            CASE WHEN j.status = 'completed' THEN 'completed' ELSE 'failed ' || j.error_code END AS ending,
            j.charged_usd AS was, coalesce(d.charge, 0)::numeric(14, 6) AS now
     FROM story_jobs j
-    LEFT JOIN (SELECT c.job_id, sum(llm_call_charge(c.billed, c.outcome, c.cost_usd, c.worst_case_usd)) AS charge
-               FROM llm_calls c GROUP BY c.job_id) d ON d.job_id = j.id
+    LEFT JOIN (SELECT g.job_id, g.charge_usd AS charge FROM job_charges g) d ON d.job_id = j.id
     WHERE j.status IN ('completed', 'failed')
       AND j.charged_usd IS DISTINCT FROM coalesce(d.charge, 0)::numeric(14, 6);
     FOR cause IN

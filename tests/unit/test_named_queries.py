@@ -4,6 +4,8 @@ import."""
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from shared.queries import QUERIES, parse
@@ -61,3 +63,11 @@ def test_an_include_of_itself_or_of_nothing_is_refused(text: str, error: str) ->
     """A loop of includes, or an include of a block that does not exist, fails at import, naming it."""
     with pytest.raises(ValueError, match=error):
         parse(text)
+
+
+def test_no_statement_writes_a_charge_of_its_own() -> None:
+    """A job's charge is derived from its ledger by jobs_end and the ledger's trigger (migration 019) alone: no
+    named statement names charged_usd, so none can write one of its own."""
+    writers = [name for name, text in QUERIES.items() if re.search(r"\bcharged_usd\b", text)]
+    assert writers == []
+    assert re.search(r"\bcharged_usd\b", parse("-- name: x\nUPDATE story_jobs SET charged_usd = 0;\n")["x"])
