@@ -8,9 +8,10 @@ from typing import Any
 
 import psycopg
 
-from tests.support.database import client_id_of, enqueue
+from shared.status import ErrorCode, LlmOutcome
+from tests.support.database import client_id_of, enqueue, story_written
 from worker import store as worker_store
-from worker.rows import Completion
+from worker.rows import Completion, Failure
 
 # a title and a text with what a JSON or an array literal would have to escape
 _ODD = 'quote " backslash \\ brace { comma , newline \n tab \t emoji \N{OWL} accent é'
@@ -40,3 +41,22 @@ async def test_each_completion_of_a_round_is_stored_with_its_own_job(conn: psyco
     expected = [(c.job_id, c.job_id, c.title, c.body, c.input_tokens, c.output_tokens, c.cost_usd, c.cost_usd,
                  c.request_id) for c in sorted(written, key=lambda c: c.job_id)]
     assert stored == expected
+
+
+async def test_an_end_sent_by_a_worker_that_does_not_hold_the_job_changes_nothing(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The end's holder guard (jobs_end's by_worker): a story or a failure written for a running job by a worker
+    that did not claim it (a mistaken id, a worker that lost track) ends nothing; the job stays with its worker,
+    uncharged."""
+    client = await client_id_of(conn)
+    await enqueue(conn, client, "a fox")
+    (job,) = (await worker_store.job_claim(conn, worker_id="w1", claim_limit=1,
+                                           provider="offline", model="offline-writer")).claimed
+    failed = await worker_store.job_fail_running(conn, worker_id="w2", failures=[Failure(
+        job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
+        call_outcome=LlmOutcome.FAILED, billed=False)])
+    settled = await worker_store.job_settle(conn, worker_id="w2", completions=[story_written(job.id)])
+    assert list(failed) == [] and settled.completed_ids == []
+    cur = await conn.execute("SELECT status::text, worker_id, charged_usd FROM story_jobs WHERE id = %s", (job.id,))
+    assert await cur.fetchone() == ("running", "w1", None)

@@ -39,7 +39,9 @@ MUTANTS: tuple[Mutant, ...] = (
                 "          AND (by_batch IS NULL OR j.batch_id = by_batch)\n        -- (only a claim",
                 "        -- (only a claim"),),
         # the orders that attack it, played first; then the model's own search
-        tests=("tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
+        tests=("tests/integration/test_round_completions.py::"
+               "test_an_end_sent_by_a_worker_that_does_not_hold_the_job_changes_nothing",
+               "tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
                "tests/model/test_worker_model_pg.py::test_a_failure_that_arrives_after_a_sweep_changes_nothing",
                "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
     ),
@@ -80,13 +82,24 @@ MUTANTS: tuple[Mutant, ...] = (
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
+        name="end-charges-nothing",
+        invariant="a job is charged, when it ends, what its ledger says: what its calls reported, or the worst case "
+                  "of a call whose outcome is unknown",
+        tier="integration",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("            charged_usd = coalesce((SELECT g.charge_usd FROM job_charges g WHERE g.job_id = j.id), 0)",
+                "            charged_usd = 0"),),
+        tests=("tests/integration/test_budgets.py",
+               "tests/integration/test_round_completions.py"),
+    ),
+    Mutant(
         name="ended-charge-not-followed",
         invariant="an ended job's charge follows its ledger when a result arrives after the end, down as well as "
                   "up, and the day's spend with it",
         tier="integration",
         file="sql/019_money_follows_the_ledger.sql",
-        edits=(("    WHERE j.id = d.job_id AND j.status IN ('completed', 'failed') AND j.charged_usd IS DISTINCT FROM",
-                "    WHERE false AND j.charged_usd IS DISTINCT FROM"),),
+        edits=(("    WHERE j.id = d.id AND j.charged_usd IS DISTINCT FROM d.charged_usd;",
+                "    WHERE false AND j.charged_usd IS DISTINCT FROM d.charged_usd;"),),
         tests=("tests/integration/test_batch_money.py",
                "tests/integration/test_budgets.py"),
     ),
@@ -316,9 +329,8 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a job ended while it waits for a batch leaves the line: the live jobs behind it are sent",
         tier="integration",
         file="sql/019_money_follows_the_ledger.sql",
-        edits=(("            error_text = e.error_text, story_id = e.story_id, progress = coalesce(e.progress, j.progress),\n"
-                "            batch_ready_at = NULL\n",
-                "            error_text = e.error_text, story_id = e.story_id, progress = coalesce(e.progress, j.progress)\n"),),
+        edits=(("            batch_ready_at = NULL,\n            -- what its ledger says",
+                "            -- what its ledger says"),),
         tests=("tests/integration/test_batch_lane.py::test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them",
                "tests/integration/test_batch_lane.py::"
                "test_jobs_an_operator_cancels_in_bulk_leave_the_line_and_a_row_left_in_it_is_never_counted",
