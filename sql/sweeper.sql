@@ -122,29 +122,31 @@ FROM job_queue_depth;
 
 -- name: job_prune_finished
 -- Deletes finished jobs past retention, with their stories and idempotency
--- keys (a key can then be used again), looking only at the oldest rows of the
--- table: jobs finish within their timeouts, so the oldest ids are the first to
--- expire, and no index on completed_at is needed. The ledger is kept.
+-- keys (a key can then be used again), the oldest first: jobs finish within
+-- their timeouts, so the oldest ids are the first to expire, and no index on
+-- completed_at is needed. The ledger is kept.
 -- A job whose event is still being delivered (a delivery pending) is kept
 -- until each of its deliveries is delivered or dead: the retry schedule
 -- ends every one within about 28 hours, so the wait is bounded; an
--- undelivered event is never pruned. The oldest rows looked at are finished
--- ones: a live job ahead of them (a batch job waits up to a day for its
--- batch, and may be sent up to BATCH_MAX_ATTEMPTS times) is walked past on
--- the primary key, never stalling the prune behind it.
+-- undelivered event is never pruned. Nor is a batch job whose request's
+-- result is still to be read. The walk on the primary key passes over every
+-- job it cannot prune yet, live or kept, whatever their number, so none
+-- stalls the prune behind it; it ends at %(below_id)s, above every job
+-- created before the retention's cutoff (job_id_bounds), so it reads the
+-- expired part of the table, never the whole history.
 WITH oldest AS (
-    SELECT id, status, completed_at FROM story_jobs WHERE status IN ('completed', 'failed')
-    ORDER BY id LIMIT %(batch_size)s
+    SELECT j.id FROM story_jobs j
+    WHERE j.id < %(below_id)s
+      AND j.status IN ('completed', 'failed')
+      AND j.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = j.id AND d.state = 'pending')
+      AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.job_id = j.id AND i.result IS NULL)
+    ORDER BY j.id LIMIT %(batch_size)s
 ),
 pruned AS (
     DELETE FROM story_jobs j
     USING oldest
     WHERE j.id = oldest.id
-      AND oldest.status IN ('completed', 'failed')
-      AND oldest.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
-      AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = oldest.id AND d.state = 'pending')
-      -- nor a batch job whose request's result is still to be read
-      AND NOT EXISTS (SELECT 1 FROM message_batch_items i WHERE i.job_id = oldest.id AND i.result IS NULL)
     RETURNING j.id, j.client_id, j.idempotency_key, j.trace_context
 ),
 stories_pruned AS (

@@ -11,7 +11,7 @@ raise any of ``shared.db.DB_ERRORS``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Protocol
 
@@ -90,10 +90,13 @@ async def job_prune_finished_jobs(
     conn: Conn, *, retention_s: float, batch_size: int, now: datetime | None = None
 ) -> list[PrunedJob]:
     """Deletes one batch of jobs finished longer ago than retention_s; the
-    jobs deleted, each with its trace context."""
-    return await fetch_all(
-        conn, PrunedJob, "job_prune_finished", {"retention_s": retention_s, "batch_size": batch_size, "now": now}
-    )
+    jobs deleted, each with its trace context. The walk's end is found by
+    this process's clock, with job_id_bounds' margin: the statement judges
+    each job by the database's."""
+    cutoff = (now or datetime.now(UTC)) - timedelta(seconds=retention_s)
+    bounds = await job_id_bounds(conn, created_after=None, created_before=cutoff)
+    return await fetch_all(conn, PrunedJob, "job_prune_finished", {
+        "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": bounds.hi_id})
 
 
 async def job_prune_finished(

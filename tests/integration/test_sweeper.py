@@ -117,7 +117,8 @@ async def test_finished_jobs_are_pruned_after_retention(
     await _claim(conn, 3)
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
                        "WHERE id IN (1, 2)")
-    await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE id = 1")
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days' "
+                       "WHERE id = 1")
     sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), PgSweeperStore(pool), clock=FakeClock())
     result = await sweeper.sweep_once()
     assert result.pruned == 1

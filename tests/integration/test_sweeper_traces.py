@@ -112,7 +112,7 @@ async def test_a_prune_batch_links_to_the_traces_of_the_jobs_it_deletes(
     for n in range(3):
         await enqueue(conn, client, f"story {n}")
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
-                       "completed_at = now() - interval '40 days' WHERE id IN (1, 2)")
+                       "created_at = now() - interval '40 days', completed_at = now() - interval '40 days' WHERE id IN (1, 2)")
     admitted = await _store_trace_context(conn, 1, tracer_provider)
     await conn.execute("""UPDATE story_jobs SET trace_context = '["not", "a", "carrier"]' WHERE id = 2""")
     sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), PgSweeperStore(pool), clock=FakeClock(),

@@ -144,7 +144,8 @@ async def test_deliveries_are_pruned_with_their_jobs(conn: psycopg.AsyncConnecti
     for job in (old, recent):
         await api_store.job_cancel(conn, client_id=client, job_id=job)
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
-    await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days' WHERE public_id = %s", (old,))
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days' "
+                       "WHERE public_id = %s", (old,))
     pruned = await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100)
     assert pruned == 1
     cur = await conn.execute("SELECT job_public_id FROM webhook_deliveries")
@@ -161,7 +162,7 @@ async def test_a_job_is_not_pruned_while_one_of_its_deliveries_is_pending(conn: 
     # one endpoint got it, the other's delivery is still being retried
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
                        "WHERE id = (SELECT min(id) FROM webhook_deliveries)")
-    await conn.execute("UPDATE story_jobs SET completed_at = now() - interval '40 days'")
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days'")
     assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100) == 0
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'") == 1
     await conn.execute("UPDATE webhook_deliveries SET state = 'dead' WHERE state = 'pending'")
@@ -190,3 +191,24 @@ async def test_a_sweep_exports_the_outbox_gauges(conn: psycopg.AsyncConnection[A
     assert REGISTRY.get_sample_value("storyjobs_webhook_undelivered") == 2
     age = REGISTRY.get_sample_value("storyjobs_webhook_oldest_undelivered_age_seconds")
     assert age is not None and 290 < age < 310
+
+
+async def test_jobs_kept_for_their_deliveries_never_stall_the_prune_behind_them(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """More jobs kept past retention (a delivery still pending) than a prune batch, at the head of the table: the
+    prune walks past them to the expired jobs behind, and keeps them until their deliveries end."""
+    client = await client_id_of(conn)
+    await _endpoint(conn, client)
+    jobs = [await enqueue(conn, client, f"story {n}") for n in range(8)]
+    for job in jobs:
+        await api_store.job_cancel(conn, client_id=client, job_id=job)
+    kept, expired = jobs[:5], jobs[5:]
+    await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
+                       "WHERE job_public_id = ANY(%s)", (expired,))
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', "
+                       "completed_at = now() - interval '40 days'")
+    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=3) == 3
+    cur = await conn.execute("SELECT public_id FROM story_jobs ORDER BY id")
+    assert [r[0] for r in await cur.fetchall()] == kept
+    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=3) == 0
