@@ -179,7 +179,7 @@ class EndWriter:
             counts.unstorable += 1
             log.error("job.completion_unstorable", job_id=held.public_id, error=db.describe(exc))
             held.end = unstorable(end, db.describe(exc))
-        elif isinstance(end, Failure) and held.refusals <= 2:
+        elif isinstance(end, Failure) and held.refusals < REFUSALS_GIVEN_UP:
             log.error("job.end_unstorable", job_id=held.public_id, error=db.describe(exc),
                       detail="written again in a form the database cannot refuse")
             held.end = safe(end)
