@@ -104,6 +104,16 @@ async def test_a_refused_create_made_no_batch_and_says_whether_to_send_it_again(
     assert fake.batches == [] and len(fake.creates) == 1
 
 
+async def test_a_refusals_retry_after_in_milliseconds_is_read_as_thousandths_of_a_second(
+    batches: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """retry-after-ms, which the provider sends beside retry-after, is the wait in milliseconds: 1500 is 1.5 s."""
+    fake.queue(BatchPlan(status=429, headers=(("retry-after-ms", "1500"),)))
+    with pytest.raises(BatchNotCreated) as raised:
+        await batches.create(batch_requests(2))
+    assert raised.value.retry_after_s == 1.5
+
+
 @pytest.mark.parametrize("made_anyway", [True, False])
 async def test_a_create_answered_with_a_5xx_is_unknown_whether_or_not_a_batch_was_made(
     batches: AnthropicBatches, fake: FakeBatches, made_anyway: bool,
