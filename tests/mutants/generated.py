@@ -346,7 +346,18 @@ def main_all(args: argparse.Namespace) -> int:
     eligible = [m for m in every if m.file in SQL_FILES or m.file in py_mutants.MODULES]
     if args.files:
         eligible = [m for m in eligible if m.file in args.files]
-    sample = stratified_sample(eligible, args.sample, args.seed)
+    if args.again:
+        # the report's sample once more, after new tests: the same mutants,
+        # whatever the population's other changes did to a fresh draw
+        recorded = json.loads((REPORT / "results.json").read_text())
+        args.seed = recorded["seed"]
+        keys = {m["key"] for m in recorded["mutants"]}
+        sample = [m for m in eligible if m.key in keys]
+        gone = len(keys) - len(sample)
+        if gone:
+            sys.stdout.write(f"{gone} of the report's mutants are no longer made from the code\n")
+    else:
+        sample = stratified_sample(eligible, args.sample, args.seed)
     sys.stdout.write(f"population {len(every)} ({len(eligible)} in the sampled files); sample {len(sample)}, "
                      f"seed {args.seed}; {time.monotonic() - started:.0f} s to make\n")
     test_files = candidate_test_files(REPO, sample)
@@ -399,6 +410,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in a copy of its own")
     parser.add_argument("--files", nargs="*", help="only these files' mutants")
     parser.add_argument("--ci", action="store_true", help="a few verified mutants chosen by the commit")
+    parser.add_argument("--again", action="store_true", help="the report's sample again (after new tests)")
     parser.add_argument("--population", action="store_true", help="print the population per file and operator")
     args = parser.parse_args(argv)
     if args.population:
