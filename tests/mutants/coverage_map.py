@@ -60,7 +60,14 @@ class CoverageMap:
         return self._passing(self.statements.get(name, []))
 
     def tests_of_line(self, file: str, line: int) -> list[str]:
-        return self._passing(self.lines.get(file, {}).get(line, []))
+        """The tests that ran the line; for a line run only at import (a
+        signature, a class body, a constant), every test that ran the module."""
+        lines = self.lines.get(file, {})
+        if line not in lines:
+            return []
+        if lines[line]:
+            return self._passing(lines[line])
+        return self._passing([test for tests in lines.values() for test in tests])
 
     def _passing(self, tests: list[str]) -> list[str]:
         """The tests that passed unmutated, fastest first."""
@@ -133,9 +140,8 @@ def build(root: Path, test_files: list[str], modules: list[str], *, jobs: int = 
             relative = os.path.relpath(path, root)
             by_line: dict[int, list[str]] = {}
             for line, contexts in data.contexts_by_lineno(path).items():
-                tests = sorted({_test_of(context) for context in contexts} - {""})
-                if tests:
-                    by_line[line] = tests
+                # no test's: run at import (a def, a class body, a constant)
+                by_line[line] = sorted({_test_of(context) for context in contexts} - {""})
             result.lines[relative] = by_line
         return result
 

@@ -133,8 +133,8 @@ def _test_files(root: Path) -> list[Path]:
 
 def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list[str]:
     """The test files that may execute these mutants: those that name the
-    module, the statement or the function mutated, and the named catalog's
-    tests for the file. The coverage map then keeps, for each mutant, the
+    module or the statement mutated, the api's tests for its statements, and
+    the named catalog's tests for the file. The coverage map then keeps, for each mutant, the
     tests of these that did execute it."""
     texts = {str(p.relative_to(root)): p.read_text() for p in _test_files(root)}
     patterns: set[str] = set()
@@ -149,6 +149,9 @@ def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list
             patterns.add(rf"\b{re.escape(dotted)}\b")
             patterns.add(rf"from {re.escape(package)} import [^\n]*\b{re.escape(module)}\b")
     found = {name for name, text in texts.items() if any(re.search(p, text) for p in patterns)}
+    if "sql/api.sql" in files:
+        # the api's statements run behind its routes, which its tests call by URL
+        found.update(name for name in texts if name.startswith("tests/integration/test_api_"))
     for named in MUTANTS:
         if named.file in files:
             found.update(test.split("::", 1)[0] for test in named.tests)

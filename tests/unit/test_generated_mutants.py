@@ -66,3 +66,13 @@ def test_a_mutant_no_test_executes_is_not_covered_and_fails_the_run() -> None:
     assert outcome.verdict == "not covered"
     assert "not covered" in generated.table([outcome], {"sql/a.sql": 1})
     assert generated._score(Counter({"killed": 9, "not covered": 1, "equivalent": 5})) == "90 %"
+
+
+def test_a_line_run_only_at_import_is_covered_by_every_test_that_ran_its_module() -> None:
+    """A constant or a signature runs before any test: the tests of the module are its tests; a line never run has none."""
+    cmap = CoverageMap(lines={"worker/ends.py": {3: [], 10: ["t::a"], 11: ["t::b"]}},
+                       durations={"t::a": 1.0, "t::b": 2.0})
+    assert cmap.tests_of_line("worker/ends.py", 3) == ["t::a", "t::b"]
+    assert cmap.tests_of_line("worker/ends.py", 10) == ["t::a"]
+    assert cmap.tests_of_line("worker/ends.py", 99) == []
+    assert cmap.tests_of_line("worker/held.py", 3) == []
