@@ -121,7 +121,7 @@ async def test_batch_jobs_running_in_their_batch_still_count_against_the_batch_q
     """BATCH_QUEUE_MAX bounds all clients' batch jobs not yet ended, in a batch or waiting for one: with
     BATCH_QUEUE_MAX=2 and one client's two jobs running in their batch, another client is refused,
     alone or with others at once."""
-    bounds = {"batch_queue_max": 2, "client_batch_queue_max": 2}
+    bounds: dict[str, Any] = {"batch_queue_max": 2, "client_batch_queue_max": 2}
 
     def post(client: Any) -> Any:
         return client.post("/stories/generate", json={"prompt": "a whale", "lane": "batch"}, headers=new_key())

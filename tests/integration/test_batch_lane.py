@@ -18,7 +18,13 @@ from api import store as api_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
-from tests.support.database import cancel_pending_in_bulk, client_id_of, count, enqueue, enqueue_batch
+from tests.support.database import (
+    cancel_pending_in_bulk,
+    client_id_of,
+    count,
+    enqueue,
+    enqueue_batch,
+)
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane

@@ -5,9 +5,9 @@ billed, and that nothing it sends, however absurd, raises anything else."""
 from __future__ import annotations
 
 import socket
-from datetime import UTC, datetime
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
