@@ -15,6 +15,7 @@ it.
 
 from __future__ import annotations
 
+import os
 import re
 from importlib.resources import files
 
@@ -72,4 +73,28 @@ def _query_texts() -> list[str]:
     return [entry.read_text("utf-8") for entry in found]
 
 
-QUERIES: dict[str, str] = parse(*_query_texts())
+class _TracedQueries(dict[str, str]):
+    """The queries, each name read appended to a file with the test that
+    read it: how the mutation runs learn which tests execute which statement
+    (tests/mutants/coverage_map.py). A name is read just before its statement
+    runs, by the processes a test starts as well."""
+
+    def __init__(self, queries: dict[str, str], path: str) -> None:
+        super().__init__(queries)
+        self._path = path
+
+    def __getitem__(self, name: str) -> str:
+        statement = super().__getitem__(name)
+        # one short line in append mode: whole, even with other processes writing
+        with open(self._path, "a", encoding="utf-8") as trace:
+            trace.write(f"{os.environ.get('STORYJOBS_TEST_ID', '')}\t{name}\n")
+        return statement
+
+
+def _queries() -> dict[str, str]:
+    queries = parse(*_query_texts())
+    trace = os.environ.get("STORYJOBS_QUERY_TRACE")
+    return _TracedQueries(queries, trace) if trace else queries
+
+
+QUERIES: dict[str, str] = _queries()

@@ -113,3 +113,29 @@ async def test_the_batch_queue_is_bounded_apart_from_the_interactive_queue(
         assert "batch queue is full" in assert_problem(refused, 429)["detail"]
     assert [a.status_code for a in interactive] == [202, 202]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE lane = 'batch'") == 3
+
+
+async def test_batch_jobs_running_in_their_batch_still_count_against_the_batch_queue(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """BATCH_QUEUE_MAX bounds all clients' batch jobs not yet ended, in a batch or waiting for one: with
+    BATCH_QUEUE_MAX=2 and one client's two jobs running in their batch, another client is refused,
+    alone or with others at once."""
+    bounds: dict[str, Any] = {"batch_queue_max": 2, "client_batch_queue_max": 2}
+
+    def post(client: Any) -> Any:
+        return client.post("/stories/generate", json={"prompt": "a whale", "lane": "batch"}, headers=new_key())
+
+    async with api_client(pool, await create_key(conn, "first"), **bounds) as client:
+        assert [(await post(client)).status_code for _ in range(2)] == [202, 202]
+    # what the lane does once their batch is made: running, owned by the batch
+    cur = await conn.execute("INSERT INTO message_batches (state, request_count, model) VALUES ('intent', 2, 'm') "
+                             "RETURNING id")
+    (batch_id,) = await cur.fetchone() or (None,)
+    await conn.execute("UPDATE story_jobs SET status = 'running', started_at = now(), heartbeat_at = now(), "
+                       "batch_id = %s, batch_ready_at = NULL, worker_id = 'batch-' || %s "
+                       "WHERE lane = 'batch'", (batch_id, batch_id))
+    async with api_client(pool, await create_key(conn, "second"), **bounds) as client:
+        refused = [await post(client), *await asyncio.gather(*(post(client) for _ in range(3)))]
+    assert [answer.status_code for answer in refused] == [429] * 4
+    assert "batch queue is full" in assert_problem(refused[0], 429)["detail"]

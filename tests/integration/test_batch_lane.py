@@ -18,7 +18,13 @@ from api import store as api_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
-from tests.support.database import cancel_pending_in_bulk, client_id_of, count, enqueue_batch
+from tests.support.database import (
+    cancel_pending_in_bulk,
+    client_id_of,
+    count,
+    enqueue,
+    enqueue_batch,
+)
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
@@ -378,3 +384,18 @@ async def test_a_job_cancelled_while_waiting_for_a_later_batch_is_charged_nothin
     cur = await conn.execute("SELECT status::text, error_code, charged_usd, batch_ready_at IS NULL FROM story_jobs")
     assert await cur.fetchall() == [("failed", "cancelled", 0, True)]
     assert await _ledger(conn) == [(await count(conn, "SELECT id FROM story_jobs"), 1, "expired", False)]
+
+
+async def test_interactive_jobs_never_make_a_batch_due_before_its_window_closes(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """With BATCH_MAX_REQUESTS=2, one batch job inside its collection window and two interactive jobs
+    pending, no batch is due: only jobs waiting for a batch count towards a full one."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a lantern", waited_s=0.0)
+    for n in range(2):
+        await enqueue(conn, client, f"a kite numbered {n}")
+    lane = _lane(pool, provider, batch_collect_s=3600.0, batch_max_requests=2)
+    tick = await lane.tick_once()
+    assert tick.submitted == 0 and tick.holding
+    assert fake.batches == []

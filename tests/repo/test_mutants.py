@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import tomllib
 from pathlib import Path
 
 import pytest
 
 from tests.mutants.catalog import MUTANTS, Mutant
+from tests.mutants.generated import EQUIVALENT
 from tests.mutants.runner import REPO, TargetMissing, check_targets
 
 
@@ -36,3 +38,12 @@ def test_a_target_found_twice_or_not_at_all_is_refused(tmp_path: Path) -> None:
         check_targets([twice], tmp_path)
     with pytest.raises(TargetMissing, match="gone: a target is found 0 times"):
         check_targets([gone], tmp_path)
+
+
+def test_every_listed_equivalent_says_where_and_why_once() -> None:
+    """tests/mutants/equivalent.toml: each entry a key of its own, where it is and why no user can tell it."""
+    listed = tomllib.loads(EQUIVALENT.read_text()).get("mutant", [])
+    keys = [entry["key"] for entry in listed]
+    assert len(keys) == len(set(keys))
+    for entry in listed:
+        assert set(entry) == {"key", "where", "why"} and entry["why"].strip(), entry

@@ -115,6 +115,9 @@ class ApiProc(Proc):
             return False
 
 
+TRACE_VARIABLES = ("STORYJOBS_TEST_ID", "STORYJOBS_QUERY_TRACE", "COVERAGE_PROCESS_START")
+
+
 class System:
     """The processes of one test; every one is stopped when the test ends."""
 
@@ -129,6 +132,9 @@ class System:
             "LOG_FORMAT": "json",
             "LOG_LEVEL": "info",
             "METRICS_PORT": "0",
+            # the mutation runs' coverage map follows a test into the
+            # processes it starts (tests/mutants/coverage_map.py)
+            **{name: value for name, value in os.environ.items() if name in TRACE_VARIABLES},
             **env,
         }
         self.procs: list[Proc] = []

@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import AsyncIterator
+from datetime import UTC, datetime
 from typing import Any
 
 import pytest
@@ -21,7 +22,7 @@ from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock, batch_requests, collect
 from tests.support.settings import worker_settings
 from worker.anthropic_writer import AnthropicWriter
-from worker.batch.anthropic_batches import AnthropicBatches
+from worker.batch.anthropic_batches import AnthropicBatches, batch_info
 from worker.batch.provider import (
     BATCH_LIFETIME,
     BatchCreateUnknown,
@@ -102,6 +103,16 @@ async def test_a_refused_create_made_no_batch_and_says_whether_to_send_it_again(
     assert raised.value.retryable is retryable
     assert raised.value.retry_after_s == retry_after_s
     assert fake.batches == [] and len(fake.creates) == 1
+
+
+async def test_a_refusals_retry_after_in_milliseconds_is_read_as_thousandths_of_a_second(
+    batches: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """retry-after-ms, which the provider sends beside retry-after, is the wait in milliseconds: 1500 is 1.5 s."""
+    fake.queue(BatchPlan(status=429, headers=(("retry-after-ms", "1500"),)))
+    with pytest.raises(BatchNotCreated) as raised:
+        await batches.create(batch_requests(2))
+    assert raised.value.retry_after_s == 1.5
 
 
 @pytest.mark.parametrize("made_anyway", [True, False])
@@ -422,3 +433,10 @@ async def test_a_list_that_repeats_itself_raises_instead_of_looping(
     fake.queue_fault("list", *[Fault(page_patch={"last_id": ids[2], "has_more": True})] * 3)
     with pytest.raises(BatchUnavailable, match="repeats"):
         _ = [b async for b in walk(batches, stop=lambda _b: False, page_size=1)]
+
+
+@pytest.mark.parametrize("batch_id", ["", " msgbatch_1", "msgbatch/1", "x" * 300, 7, None])
+def test_a_batch_without_an_id_we_can_send_back_is_not_a_batch(batch_id: object) -> None:
+    """An id that is empty, padded, has a slash, is too long or is no string names no batch we could retrieve."""
+    assert batch_info({"id": batch_id, "processing_status": "ended"}, datetime.now(UTC)) is None
+    assert batch_info({"id": "msgbatch_1", "processing_status": "ended"}, datetime.now(UTC)) is not None

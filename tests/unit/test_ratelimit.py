@@ -68,6 +68,9 @@ def test_the_provider_saying_too_little_is_left_pauses_until_enough_has_refilled
     assert short.pause_s(output_tokens_need=2000, now=10.5) == pytest.approx(1.5)
     plenty = ProviderView.from_headers(_headers(3, 5000), seen_at=10.0)
     assert plenty is not None and plenty.pause_s(output_tokens_need=1600, now=10.0) is None
+    # exactly one job's worth left (one request, its output tokens) is enough for that job
+    exactly = ProviderView.from_headers(_headers(1, 1600), seen_at=10.0)
+    assert exactly is not None and exactly.pause_s(output_tokens_need=1600, now=10.0) is None
 
 
 def test_what_the_provider_said_is_refilled_to_now_where_a_limit_is_configured() -> None:

@@ -72,6 +72,8 @@ def test_retry_after_replaces_the_schedule_up_to_its_longest_wait() -> None:
     assert webhooks.retry_in_s(8, 1.0, scale=1.0) is None
     assert [webhooks.parse_retry_after(v) for v in ("7", " 2.5 ", "Wed, 21 Oct 2026 07:28:00 GMT", "-1", None)] == [
         7.0, 2.5, None, None, None]
+    # float() reads these too: a wait with no end is no wait a schedule can keep
+    assert [webhooks.parse_retry_after(v) for v in ("inf", "Infinity", "nan")] == [None, None, None]
 
 
 @pytest.mark.parametrize("url", [

@@ -532,6 +532,34 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
     assert (await worker.round_once()).let_go == 1 and worker.held_job_ids == []
 
 
+async def test_an_end_refused_in_every_form_is_tried_again_only_after_its_backoff() -> None:
+    """Refused as it is and in its safe form, a failure waits 2 ** refusals seconds (at most a minute)
+    before the database is asked again, however many rounds run meanwhile."""
+    store, clock = RecordingStore(), FakeClock()
+    store.add_pending(1)
+    worker = _worker(store, GatedWriter(open_all=True, text=""), clock)
+    await worker.round_once()
+    await _let_tasks_run()
+    for _ in range(6):
+        store.fail_next("settle", psycopg.errors.DataError("refused"))
+        store.fail_next("fail_running", psycopg.errors.DataError("refused"))
+    for _ in range(3):
+        await worker.round_once()
+        clock.now += 60.0
+    # the minute passed since is past any backoff: this round asks, is refused, and backs off
+    await worker.round_once()
+    (held,) = worker.held
+    assert held.refusals >= 3
+    asked = len(store.named("fail_running"))
+    for _ in range(5):
+        await worker.round_once()
+        clock.now += 1.0
+    assert len(store.named("fail_running")) == asked
+    clock.now += 60.0
+    await worker.round_once()
+    assert len(store.named("fail_running")) == asked + 1
+
+
 async def test_a_claim_the_limiter_held_back_is_tried_again_when_the_bucket_covers_the_next_job() -> None:
     """At 30 requests a minute, a claim held back with 0.2 of a request left waits 1.6 s (what the
     bucket takes to cover the next job), not the 5 s poll, and then claims."""

@@ -19,6 +19,7 @@ import asyncio
 import ipaddress
 import socket
 import ssl
+from collections.abc import Awaitable, Callable
 
 import httpx
 
@@ -46,13 +47,15 @@ async def resolve(host: str, port: int) -> list[Address]:
 
 
 async def post(url: str, headers: dict[str, str], payload: bytes, *, allow_private: bool,
-               timeout_s: float, ssl_context: ssl.SSLContext) -> Answer:
+               timeout_s: float, ssl_context: ssl.SSLContext,
+               resolver: Callable[[str, int], Awaitable[list[Address]]] = resolve) -> Answer:
     """POSTs ``payload``; raises UnsafeUrl before connecting anywhere it must
-    not, httpx.HTTPError or OSError when the request fails."""
+    not, httpx.HTTPError or OSError when the request fails. ``resolver`` is
+    the system's unless a test gives a name several addresses of its own."""
     checked = check_url(url, allow_private=allow_private)
     target = checked.url
     port = target.port or (443 if target.scheme == "https" else 80)
-    addresses = [checked.address] if checked.address is not None else await resolve(target.host, port)
+    addresses = [checked.address] if checked.address is not None else await resolver(target.host, port)
     if not addresses:
         raise UnsafeUrl(f"{target.host} resolves to no address")
     for address in addresses:

@@ -1,0 +1,433 @@
+"""``python -m tests.mutants.generated``: a seeded, stratified sample of the
+generated mutants (SQL from the parse tree, Python from cosmic-ray's
+operators), each run against the tests that execute its code.
+
+Verdicts: killed (its tests fail), survived (they pass), not covered (no test
+executes it: a survivor too), timed out, error (pytest neither passed nor
+failed: proves nothing), equivalent (a survivor listed in
+tests/mutants/equivalent.toml with why no user can tell).
+
+Results are cached by the mutant's key (its file, place and change) and a
+hash of its tests' files, so a second run only runs the mutants whose code
+or covering tests changed. The report goes to tests/mutants/report/.
+
+``--ci`` runs a few mutants the report saw killed, chosen by a seed from the
+commit, with the tests the report recorded for each: a survivor fails the
+run with its diff.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import random
+import re
+import subprocess
+import sys
+import time
+import tomllib
+from collections import Counter, defaultdict
+from collections.abc import Iterable, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from contextlib import ExitStack
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from queue import SimpleQueue
+
+from tests.mutants import coverage_map, py_mutants, sql_mutants
+from tests.mutants.catalog import MUTANTS
+from tests.mutants.runner import REPO, scratch_copy
+
+GeneratedMutant = sql_mutants.SqlMutant | py_mutants.PyMutant
+
+# the files whose mutants are sampled: the issue's, where money, admission
+# and delivery are decided (console.sql's mutants are counted, not sampled)
+SQL_FILES: tuple[str, ...] = ("sql/worker.sql", "sql/batch.sql", "sql/common.sql", "sql/sweeper.sql",
+                              "sql/api.sql")
+TEST_TIERS: tuple[str, ...] = ("tests/unit", "tests/integration", "tests/model", "tests/system")
+CACHE = REPO / ".mutants-cache"
+REPORT = REPO / "tests" / "mutants" / "report"
+EQUIVALENT = REPO / "tests" / "mutants" / "equivalent.toml"
+TIMEOUT_S = 300.0
+# the longest a mutant CI samples took in the report
+CI_MUTANT_S = 60.0
+
+
+@dataclass
+class Outcome:
+    key: str
+    file: str
+    where: str
+    operator: str
+    verdict: str
+    seconds: float
+    tests: list[str]
+    detail: str
+    diff: str
+
+
+def population(root: Path = REPO, files: Iterable[str] | None = None) -> list[GeneratedMutant]:
+    """Every generated mutant of ``files`` (default: every query file and MODULES)."""
+    wanted = set(files) if files is not None else None
+    made: list[GeneratedMutant] = []
+    for block in sql_mutants.blocks(root):
+        if (wanted is None or block.file in wanted) and sql_mutants.complete(block):
+            made.extend(sql_mutants.mutants_of(block))
+    for module in py_mutants.MODULES:
+        if wanted is None or module in wanted:
+            made.extend(py_mutants.mutants_of(root, module))
+    return _unique(made)
+
+
+def _unique(made: list[GeneratedMutant]) -> list[GeneratedMutant]:
+    """One mutant per key: the same change twice in one place is one mutant."""
+    seen: set[str] = set()
+    kept = []
+    for mutant in made:
+        if mutant.key not in seen:
+            seen.add(mutant.key)
+            kept.append(mutant)
+    return kept
+
+
+def stratified_sample(mutants: Sequence[GeneratedMutant], size: int, seed: str) -> list[GeneratedMutant]:
+    """``size`` mutants, spread over (file, operator): one from each stratum in
+    turn, strata and mutants in an order fixed by the seed."""
+    rng = random.Random(seed)
+    strata: dict[tuple[str, str], list[GeneratedMutant]] = defaultdict(list)
+    for mutant in sorted(mutants, key=lambda m: m.key):
+        strata[(mutant.file, mutant.operator)].append(mutant)
+    order = sorted(strata)
+    rng.shuffle(order)
+    for name in order:
+        rng.shuffle(strata[name])
+    # files first in turn, then operators within a file, so that a small
+    # sample still reaches every file
+    by_file: dict[str, list[tuple[str, str]]] = defaultdict(list)
+    for name in order:
+        by_file[name[0]].append(name)
+    chosen: list[GeneratedMutant] = []
+    depth = 0
+    while len(chosen) < size and any(strata.values()):
+        for file in sorted(by_file, key=lambda f: rng.random()):
+            names = by_file[file]
+            if not names:
+                continue
+            name = names[depth % len(names)]
+            if strata[name]:
+                chosen.append(strata[name].pop())
+                if len(chosen) == size:
+                    break
+            by_file[file] = [n for n in names if strata[n]]
+        depth += 1
+    return chosen
+
+
+# --- which tests -------------------------------------------------------------
+
+def _test_files(root: Path) -> list[Path]:
+    return sorted(p for tier in TEST_TIERS for p in (root / tier).rglob("test_*.py"))
+
+
+def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list[str]:
+    """The test files that may execute these mutants: those that name the
+    module or the statement mutated, the api's tests for its statements, and
+    the named catalog's tests for the file. The coverage map then keeps, for each mutant, the
+    tests of these that did execute it."""
+    texts = {str(p.relative_to(root)): p.read_text() for p in _test_files(root)}
+    patterns: set[str] = set()
+    files: set[str] = set()
+    for mutant in mutants:
+        files.add(mutant.file)
+        if isinstance(mutant, sql_mutants.SqlMutant):
+            patterns.add(rf"\b{re.escape(mutant.statement)}\b")
+        else:
+            dotted = mutant.file.removesuffix(".py").replace("/", ".")
+            package, _, module = dotted.rpartition(".")
+            patterns.add(rf"\b{re.escape(dotted)}\b")
+            patterns.add(rf"from {re.escape(package)} import [^\n]*\b{re.escape(module)}\b")
+    found = {name for name, text in texts.items() if any(re.search(p, text) for p in patterns)}
+    if "sql/api.sql" in files:
+        # the api's statements run behind its routes, which its tests call by URL
+        found.update(name for name in texts if name.startswith("tests/integration/test_api_"))
+    for named in MUTANTS:
+        if named.file in files:
+            found.update(test.split("::", 1)[0] for test in named.tests)
+    return sorted(found)
+
+
+def covering_tests(mutant: GeneratedMutant, cmap: coverage_map.CoverageMap) -> list[str]:
+    if isinstance(mutant, sql_mutants.SqlMutant):
+        return cmap.tests_of_statement(mutant.statement)
+    return cmap.tests_of_line(mutant.file, mutant.line)
+
+
+def tests_hash(root: Path, tests: list[str]) -> str:
+    digest = hashlib.sha256()
+    for test in sorted(tests):
+        digest.update(test.encode() + b"\0")
+    for file in sorted({t.split("::", 1)[0] for t in tests}):
+        digest.update((root / file).read_bytes())
+    return digest.hexdigest()[:16]
+
+
+# --- running -----------------------------------------------------------------
+
+def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s: float) -> tuple[str, float, str]:
+    """(verdict, seconds, detail) of the mutant written in ``scratch`` against ``tests``."""
+    path = scratch / mutant.file
+    original = path.read_text()
+    path.write_text(mutant.apply(original))
+    env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
+           "STORYJOBS_HYPOTHESIS_PROFILE": "mutants"}
+    for name in ("STORYJOBS_QUERY_TRACE", "STORYJOBS_TEST_ID", "COVERAGE_PROCESS_START"):
+        env.pop(name, None)
+    started = time.monotonic()
+    try:
+        finished = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                                  cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return "timed out", time.monotonic() - started, f"no end within {timeout_s:g} s"
+    finally:
+        path.write_text(original)
+    seconds = time.monotonic() - started
+    tail = "\n".join(finished.stdout.strip().splitlines()[-3:])
+    if finished.returncode == 1:
+        return "killed", seconds, tail
+    if finished.returncode == 0:
+        return "survived", seconds, tail
+    return "error", seconds, f"pytest exited {finished.returncode}: {tail}"
+
+
+def equivalents(path: Path = EQUIVALENT) -> dict[str, str]:
+    """{mutant key: why it changes nothing a user can see}."""
+    if not path.is_file():
+        return {}
+    listed = tomllib.loads(path.read_text()).get("mutant", [])
+    return {entry["key"]: entry["why"] for entry in listed}
+
+
+def run_sample(mutants: list[GeneratedMutant], cmap: coverage_map.CoverageMap | None, *, jobs: int,
+               root: Path = REPO, results_cache: Path | None = CACHE / "results.json",
+               recorded_tests: dict[str, list[str]] | None = None, timeout_s: float = TIMEOUT_S,
+               log: bool = True) -> list[Outcome]:
+    """Each mutant against its covering tests (from the map, or as recorded),
+    ``jobs`` at a time, each runner in a scratch copy of its own (and each of
+    its tests on a database of its own)."""
+    known = equivalents()
+    cache: dict[str, dict[str, object]] = {}
+    if results_cache is not None and results_cache.is_file():
+        cache = json.loads(results_cache.read_text())
+    planned: list[tuple[GeneratedMutant, list[str], str]] = []
+    outcomes: dict[str, Outcome] = {}
+    for mutant in mutants:
+        if recorded_tests is not None:
+            tests = recorded_tests.get(mutant.key, [])
+        else:
+            assert cmap is not None
+            tests = covering_tests(mutant, cmap)
+        if not tests:
+            outcomes[mutant.key] = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator,
+                                           "not covered", 0.0, [], "no test executes it", mutant.diff)
+            continue
+        cache_key = f"{mutant.key}:{tests_hash(root, tests)}"
+        hit = cache.get(cache_key)
+        if hit is not None:
+            outcomes[mutant.key] = Outcome(**hit)  # type: ignore[arg-type]
+            continue
+        planned.append((mutant, tests, cache_key))
+    if planned:
+        with ExitStack() as stack:
+            free: SimpleQueue[Path] = SimpleQueue()
+            for _ in range(max(1, min(jobs, len(planned)))):
+                free.put(stack.enter_context(scratch_copy(root)))
+
+            def one(item: tuple[GeneratedMutant, list[str], str]) -> None:
+                mutant, tests, cache_key = item
+                scratch = free.get()
+                try:
+                    verdict, seconds, detail = run_one(mutant, tests, scratch, timeout_s)
+                finally:
+                    free.put(scratch)
+                outcome = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator, verdict,
+                                  round(seconds, 1), tests, detail, mutant.diff)
+                outcomes[mutant.key] = outcome
+                if verdict in ("killed", "survived", "timed out"):
+                    cache[cache_key] = asdict(outcome)
+                    if results_cache is not None:
+                        results_cache.parent.mkdir(parents=True, exist_ok=True)
+                        results_cache.write_text(json.dumps(cache, indent=0, sort_keys=True))
+                if log:
+                    sys.stdout.write(f"{verdict:<11}{seconds:6.1f} s  {mutant.key}  {mutant.file}  "
+                                     f"{mutant.where}  [{mutant.operator}]  {len(tests)} tests\n")
+                    sys.stdout.flush()
+
+            with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(planned)))) as pool:
+                list(pool.map(one, planned))
+    final = []
+    for mutant in mutants:
+        outcome = outcomes[mutant.key]
+        if outcome.verdict in ("survived", "not covered") and mutant.key in known:
+            outcome = Outcome(**{**asdict(outcome), "verdict": "equivalent", "detail": known[mutant.key]})
+        final.append(outcome)
+    return final
+
+
+# --- the report --------------------------------------------------------------
+
+VERDICTS = ("killed", "equivalent", "survived", "not covered", "timed out", "error")
+
+
+def table(outcomes: list[Outcome], sizes: dict[str, int]) -> str:
+    by_file: dict[str, Counter[str]] = defaultdict(Counter)
+    for outcome in outcomes:
+        by_file[outcome.file][outcome.verdict] += 1
+    header = f"{'file':<36}{'population':>11}{'sampled':>8}" + "".join(f"{v:>12}" for v in VERDICTS) + f"{'killed %':>10}"
+    lines = [header, "-" * len(header)]
+    total: Counter[str] = Counter()
+    for file in sorted(set(sizes) | set(by_file)):
+        counts = by_file.get(file, Counter())
+        total.update(counts)
+        sampled = sum(counts.values())
+        lines.append(f"{file:<36}{sizes.get(file, 0):>11}{sampled:>8}"
+                     + "".join(f"{counts[v]:>12}" for v in VERDICTS) + f"{_score(counts):>10}")
+    lines.append("-" * len(header))
+    lines.append(f"{'all':<36}{sum(sizes.values()):>11}{sum(total.values()):>8}"
+                 + "".join(f"{total[v]:>12}" for v in VERDICTS) + f"{_score(total):>10}")
+    return "\n".join(lines) + "\n"
+
+
+def _score(counts: Counter[str]) -> str:
+    """Killed over the mutants that could be judged (equivalents left out)."""
+    judged = sum(counts.values()) - counts["equivalent"] - counts["error"]
+    return f"{100 * counts['killed'] / judged:.0f} %" if judged else "-"
+
+
+def write_report(outcomes: list[Outcome], sizes: dict[str, int], *, seed: str, seconds: float,
+                 cmap: coverage_map.CoverageMap | None, folder: Path = REPORT) -> str:
+    folder.mkdir(parents=True, exist_ok=True)
+    summary = table(outcomes, sizes)
+    (folder / "results.json").write_text(json.dumps(
+        {"seed": seed, "seconds": round(seconds), "population": sizes,
+         "map_seconds": cmap.seconds if cmap else None,
+         "map_test_files": cmap.test_files if cmap else None,
+         "mutants": [asdict(o) for o in sorted(outcomes, key=lambda o: (o.file, o.key))]},
+        indent=1, sort_keys=True) + "\n")
+    lines = [f"# Generated mutants: seed {seed}, {len(outcomes)} sampled, {seconds:.0f} s\n",
+             "Made by `make mutants-all` (tests/mutants/generated.py); killed % is killed over the sampled",
+             "mutants less the equivalent ones and the errors. Not covered: no test executes it.\n",
+             "```", summary.rstrip(), "```\n"]
+    for verdict in ("survived", "not covered", "timed out", "error", "equivalent"):
+        chosen = [o for o in outcomes if o.verdict == verdict]
+        if not chosen:
+            continue
+        lines.append(f"## {verdict} ({len(chosen)})\n")
+        for o in sorted(chosen, key=lambda o: (o.file, o.where)):
+            lines.append(f"### {o.key}: {o.file} {o.where} [{o.operator}]\n")
+            if verdict == "equivalent":
+                lines.append(f"Why: {o.detail}\n")
+            elif o.tests:
+                lines.append(f"{len(o.tests)} tests ran; {o.detail.splitlines()[-1] if o.detail else ''}\n")
+            lines.append("```diff\n" + o.diff.rstrip() + "\n```\n")
+    (folder / "README.md").write_text("\n".join(lines))
+    return summary
+
+
+# --- entry points ------------------------------------------------------------
+
+def commit_seed(root: Path = REPO) -> str:
+    found = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True, check=False)
+    return found.stdout.strip()[:12] or "no-commit"
+
+
+def main_all(args: argparse.Namespace) -> int:
+    started = time.monotonic()
+    every = population(REPO)
+    sizes = dict(Counter(m.file for m in every))
+    eligible = [m for m in every if m.file in SQL_FILES or m.file in py_mutants.MODULES]
+    if args.files:
+        eligible = [m for m in eligible if m.file in args.files]
+    if args.again:
+        # the report's sample once more, after new tests: the same mutants,
+        # whatever the population's other changes did to a fresh draw
+        recorded = json.loads((REPORT / "results.json").read_text())
+        args.seed = recorded["seed"]
+        keys = {m["key"] for m in recorded["mutants"]}
+        sample = [m for m in eligible if m.key in keys]
+        gone = len(keys) - len(sample)
+        if gone:
+            sys.stdout.write(f"{gone} of the report's mutants are no longer made from the code\n")
+    else:
+        sample = stratified_sample(eligible, args.sample, args.seed)
+    sys.stdout.write(f"population {len(every)} ({len(eligible)} in the sampled files); sample {len(sample)}, "
+                     f"seed {args.seed}; {time.monotonic() - started:.0f} s to make\n")
+    test_files = candidate_test_files(REPO, sample)
+    sources = sorted({m.file for m in every} | {f"sql/{p.name}" for p in (REPO / "sql").glob("*.sql")})
+    cmap, built = coverage_map.cached(REPO, CACHE, test_files, list(py_mutants.MODULES), sources, jobs=args.jobs)
+    sys.stdout.write(f"coverage map over {len(test_files)} test files: "
+                     f"{'built in' if built else 'cached, built in'} {cmap.seconds:.0f} s; "
+                     f"{len(cmap.durations)} tests passed unmutated, {len(cmap.failed)} failed (left out)\n")
+    outcomes = run_sample(sample, cmap, jobs=args.jobs)
+    summary = write_report(outcomes, sizes, seed=args.seed, seconds=time.monotonic() - started, cmap=cmap)
+    sys.stdout.write(summary)
+    sys.stdout.write(f"report: {REPORT.relative_to(REPO)}/README.md; {time.monotonic() - started:.0f} s\n")
+    bad = [o for o in outcomes if o.verdict not in ("killed", "equivalent")]
+    return 1 if bad else 0
+
+
+def main_ci(args: argparse.Namespace) -> int:
+    """A few verified mutants, chosen by the commit's seed, with their recorded tests."""
+    started = time.monotonic()
+    recorded = json.loads((REPORT / "results.json").read_text())
+    # killed in the report (an equivalent one would only spend CI's time
+    # surviving), and quick enough that six fit CI's five minutes two at a time
+    verified = [m for m in recorded["mutants"] if m["verdict"] == "killed" and m["seconds"] <= CI_MUTANT_S]
+    rng = random.Random(args.seed)
+    chosen = rng.sample(verified, min(args.sample, len(verified)))
+    wanted = {m["key"] for m in chosen}
+    made = {m.key: m for m in population(REPO, {m["file"] for m in chosen}) if m.key in wanted}
+    missing = sorted(wanted - made.keys())
+    if missing:
+        sys.stderr.write(f"mutants: the report's mutants {', '.join(missing)} are no longer made from the code: "
+                         "run make mutants-all and commit its report\n")
+        return 2
+    tests = {m["key"]: m["tests"] for m in chosen}
+    outcomes = run_sample([made[k] for k in sorted(wanted)], None, jobs=args.jobs, results_cache=None,
+                          recorded_tests=tests)
+    for outcome in outcomes:
+        if outcome.verdict not in ("killed", "equivalent"):
+            sys.stdout.write(f"\n{outcome.verdict}: {outcome.key} {outcome.file} {outcome.where}\n"
+                             f"{outcome.detail}\n{outcome.diff}\n")
+    counts = Counter(o.verdict for o in outcomes)
+    sys.stdout.write(f"generated mutants (seed {args.seed}): {dict(counts)} in {time.monotonic() - started:.0f} s\n")
+    return 0 if all(o.verdict in ("killed", "equivalent") for o in outcomes) else 1
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m tests.mutants.generated", description=__doc__,
+                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--sample", type=int, default=400, help="mutants sampled (default 400)")
+    parser.add_argument("--seed", default=None, help="the sample's seed (default: 'mutants-all', or the commit with --ci)")
+    parser.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in a copy of its own")
+    parser.add_argument("--files", nargs="*", help="only these files' mutants")
+    parser.add_argument("--ci", action="store_true", help="a few verified mutants chosen by the commit")
+    parser.add_argument("--again", action="store_true", help="the report's sample again (after new tests)")
+    parser.add_argument("--population", action="store_true", help="print the population per file and operator")
+    args = parser.parse_args(argv)
+    if args.population:
+        every = population(REPO)
+        for (file, operator), count in sorted(Counter((m.file, m.operator) for m in every).items()):
+            sys.stdout.write(f"{file:<36}{operator:<44}{count:>6}\n")
+        sys.stdout.write(f"{'all':<80}{len(every):>6}\n")
+        return 0
+    if args.ci:
+        args.seed = args.seed or commit_seed()
+        return main_ci(args)
+    args.seed = args.seed or "mutants-all"
+    return main_all(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

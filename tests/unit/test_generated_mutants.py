@@ -1,0 +1,78 @@
+"""The generated mutants' sample and map (tests/mutants/generated.py,
+coverage_map.py): seeded, spread over files and operators, and each mutant
+given only the tests that executed its code and passed unmutated."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from tests.mutants import generated
+from tests.mutants.coverage_map import CoverageMap
+from tests.mutants.sql_mutants import SqlMutant
+
+
+def _mutants() -> list[SqlMutant]:
+    made = []
+    for file, operators, per in (("sql/a.sql", ("comparison", "conjunct"), 50), ("sql/b.sql", ("case",), 5),
+                                 ("sql/c.sql", ("limit", "lock", "in-list"), 2)):
+        for operator in operators:
+            for n in range(per):
+                made.append(SqlMutant(file=file, statement=f"s{n}", operator=operator, site=n, start=0, end=0,
+                                      original="SELECT 1", mutated=f"SELECT {n + 2}"))
+    return made
+
+
+def test_the_sample_is_fixed_by_its_seed() -> None:
+    """One seed, one sample; another seed, another sample."""
+    mutants = _mutants()
+    first = [m.key for m in generated.stratified_sample(mutants, 12, "a")]
+    assert first == [m.key for m in generated.stratified_sample(list(reversed(mutants)), 12, "a")]
+    assert first != [m.key for m in generated.stratified_sample(mutants, 12, "b")]
+    assert len(set(first)) == 12
+
+
+def test_a_small_sample_reaches_every_file_and_operator() -> None:
+    """A file with few mutants is sampled as surely as one with many: strata are taken in turn."""
+    sample = generated.stratified_sample(_mutants(), 9, "seed")
+    assert {m.file for m in sample} == {"sql/a.sql", "sql/b.sql", "sql/c.sql"}
+    by_file = Counter(m.file for m in sample)
+    assert by_file == {"sql/a.sql": 3, "sql/b.sql": 3, "sql/c.sql": 3}
+    assert {m.operator for m in sample if m.file == "sql/c.sql"} == {"limit", "lock", "in-list"}
+
+
+def test_a_sample_larger_than_the_population_is_all_of_it() -> None:
+    mutants = _mutants()
+    assert sorted(m.key for m in generated.stratified_sample(mutants, 10_000, "s")) == sorted(m.key for m in mutants)
+
+
+def test_a_mutant_runs_only_the_tests_that_executed_its_code_and_passed() -> None:
+    """Tests that failed unmutated or never read the statement are not its tests; the fastest run first."""
+    cmap = CoverageMap(statements={"s1": ["t::slow", "t::fast", "t::broken"]},
+                       lines={"worker/ends.py": {10: ["t::fast"]}},
+                       durations={"t::slow": 9.0, "t::fast": 0.5}, failed=["t::broken"])
+    mutant = SqlMutant(file="sql/a.sql", statement="s1", operator="comparison", site=0, start=0, end=0,
+                       original="SELECT 1", mutated="SELECT 2")
+    assert generated.covering_tests(mutant, cmap) == ["t::fast", "t::slow"]
+    other = SqlMutant(file="sql/a.sql", statement="s2", operator="comparison", site=0, start=0, end=0,
+                      original="SELECT 1", mutated="SELECT 2")
+    assert generated.covering_tests(other, cmap) == []
+
+
+def test_a_mutant_no_test_executes_is_not_covered_and_fails_the_run() -> None:
+    """Not covered counts as a survivor: the report shows it and nothing is run for it."""
+    mutant = SqlMutant(file="sql/a.sql", statement="nobody", operator="comparison", site=0, start=0, end=0,
+                       original="SELECT 1 WHERE 1 = 1", mutated="SELECT 1 WHERE 1 <> 1")
+    [outcome] = generated.run_sample([mutant], CoverageMap(), jobs=1, results_cache=None, log=False)
+    assert outcome.verdict == "not covered"
+    assert "not covered" in generated.table([outcome], {"sql/a.sql": 1})
+    assert generated._score(Counter({"killed": 9, "not covered": 1, "equivalent": 5})) == "90 %"
+
+
+def test_a_line_run_only_at_import_is_covered_by_every_test_that_ran_its_module() -> None:
+    """A constant or a signature runs before any test: the tests of the module are its tests; a line never run has none."""
+    cmap = CoverageMap(lines={"worker/ends.py": {3: [], 10: ["t::a"], 11: ["t::b"]}},
+                       durations={"t::a": 1.0, "t::b": 2.0})
+    assert cmap.tests_of_line("worker/ends.py", 3) == ["t::a", "t::b"]
+    assert cmap.tests_of_line("worker/ends.py", 10) == ["t::a"]
+    assert cmap.tests_of_line("worker/ends.py", 99) == []
+    assert cmap.tests_of_line("worker/held.py", 3) == []
