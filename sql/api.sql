@@ -328,7 +328,7 @@ notified AS (SELECT 1 WHERE false)
 
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
--- the job (if it is this client's) with its queue position or story.
+-- the job (if it is this client's) with its queue position, draft or story.
 -- queue_position counts pending jobs ahead of this one in the claim's order
 -- (turns: the client's share), on the claim's index.
 --
@@ -357,6 +357,17 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
                'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END,
            -- how far along a running job is: its progress against what its length allows
            'max_tokens', j.max_tokens,
+           -- a running job's draft (migration 020): its length, when it last
+           -- grew, and its text after character `since` (code points), read
+           -- from the chunks that reach past it
+           'draft', CASE WHEN j.status = 'running' AND j.lane = 'interactive' THEN (
+               SELECT json_build_object(
+                   'chars', coalesce(max(c.from_char + c.chars), 0), 'updated_at', max(c.written_at),
+                   'text', coalesce(substr(
+                       string_agg(c.text, '' ORDER BY c.from_char) FILTER (WHERE c.from_char + c.chars > %(since)s::integer),
+                       %(since)s::integer + 1
+                           - min(c.from_char) FILTER (WHERE c.from_char + c.chars > %(since)s::integer)), ''))
+               FROM story_draft_chunks c WHERE c.job_id = j.id) END,
            -- the database's clock, which started_at was written by
            'now', now())::text END AS job
 FROM api_keys k
