@@ -11,6 +11,7 @@ import httpx
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
+from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem, completed_job, new_key
 from tests.support.database import create_key, job_rows
 from worker import store as worker_store
@@ -138,3 +139,19 @@ async def test_another_clients_draft_is_the_same_404_as_an_unknown_job(
             assert theirs.headers == unknown.headers
             assert "secret" not in theirs.text
     assert [r.status for r in await job_rows(conn)] == ["running"]
+
+
+async def test_the_consoles_job_page_shows_a_running_jobs_draft_and_none_once_it_ended(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any], api_key: str,
+) -> None:
+    """An operator reading a running job sees its draft as its client does; once the job ended, none."""
+    operator = await seed.operator_key(conn)
+    async with api_client(pool, api_key) as client, api_client(pool, operator) as ops:
+        job_id = await _post(client, "a moon")
+        await _running(conn, "Title: The Moon\n", "Once upon a time")
+        detail = await ops.get(f"/ops/api/jobs/{job_id}")
+        assert detail.status_code == 200
+        draft = detail.json()["draft"]
+        assert (draft["text"], draft["chars"]) == ("Title: The Moon\nOnce upon a time", 32) and draft["updated_at"]
+        assert (await client.delete(f"/stories/jobs/{job_id}")).status_code == 200
+        assert (await ops.get(f"/ops/api/jobs/{job_id}")).json()["draft"] is None
