@@ -374,18 +374,17 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine,
         except _Retryable as exc:
             raise exc.final from None
         if response.status_code == 304 and last is not None:
-            job = last[1]
+            job, fresh = last[1], False
         else:
-            job = response.json()
+            job, fresh = response.json(), True
             etag = response.headers.get("etag")
             last = (etag, job) if etag else None
-            if printer is not None and job["status"] == JobStatus.RUNNING:
-                printer.draft(job.get("draft"))
-        if printer is not None and printer.started:
-            # the words are on the terminal now: a status line would be written over them
-            status.end()
-        else:
+        if printer is None or not printer.started:
+            # once the words are on the terminal, a status line would be written over them
             _show_job(job, status, remaining)
+        if fresh and printer is not None and job["status"] == JobStatus.RUNNING and job.get("draft"):
+            status.end()
+            printer.draft(job["draft"])
         if job["status"] in TERMINAL:
             return job
         longest = BATCH_POLL_MAX_S if job.get("lane") == "batch" else POLL_INTERVAL_MAX_S
