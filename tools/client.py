@@ -494,7 +494,12 @@ async def run_generate(args: argparse.Namespace) -> int:
             printer = None if args.json else StoryPrinter(sys.stdout)
             job = await wait_for_job(http, job_id, status, printer)
         status.end()
-        return _report(job, args.json, printer)
+        code = _report(job, args.json, printer)
+        if printer is not None and printer.started:
+            # the status the words held back, once they are all out
+            _show_job(job, status, Remaining())
+            status.end()
+        return code
     except ClientError as exc:
         status.end()
         sys.stderr.write(f"storyjobs: {exc.message}\n")
