@@ -155,3 +155,19 @@ async def test_the_consoles_job_page_shows_a_running_jobs_draft_and_none_once_it
         assert (draft["text"], draft["chars"]) == ("Title: The Moon\nOnce upon a time", 32) and draft["updated_at"]
         assert (await client.delete(f"/stories/jobs/{job_id}")).status_code == 200
         assert (await ops.get(f"/ops/api/jobs/{job_id}")).json()["draft"] is None
+
+
+async def test_the_openapi_document_describes_the_draft_the_validators_and_the_304(pool: AsyncConnectionPool) -> None:
+    """The poll's 200 is a JobState with its draft, `since` and If-None-Match are its parameters, and its 304 is
+    documented with the validators and pacing of the 200 it stands for."""
+    async with api_client(pool) as client:
+        document = (await client.get("/schema/openapi.json")).json()
+    poll = document["paths"]["/stories/jobs/{job_id}"]["get"]
+    assert poll["responses"]["200"]["content"]["application/json"]["schema"] == {
+        "$ref": "#/components/schemas/JobState"}
+    assert {"since", "If-None-Match"} <= {parameter["name"] for parameter in poll["parameters"]}
+    for status in ("200", "304"):
+        assert {"ETag", "Cache-Control", "Retry-After"} <= set(poll["responses"][status]["headers"])
+    draft = document["components"]["schemas"]["JobState"]["properties"]["draft"]
+    assert "#/components/schemas/JobDraft" in str(draft)
+    assert set(document["components"]["schemas"]["JobDraft"]["required"]) == {"text", "chars", "updated_at"}
