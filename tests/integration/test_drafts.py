@@ -232,6 +232,42 @@ async def test_a_cancel_stops_the_draft_at_once(
     assert await _chunks(conn) == 0
 
 
+async def test_a_worker_sends_the_whole_text_again_after_its_draft_was_emptied(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+) -> None:
+    """After a crash of Postgres empties the unlogged drafts (forced with TRUNCATE), the worker's next write is
+    told the draft is empty and the one after sends the whole text streamed so far: the draft has no hole."""
+    hold = threading.Event()
+    fake = FakeAnthropic(default=Plan(chunks=6, duration_s=0.6, text=STORY, hold=hold))
+    with FakeAnthropicServer(fake) as provider:
+        settings = worker_settings(anthropic_api_key="test", anthropic_base_url=provider.base_url,
+                                   draft_interval_s=60)
+        writer = AnthropicWriter(settings)
+        try:
+            async with running_worker(settings, pool, writer, listen_url=database_url, drafts_pool=pool) as worker:
+                await enqueue(conn, await client_id_of(conn), "an owl")
+                await wait_until(lambda: _streamed_more(worker, 20), timeout=10, what="text streamed")
+                assert await worker.drafts_once() == 1
+                await conn.execute("TRUNCATE story_draft_chunks")
+                (held,) = list(worker.held)
+                written = held.call.text.chars
+                await wait_until(lambda: _streamed_more(worker, written), timeout=10, what="more text streamed")
+                await worker.drafts_once()  # refused: the draft is not where the worker left it
+                assert await _draft(conn) == ""
+                await wait_until(lambda: _all_streamed(worker), timeout=10, what="the whole text streamed")
+                assert await worker.drafts_once() == 1
+                assert await _draft(conn) == STORY
+                hold.set()
+                await wait_until(lambda: _finished(conn), timeout=10, what="the job to complete")
+        finally:
+            await writer.aclose()
+    assert await _chunks(conn) == 0
+
+
+async def _all_streamed(worker: Coordinator) -> bool:
+    return any(held.call.text.chars == len(STORY) for held in worker.held)
+
+
 async def _streamed_more(worker: Coordinator, than: int) -> bool:
     return any(held.call.text.chars > than for held in worker.held)
 
