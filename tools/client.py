@@ -374,7 +374,8 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine,
         except _Retryable as exc:
             raise exc.final from None
         if response.status_code == 304 and last is not None:
-            job, fresh = last[1], False
+            # the last state again; its estimate is not repeated: the countdown goes on from where it is
+            job, fresh = {**last[1], "estimated_seconds_remaining": None}, False
         else:
             job, fresh = response.json(), True
             etag = response.headers.get("etag")

@@ -406,7 +406,10 @@ async function fetchJob(jobId) {
     const headers = state.etag && state.job ? { "If-None-Match": state.etag } : {};
     response = await send("GET", `/stories/jobs/${encodeURIComponent(jobId)}?since=${since}`,
       { key: apiKey(), headers });
-    if (response.status === 304 && state.job) return { response, job: state.job };
+    // the last state again; its estimate is not repeated: the countdown goes on from where it is
+    if (response.status === 304 && state.job) {
+      return { response, job: { ...state.job, estimated_seconds_remaining: null } };
+    }
     if (response.ok) {
       const job = await response.json();
       if (state !== followed) return { response, job };
