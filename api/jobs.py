@@ -13,18 +13,20 @@ is looked up like any other, so it is the same 404 as an unknown id.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import uuid
 from datetime import datetime
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import structlog
 from litestar import Request, Response, Router, delete, get, post
 from litestar.di import NamedDependency
 from litestar.dto import MsgspecDTO
+from litestar.openapi.datastructures import ResponseSpec
 from litestar.openapi.spec import Example, OpenAPIFormat, OpenAPIType, Reference, Schema
-from litestar.params import HeaderParameter, JSONBody, PathParameter
+from litestar.params import HeaderParameter, JSONBody, PathParameter, QueryParameter
 from litestar.typing import FieldDefinition
 
 from api import metrics, pacing
@@ -41,7 +43,7 @@ from api.deps import ApiState, ConnectionSlots, deadline, parse_public_id, provi
 from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
 from api.rows import Admission, JobRead
-from api.schemas import JobAccepted, JobError, JobState, Story
+from api.schemas import JobAccepted, JobDraft, JobError, JobState, Story
 from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.ratelimit import over_limit
@@ -70,6 +72,10 @@ _SF_ESCAPE = re.compile(r"\\(.)")
 # RFC 9457 type of a 429 for spend, a relative reference into this api
 BUDGET_EXHAUSTED = "/problems/budget-exhausted"
 _NO_STORE = {"Cache-Control": "no-store"}
+# the poll: a browser may keep it, but asks again every time (If-None-Match)
+_REVALIDATE = {"Cache-Control": "private, no-cache"}
+# a draft's text from character N: as long as a column's text can be
+_SINCE_MAX = 2**31 - 1
 _RETRY_AFTER = "Retry-After"
 _JOB_ID = Annotated[str, PathParameter(description="The job_id from POST /stories/generate.",
                                          schema_extra={"format": OpenAPIFormat.UUID})]
@@ -249,7 +255,46 @@ def _job_state(job: JobRead, remaining_s: float | None, settings: ApiSettings | 
         if job.status is JobStatus.FAILED else None,
         lane=job.lane,
         due_by=_due_by(job, settings),
+        draft=None if job.draft is None or job.status is not JobStatus.RUNNING
+        else JobDraft(text=job.draft.text, chars=job.draft.chars, updated_at=job.draft.updated_at),
     )
+
+
+def etag_of(job: JobRead) -> str:
+    """A weak ETag over what a client shows of the job: its status, queue
+    position, progress, the draft's length, the story or the error, the due
+    time. Not the time-remaining estimate, which moves with every job that
+    finishes and which a poll may show one poll stale; not ``since``, which
+    only cuts what is sent of a draft of the same length."""
+    shown = "|".join(str(part) for part in (
+        job.status.value, job.queue_position if job.status is JobStatus.PENDING else "",
+        job.progress if job.status is JobStatus.RUNNING else "",
+        job.draft.chars if job.draft is not None and job.status is JobStatus.RUNNING else "",
+        job.story.story_id if job.story is not None else "", job.error_code or "", job.batch_ready_at or "",
+        job.batch_expires_at or ""))
+    return f'W/"{hashlib.blake2b(shown.encode(), digest_size=12).hexdigest()}"'
+
+
+def _not_modified(if_none_match: str | None, etag: str) -> bool:
+    """Whether If-None-Match names ``etag`` (compared weakly, as RFC 9110
+    asks for If-None-Match) or is ``*``."""
+    if not if_none_match:
+        return False
+    ours = etag.removeprefix("W/")
+    for tag in if_none_match.split(","):
+        tag = tag.strip()
+        if tag == "*" or tag.removeprefix("W/") == ours:
+            return True
+    return False
+
+
+def _poll_retry_after(job: JobRead, settings: ApiSettings, seconds: int) -> int:
+    """A running interactive job's Retry-After, while drafts are on: at
+    most two draft intervals (at least a second), so that its words flow
+    rather than arrive in bursts."""
+    if job.status is JobStatus.RUNNING and job.lane is Lane.INTERACTIVE and settings.draft_interval_s > 0:
+        return min(seconds, max(1, int(2 * settings.draft_interval_s)))
+    return seconds
 
 
 def _due_by(job: JobRead, settings: ApiSettings | None) -> datetime | None:
@@ -265,10 +310,28 @@ def _due_by(job: JobRead, settings: ApiSettings | None) -> datetime | None:
 @get(
     "/stories/jobs/{job_id:str}",
     summary="Where a job stands",
-    description="`Retry-After` says when polling again is worth it, while the job is not finished.",
-    responses=problem_responses(400, 401, 404, 503),
+    description=(
+        "`Retry-After` says when polling again is worth it, while the job is not finished. A running job "
+        "carries its `draft`, the story as it is written so far; `?since=N` sends only its text after "
+        "character N (the `chars` of the previous poll), so that each word is downloaded once. Every answer "
+        "has an `ETag` over what a client shows (not the time estimate): send it back in `If-None-Match` and "
+        "the answer is `304 Not Modified`, without a body, while nothing shown changed."
+    ),
+    responses={
+        304: ResponseSpec(None, description="Nothing a client shows changed since the ETag in If-None-Match."),
+        **problem_responses(400, 401, 404, 503),
+    },
 )
-async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[JobState]:
+async def get_job(
+    request: Request[Any, Any, Any],
+    job_id: _JOB_ID,
+    since: Annotated[int, QueryParameter(
+        ge=0, le=_SINCE_MAX,
+        description="Send a running job's draft text after this character (Unicode code points) only.")] = 0,
+    if_none_match: Annotated[str | None, HeaderParameter(
+        name="If-None-Match", required=False,
+        description="The ETag of an earlier answer: 304 while nothing a client shows changed.")] = None,
+) -> Response[JobState]:
     # The hottest path takes no dependency: it takes its store itself, under
     # the same deadline (api.deps.deadline), since Litestar's generator
     # dependency and the copy of the app's state it resolves cost 40 of the
@@ -280,7 +343,8 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
     # the polls queued behind it.
     async with deadline(api_state):
         async with api_state.connection_slots.store() as store:
-            view = await store.job_get_for_key(key_prefix=api_key.prefix, job_id=parse_public_id(job_id))
+            view = await store.job_get_for_key(key_prefix=api_key.prefix, job_id=parse_public_id(job_id),
+                                               since=since)
         verify(view, api_key)
         assert view is not None
         job = view.job
@@ -288,7 +352,8 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
             raise ProblemError(404, "Not Found", "no such job")
         stats = (await api_state.drain_stats.get()
                  if job.status in (JobStatus.PENDING, JobStatus.RUNNING) else None)
-    headers = dict(_NO_STORE)
+    etag = etag_of(job)
+    headers = {**_REVALIDATE, "ETag": etag}
     remaining = None
     if job.status in (JobStatus.PENDING, JobStatus.RUNNING):
         if job.lane is Lane.INTERACTIVE:
@@ -297,8 +362,11 @@ async def get_job(request: Request[Any, Any, Any], job_id: _JOB_ID) -> Response[
                 fraction=pacing.fraction_done(job.progress, job.max_tokens), now=job.now,
                 requests_per_s=_per_s(api_state.settings.llm_requests_per_minute),
             )
-        headers[_RETRY_AFTER] = str(pacing.retry_after_for(job.lane, api_state.settings,
-                                                           pacing.retry_after(job.status, remaining)))
+        headers[_RETRY_AFTER] = str(_poll_retry_after(job, api_state.settings, pacing.retry_after_for(
+            job.lane, api_state.settings, pacing.retry_after(job.status, remaining))))
+    if _not_modified(if_none_match, etag):
+        # no body: the answer the client holds stands (documented as 304 beside the 200's JobState)
+        return cast("Response[JobState]", Response(content=b"", status_code=304, headers=headers))
     return Response(_job_state(job, remaining, api_state.settings), headers=headers)
 
 

@@ -36,9 +36,21 @@ SUCCESS_HEADERS: dict[tuple[str, str], dict[str, OpenAPIHeader]] = {
     ("/stories/jobs/{job_id}", "get"): {
         "Retry-After": OpenAPIHeader(schema=_SECONDS, required=False,
                                      description="While the job is pending or running: seconds until "
-                                                 "polling again is worth it."),
+                                                 "polling again is worth it (while drafts are on, at most two "
+                                                 "draft intervals for a running job)."),
+        "ETag": OpenAPIHeader(schema=Schema(type=OpenAPIType.STRING), required=True,
+                              description="A weak validator over what a client shows of the job (status, queue "
+                                          "position, progress, the draft's length, the story or error), not "
+                                          "the estimate: send it back in If-None-Match."),
+        "Cache-Control": OpenAPIHeader(schema=Schema(type=OpenAPIType.STRING, enum=["private, no-cache"]),
+                                       required=True,
+                                       description="A browser may keep the answer, and revalidates it on "
+                                                   "every poll."),
     },
 }
+# the statuses besides 2xx whose answers carry a route's success headers
+# (a 304 carries the validators and the pacing of the 200 it stands for)
+REVALIDATED = ("304",)
 # the headers of error answers, by status, on every route
 HEADERS_BY_STATUS: dict[str, dict[str, OpenAPIHeader]] = {
     "401": {
@@ -75,7 +87,7 @@ def refine(openapi: OpenAPI) -> None:
         if where not in operations:
             raise LookupError(f"no operation {where} to document the headers of")
         responses = operations[where].responses or {}
-        for status in (s for s in responses if s.startswith("2")):
+        for status in (s for s in responses if s.startswith("2") or s in REVALIDATED):
             _add_headers(responses[status], headers)
     for operation in operations.values():
         for status, response in (operation.responses or {}).items():

@@ -71,6 +71,16 @@ class StoryRow(msgspec.Struct, frozen=True):
     created_at: datetime
 
 
+class DraftRead(msgspec.Struct, frozen=True):
+    """A running job's draft as the poll reads it: its length in code points,
+    when it last grew (None: nothing written yet), and its text after the
+    character the client asked from."""
+
+    chars: int
+    updated_at: datetime | None
+    text: str
+
+
 class JobRead(msgspec.Struct, frozen=True):
     """A job as its client reads it (job_get_for_key)."""
 
@@ -91,6 +101,8 @@ class JobRead(msgspec.Struct, frozen=True):
     # a batch job: since when it waits for a batch, and its batch's expiry once sent
     batch_ready_at: datetime | None = None
     batch_expires_at: datetime | None = None
+    # running: the text written so far (after the character asked from)
+    draft: DraftRead | None = None
 
 
 class JobView(KeyAuth, frozen=True):

@@ -56,6 +56,17 @@ class Story(WrittenStory, frozen=True):
                    output_tokens=row.output_tokens, cost_usd=str(row.cost_usd), created_at=row.created_at)
 
 
+class JobDraft(msgspec.Struct, frozen=True):
+    """The story as it is written so far, while the job runs."""
+
+    text: Annotated[str, msgspec.Meta(description=(
+        "The text written so far, as the model streams it (its first line is usually `Title: ...`); with "
+        "`?since=N`, only the text after character N."))]
+    chars: Annotated[int, msgspec.Meta(ge=0, description=(
+        "How long the whole draft is, in Unicode code points: the `since` of the next poll."))]
+    updated_at: Annotated[datetime, msgspec.Meta(description="When the draft last grew.")] | None
+
+
 class JobState(msgspec.Struct, frozen=True):
     """Where a job stands. Fields that do not apply to its status are null."""
 
@@ -79,6 +90,8 @@ class JobState(msgspec.Struct, frozen=True):
     error: JobError | None
     lane: Annotated[Lane, _LANE] = Lane.INTERACTIVE
     due_by: Annotated[datetime, _DUE_BY] | None = None
+    draft: Annotated[JobDraft, msgspec.Meta(description=(
+        "Running only: the story as it is written so far (null otherwise; the final text is `story`)."))] | None = None
 
 
 class Health(msgspec.Struct, frozen=True):

@@ -81,8 +81,8 @@ class ApiStore:
                                             client_budget_usd=client_budget_usd, batch_queue_max=batch_queue_max,
                                             client_batch_queue_max=client_batch_queue_max)
 
-    async def job_get_for_key(self, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
-        return await job_get_for_key(self.conn, key_prefix=key_prefix, job_id=job_id)
+    async def job_get_for_key(self, *, key_prefix: str, job_id: uuid.UUID, since: int = 0) -> JobView | None:
+        return await job_get_for_key(self.conn, key_prefix=key_prefix, job_id=job_id, since=since)
 
     async def story_get_for_key(self, *, key_prefix: str, story_id: uuid.UUID) -> StoryView | None:
         return await story_get_for_key(self.conn, key_prefix=key_prefix, story_id=story_id)
@@ -193,11 +193,12 @@ def _requests(admissions: Iterable[Admission]) -> Jsonb:
 _job_read = msgspec.json.Decoder(JobRead)
 
 
-async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID) -> JobView | None:
-    """The key's client and, if it is theirs, the job; None: no such key.
-    Read as a tuple, the job decoded from the JSON the statement sends."""
+async def job_get_for_key(conn: Conn, *, key_prefix: str, job_id: uuid.UUID, since: int = 0) -> JobView | None:
+    """The key's client and, if it is theirs, the job (a running job's draft
+    from character ``since``); None: no such key. Read as a tuple, the job
+    decoded from the JSON the statement sends."""
     async with conn.cursor() as cur:
-        await cur.execute(Q["job_get_for_key"], {"key_prefix": key_prefix, "job_id": job_id})
+        await cur.execute(Q["job_get_for_key"], {"key_prefix": key_prefix, "job_id": job_id, "since": since})
         row = await cur.fetchone()
     if row is None:
         return None

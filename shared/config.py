@@ -99,6 +99,10 @@ class BaseSettings(msgspec.Struct, frozen=True, kw_only=True, rename="upper"):
     batch_poll_interval_s: Seconds = 60.0
     batch_reconcile_grace_s: Seconds = 600.0
     batch_max_attempts: Annotated[int, msgspec.Meta(ge=1, le=10)] = 3
+    # how often a worker writes the text streamed so far of the jobs it holds
+    # (one statement for them all), which the poll shows as the job's draft;
+    # the api bounds a running job's Retry-After by two of them. 0: no drafts
+    draft_interval_s: Annotated[float, msgspec.Meta(ge=0, le=60)] = 1.0
 
     def price(self) -> Price:
         """LLM_MODEL's price, from the built-in table and LLM_PRICES."""

@@ -106,6 +106,10 @@ class OpsJobDetail(msgspec.Struct, frozen=True):
     story_output_tokens: int | None
     story_cost_usd: Decimal | None
     # a batch job: since when it waits for a batch (null: it is in one, or ended)
+    # a running job's draft: its text so far, length (code points), last growth
+    draft_text: str | None = None
+    draft_chars: int | None = None
+    draft_updated_at: datetime | None = None
     batch_ready_at: datetime | None = None
     # a batch job's batch: the one that owns it, or its last while it waits for the next
     batch_id: int | None = None

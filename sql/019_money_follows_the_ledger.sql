@@ -261,6 +261,10 @@ BEGIN
     FROM unnest(done) d
     WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x)) AND c.job_id = d.id
       AND c.outcome = 'started' AND c.batch_id IS NULL;
+    -- the ended jobs' drafts (story_draft_chunks, migration 020) go with the
+    -- end, in its statement: a draft write holds its job's row FOR SHARE, so
+    -- what it wrote is committed before this end's update and deleted here
+    DELETE FROM story_draft_chunks c WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x));
     RETURN QUERY SELECT * FROM unnest(done);
 END
 $$;

@@ -328,7 +328,7 @@ notified AS (SELECT 1 WHERE false)
 
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
--- the job (if it is this client's) with its queue position or story.
+-- the job (if it is this client's) with its queue position, draft or story.
 -- queue_position counts pending jobs ahead of this one in the claim's order
 -- (turns: the client's share), on the claim's index.
 --
@@ -357,11 +357,29 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
                'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END,
            -- how far along a running job is: its progress against what its length allows
            'max_tokens', j.max_tokens,
+           -- a running job's draft (migration 020): its length and when it
+           -- last grew (its last chunk, one step back on the key), and its
+           -- text after character `since` (code points), from the chunk that
+           -- holds that character on: a poll that asks for what is new reads
+           -- only the new chunks, whatever the story's length
+           'draft', CASE WHEN j.status = 'running' AND j.lane = 'interactive' THEN json_build_object(
+               'chars', coalesce(d.from_char + d.chars, 0), 'updated_at', d.written_at,
+               'text', coalesce((
+                   SELECT substr(string_agg(c.text, '' ORDER BY c.from_char),
+                                 %(since)s::integer + 1 - min(c.from_char))
+                   FROM story_draft_chunks c
+                   WHERE c.job_id = j.id AND c.from_char + c.chars > %(since)s::integer
+                     AND c.from_char >= coalesce((SELECT max(h.from_char) FROM story_draft_chunks h
+                                                  WHERE h.job_id = j.id AND h.from_char <= %(since)s::integer), 0)
+               ), '')) END,
            -- the database's clock, which started_at was written by
            'now', now())::text END AS job
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
 LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
+LEFT JOIN LATERAL (SELECT l.from_char, l.chars, l.written_at FROM story_draft_chunks l
+                   WHERE l.job_id = j.id AND j.status = 'running'
+                   ORDER BY l.from_char DESC LIMIT 1) d ON true
 WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: story_get_for_key

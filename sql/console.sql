@@ -114,7 +114,8 @@ ORDER BY p.created_at DESC, p.id DESC;
 -- name: ops_job_get
 -- A job's page (and `storyjobs jobs show ID`): the job, its client and its
 -- story (kept also when the job failed after the story was paid for), by
--- the public id's unique index; a batch job's batch (the one that owns it,
+-- the public id's unique index; a running job's draft (migration 020), the
+-- story as it is written so far; a batch job's batch (the one that owns it,
 -- or its last, while it waits for the next) by that batch's primary key.
 SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.status::text AS status,
        j.lane::text AS lane, j.error_code, j.error_text, j.worker_id, j.progress, j.request,
@@ -123,11 +124,17 @@ SELECT j.id, j.public_id, j.client_id, coalesce(c.name, '') AS client_name, j.st
        s.prompt_version AS story_prompt_version, s.input_tokens AS story_input_tokens,
        s.output_tokens AS story_output_tokens, s.cost_usd AS story_cost_usd,
        b.id AS batch_id, b.state AS batch_state, b.provider_batch_id AS batch_provider_id,
-       b.processing_status AS batch_processing_status, b.expires_at AS batch_expires_at
+       b.processing_status AS batch_processing_status, b.expires_at AS batch_expires_at,
+       d.text AS draft_text, d.chars AS draft_chars, d.updated_at AS draft_updated_at
 FROM story_jobs j
 LEFT JOIN api_clients c ON c.id = j.client_id
 LEFT JOIN stories s ON s.job_id = j.id
 LEFT JOIN message_batches b ON b.id = j.batch_id
+LEFT JOIN LATERAL (
+    SELECT coalesce(string_agg(k.text, '' ORDER BY k.from_char), '') AS text,
+           coalesce(max(k.from_char + k.chars), 0) AS chars, max(k.written_at) AS updated_at
+    FROM story_draft_chunks k WHERE k.job_id = j.id
+) d ON j.status = 'running' AND j.lane = 'interactive'
 WHERE j.public_id = %(job_id)s;
 
 -- name: ops_job_count_pending

@@ -680,3 +680,43 @@ others_dropped AS (
 -- from the event to this attempt's end, by the database's clock; no row:
 -- the attempt was no longer the delivery's
 SELECT extract(epoch FROM now() - created_at)::float8 AS latency_s FROM finished;
+
+-- name: draft_append
+-- Every DRAFT_INTERVAL_S, one statement for all the jobs a worker process
+-- holds: each job's text streamed since its last write, appended as a chunk
+-- to its draft (migration 020 says why chunks, and why unlogged), where the
+-- job is still running under this worker. The jobs' rows are held FOR SHARE
+-- (in ascending id order, as every statement that locks several locks them)
+-- until the commit, so that no draft lands after its job's end: an end
+-- waits for this write and then deletes what it wrote (jobs_end), or ends
+-- first and this finds the job no longer running. A chunk is appended only
+-- where the draft is exactly `from_char` long (an empty draft: 0), so a
+-- write sent again after its answer was lost changes nothing, and a draft
+-- emptied by a crash of Postgres is not continued with a hole. Answers, for
+-- each job still ours, how long its draft is now: the worker sends from
+-- there next time (the whole text again after such a crash).
+WITH piece AS MATERIALIZED (
+    SELECT * FROM unnest(%(job_ids)s::bigint[], %(from_chars)s::integer[], %(texts)s::text[])
+        AS p(job_id, from_char, text)
+),
+ours AS MATERIALIZED (
+    SELECT j.id FROM story_jobs j
+    WHERE j.id = ANY (ARRAY(SELECT job_id FROM piece)) AND j.status = 'running' AND j.worker_id = %(worker_id)s
+    ORDER BY j.id
+    FOR SHARE
+),
+held AS MATERIALIZED (
+    SELECT o.id, coalesce((SELECT c.from_char + c.chars FROM story_draft_chunks c WHERE c.job_id = o.id
+                           ORDER BY c.from_char DESC LIMIT 1), 0) AS chars
+    FROM ours o
+),
+appended AS (
+    INSERT INTO story_draft_chunks (job_id, from_char, chars, text)
+    SELECT p.job_id, p.from_char, char_length(p.text), p.text
+    FROM piece p JOIN held h ON h.id = p.job_id
+    WHERE p.text <> '' AND p.from_char = h.chars
+    ON CONFLICT DO NOTHING
+    RETURNING job_id, from_char + chars AS chars
+)
+SELECT h.id AS job_id, coalesce(a.chars, h.chars) AS chars
+FROM held h LEFT JOIN appended a ON a.job_id = h.id;

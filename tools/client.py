@@ -15,8 +15,11 @@ waits), and shows where the job stands on stderr: one line rewritten in
 place on a terminal, a line per change otherwise.
 
 Without --wait it prints the job id; with --wait, the story (title, a blank
-line, the text). --json prints the api's JSON instead: the accepted job, or
-the finished one.
+line, the text), as it is written: each poll asks for the draft's text after
+what was printed (``?since=N``) and sends the last ETag back
+(``If-None-Match``: a 304 while nothing changed), and the words are printed
+as they come; once the story is done, the rest of it. --json prints the
+api's JSON instead: the accepted job, or the finished one.
 
 --lane batch asks for the story through the batch lane: within the day, half
 the price; usually within the hour. Its job waits for the next message
@@ -54,6 +57,7 @@ import httpx
 import stamina
 
 from shared import logs
+from shared.prompt import split_title
 from shared.status import JobStatus
 
 DEFAULT_URL = "http://127.0.0.1:8000"
@@ -279,18 +283,80 @@ async def start_job(http: httpx.AsyncClient, body: dict[str, Any], status: Statu
     raise AssertionError("unreachable: stamina either returns or raises")
 
 
-async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine) -> dict[str, Any]:
+class StoryPrinter:
+    """The story printed as it is written: the title once its line has come,
+    a blank line, then the text, as the drafts bring it; at the end, what the
+    drafts had not brought yet. What is printed is what ``_report`` prints of
+    a finished story (the title line split off as the worker splits it, the
+    text without the whitespace around it), so stdout is the same story
+    whether it came in pieces or at once. ``chars``: how much of the draft
+    came, in code points, the next poll's ``since``."""
+
+    def __init__(self, out: TextIO) -> None:
+        self._out = out
+        self._streamed = ""
+        self._printed: str | None = None  # None: not even the title yet
+        self.chars = 0
+
+    @property
+    def started(self) -> bool:
+        return self._printed is not None
+
+    def draft(self, draft: dict[str, Any] | None) -> None:
+        """A poll's draft: the text after ``chars``, and its whole length. A
+        draft shorter than what came (the server lost it) is waited for
+        until it is long again: its text is the same."""
+        if not draft or int(draft.get("chars") or 0) < self.chars:
+            return
+        self._streamed += str(draft.get("text") or "")
+        self.chars = int(draft["chars"])
+        line, newline, _ = self._streamed.partition("\n")
+        if not newline:
+            return
+        title, _ = split_title(line)
+        titled = title != "A bedtime story" or line.strip().lstrip("#").strip().lower().startswith("title:")
+        body = (self._streamed[len(line) + 1:] if titled else self._streamed).lstrip()
+        # whitespace at the end waits: the finished story is stripped of it
+        ready = body.rstrip()
+        if self._printed is None:
+            self._out.write(f"{title}\n\n")
+            self._printed = ""
+        self._out.write(ready[len(self._printed):])
+        self._printed = ready
+        self._out.flush()
+
+    def finish(self, story: dict[str, Any]) -> None:
+        """The story once written: the rest of its text, or the whole of it
+        when nothing was printed (or what was does not lead to it)."""
+        text = str(story.get("text", ""))
+        if self._printed is not None and text.startswith(self._printed):
+            self._out.write(f"{text[len(self._printed):]}\n")
+        else:
+            if self._printed is not None:
+                self._out.write("\n\n")
+            self._out.write(f"{story.get('title', '')}\n\n{text}\n")
+        self._out.flush()
+
+
+async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine,
+                       printer: StoryPrinter | None = None) -> dict[str, Any]:
     """Poll the job until it is completed or failed; that last answer. Polls
     come as often as Retry-After says (at most every POLL_INTERVAL_MAX_S); a
-    failing poll is retried for up to POLL_OUTAGE_MAX_S."""
+    failing poll is retried for up to POLL_OUTAGE_MAX_S. With a printer,
+    the story's draft is printed as it comes: each poll asks for its text
+    after what was printed, and sends back the last ETag (a 304 is the last
+    answer again)."""
+    last: tuple[str, dict[str, Any]] | None = None
 
     async def poll() -> httpx.Response:
+        params = {"since": printer.chars} if printer is not None else {}
+        headers = {"If-None-Match": last[0]} if last is not None else {}
         try:
-            response = await http.get(f"/stories/jobs/{job_id}")
+            response = await http.get(f"/stories/jobs/{job_id}", params=params, headers=headers)
         except httpx.TransportError as exc:
             trouble = f"lost the connection to the api ({_network(exc)})"
             raise _Retryable(trouble, _gave_up(job_id, trouble)) from None
-        if response.status_code == 200:
+        if response.status_code == 200 or (response.status_code == 304 and last is not None):
             return response
         if not _retryable(response):
             raise _refusal(response)
@@ -307,8 +373,19 @@ async def wait_for_job(http: httpx.AsyncClient, job_id: str, status: StatusLine)
                     response = await poll()
         except _Retryable as exc:
             raise exc.final from None
-        job: dict[str, Any] = response.json()
-        _show_job(job, status, remaining)
+        if response.status_code == 304 and last is not None:
+            # the last state again; its estimate is not repeated: the countdown goes on from where it is
+            job, fresh = {**last[1], "estimated_seconds_remaining": None}, False
+        else:
+            job, fresh = response.json(), True
+            etag = response.headers.get("etag")
+            last = (etag, job) if etag else None
+        if printer is None or not printer.started:
+            # once the words are on the terminal, a status line would be written over them
+            _show_job(job, status, remaining)
+        if fresh and printer is not None and job["status"] == JobStatus.RUNNING and job.get("draft"):
+            status.end()
+            printer.draft(job["draft"])
         if job["status"] in TERMINAL:
             return job
         longest = BATCH_POLL_MAX_S if job.get("lane") == "batch" else POLL_INTERVAL_MAX_S
@@ -349,16 +426,18 @@ def _print_json(value: Any) -> None:
     sys.stdout.write(json.dumps(value, indent=2, ensure_ascii=False) + "\n")
 
 
-def _report(job: dict[str, Any], as_json: bool) -> int:
+def _report(job: dict[str, Any], as_json: bool, printer: StoryPrinter | None = None) -> int:
     if as_json:
         _print_json(job)
     if job["status"] == JobStatus.FAILED:
+        if printer is not None and printer.started:
+            # what was printed is not the story: say so where it ends
+            sys.stdout.write("\n")
         error = job.get("error") or {}
         raise ClientError(EXIT_JOB_FAILED, f"the story was not written ({error.get('code', 'unknown')}): "
                                            f"{error.get('message') or 'no reason given'}")
     if not as_json:
-        story = job.get("story") or {}
-        sys.stdout.write(f"{story.get('title', '')}\n\n{story.get('text', '')}\n")
+        (printer or StoryPrinter(sys.stdout)).finish(job.get("story") or {})
     return EXIT_OK
 
 
@@ -413,9 +492,15 @@ async def run_generate(args: argparse.Namespace) -> int:
                 else:
                     sys.stdout.write(f"{job_id}\n")
                 return EXIT_OK
-            job = await wait_for_job(http, job_id, status)
+            printer = None if args.json else StoryPrinter(sys.stdout)
+            job = await wait_for_job(http, job_id, status, printer)
         status.end()
-        return _report(job, args.json)
+        code = _report(job, args.json, printer)
+        if printer is not None and printer.started:
+            # the status the words held back, once they are all out
+            _show_job(job, status, Remaining())
+            status.end()
+        return code
     except ClientError as exc:
         status.end()
         sys.stderr.write(f"storyjobs: {exc.message}\n")

@@ -20,7 +20,7 @@ from worker.batch.store import BatchStore
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
-from worker.store import PgWorkerStore
+from worker.store import PgDraftStore, PgWorkerStore
 from worker.writing import StoryWriter
 
 log = structlog.get_logger()
@@ -29,6 +29,8 @@ log = structlog.get_logger()
 # sweeper; 70 a helper task died (logged where it happened)
 EXIT_ABANDONED = 1
 EXIT_CRASHED = 70
+# the longest a draft write may take: it holds its jobs' rows meanwhile
+DRAFT_STATEMENT_TIMEOUT_S = 2.0
 
 
 def make_batch_provider(settings: WorkerSettings) -> BatchProvider:
@@ -69,9 +71,13 @@ async def serve(settings: WorkerSettings) -> int:
         )
         await store.ensure_rate_bucket(RateLimits.from_settings(settings))
         tracer = trace.get_tracer("storyjobs.worker") if telemetry.tracing_enabled() else None
-        coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen, tracer=tracer)
         batch_provider = make_batch_provider(settings)
-        async with _side_pool(settings, "webhooks") as deliveries_pool, _side_pool(settings, "batches") as batch_pool:
+        async with (_side_pool(settings, "webhooks") as deliveries_pool,
+                    _side_pool(settings, "batches") as batch_pool,
+                    _drafts_pool(settings) as drafts_pool):
+            drafts = None if drafts_pool is None else PgDraftStore(drafts_pool, worker_id=store.worker_id)
+            coordinator = Coordinator(settings, store, writer, listen=settings.worker_listen, tracer=tracer,
+                                      drafts=drafts)
             deliverer = Deliverer(settings, PgDeliveryStore(deliveries_pool), tracer=tracer)
             lane = BatchLane(settings, BatchStore(batch_pool), batch_provider, holder=store.worker_id)
 
@@ -111,14 +117,27 @@ async def serve(settings: WorkerSettings) -> int:
 
 
 @contextlib.asynccontextmanager
-async def _side_pool(settings: WorkerSettings, name: str) -> AsyncIterator[AsyncConnectionPool]:
-    """A connection of its own for the deliveries or the batch lane, so that
-    neither waits for the job loop's connections (nor it for theirs): each
-    of their statements is short, so one connection serves them."""
+async def _drafts_pool(settings: WorkerSettings) -> AsyncIterator[AsyncConnectionPool | None]:
+    """The draft writer's connection (none with DRAFT_INTERVAL_S=0): a write
+    is cut short at DRAFT_STATEMENT_TIMEOUT_S, so that it never holds its
+    jobs' rows (FOR SHARE) long enough to delay their ends."""
+    if settings.draft_interval_s <= 0:
+        yield None
+        return
+    async with _side_pool(settings, "drafts", statement_timeout_s=DRAFT_STATEMENT_TIMEOUT_S) as pool:
+        yield pool
+
+
+@contextlib.asynccontextmanager
+async def _side_pool(settings: WorkerSettings, name: str,
+                     statement_timeout_s: float = 10.0) -> AsyncIterator[AsyncConnectionPool]:
+    """A connection of its own for the deliveries, the batch lane or the
+    drafts, so that none waits for the job loop's connections (nor it for
+    theirs): each of their statements is short, so one connection serves them."""
     pool = db.make_pool(
         db.database_url(settings), application_name=f"storyjobs-worker-{name}",
-        connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=10.0, min_size=1, max_size=1,
-        wait_timeout_s=2.0, generic_plans=True, pooler=settings.database_pooler,
+        connect_timeout_s=settings.db_connect_timeout_s, statement_timeout_s=statement_timeout_s, min_size=1,
+        max_size=1, wait_timeout_s=2.0, generic_plans=True, pooler=settings.database_pooler,
     )
     await pool.open(wait=False)
     try:

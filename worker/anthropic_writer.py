@@ -270,6 +270,7 @@ class AnthropicWriter:
                     call.input_tokens = _input_tokens(event.message.usage.input_tokens, call, final=False)
                 elif event.type == "text":
                     streamed_chars += len(event.text)
+                    call.text.append(event.text)
                     call.output_tokens = min(max(call.output_tokens, streamed_chars // _CHARS_PER_TOKEN),
                                              call.max_tokens)
                 elif event.type == "message_delta":

@@ -40,6 +40,7 @@ from shared.config import WorkerSettings
 from worker import metrics
 from worker.backoff import Backoff
 from worker.claimer import STATEMENT_TIMEOUT_S, Claimer
+from worker.drafts import DraftStore, DraftWriter
 from worker.ends import EndWriter
 from worker.executor import LedgerHooks, execute
 from worker.heartbeat import Heartbeat
@@ -111,6 +112,7 @@ class Coordinator:
         sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
         statement_timeout_s: float = STATEMENT_TIMEOUT_S,
         tracer: Tracer | None = None,
+        drafts: DraftStore | None = None,
     ) -> None:
         self.settings = settings
         # traces on: each job's run is a span in its trace (worker/executor.py)
@@ -131,6 +133,10 @@ class Coordinator:
         self._errors = db.ErrorEpisode("worker", clock=clock, task="coordinator")
         self._heartbeat = Heartbeat(store, self.held, self.inbox, interval_s=settings.heartbeat_interval_s,
                                     clock=clock, sleep=sleep)
+        # the text streamed so far, written for the poll (DRAFT_INTERVAL_S; 0 or no store: none)
+        self._drafts = (DraftWriter(drafts, self.held, interval_s=settings.draft_interval_s, clock=clock,
+                                    sleep=sleep)
+                        if drafts is not None and settings.draft_interval_s > 0 else None)
         self.claims = 0  # jobs claimed by this process, for logs
 
     # -- what others may ask ----------------------------------------------------------------
@@ -152,6 +158,10 @@ class Coordinator:
         whose stream it stopped."""
         return await self._heartbeat.once()
 
+    async def drafts_once(self) -> int:
+        """One draft write now (see worker/drafts.py): how many jobs had new text."""
+        return 0 if self._drafts is None else await self._drafts.once()
+
     async def run(self) -> bool:
         """Runs until stopped and drained. True when everything held was
         recorded; False when shutdown left jobs for the sweeper. Raises
@@ -161,6 +171,8 @@ class Coordinator:
         log.info("worker.started", concurrency=self.settings.worker_concurrency,
                  provider=self._writer.provider, model=self._writer.model, listen=self._listen)
         helpers = [self._helper(self._heartbeat.run(), "heartbeat")]
+        if self._drafts is not None:
+            helpers.append(self._helper(self._drafts.run(), "drafts"))
         if self._listen:
             helpers.append(self._helper(listen(self.store, self.inbox, clock=self._clock, sleep=self._sleep),
                                         "listener"))

@@ -26,7 +26,7 @@ from shared.text import storable, storable_or_none
 from worker import metrics
 from worker.executor import Completed, Failed, Lost, Outcome, Stopped, StopSignal, outcome_of
 from worker.rows import ClaimedJob, Completion, Failure
-from worker.writing import CallRecord, JobCall
+from worker.writing import CallRecord, JobCall, StreamedText
 
 log = structlog.get_logger()
 
@@ -98,6 +98,12 @@ class HeldJobs:
         """The held jobs and their output tokens so far, for the heartbeat:
         a job whose end is not yet written is still running, and still ours."""
         return {job_id: held.call.output_tokens for job_id, held in self._jobs.items()}
+
+    def texts(self) -> dict[int, StreamedText]:
+        """The text streamed so far of each held job whose call is still
+        under way, for the draft writer: once a call has ended, its draft
+        waits only for the job's end, which deletes it."""
+        return {job_id: held.call.text for job_id, held in self._jobs.items() if held.running}
 
     def signal_stop(self, job_id: int, reason: str) -> bool:
         """Stops a held job's call that is still under way, through the stop

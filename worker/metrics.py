@@ -68,3 +68,12 @@ LLM_RATELIMIT_WAITS = Counter(
 LLM_RATELIMITED = Counter(
     "storyjobs_llm_ratelimited_total", "429 answers received from the provider (each pauses every worker)."
 )
+
+DRAFT_WRITES_BY_OUTCOME = Counter(
+    "storyjobs_draft_writes_total",
+    "Statements that appended running jobs' text to their drafts, by outcome (written, failed: a database "
+    "error; drafts are best effort, the jobs go on).",
+    ["outcome"],
+)
+DRAFT_WRITES = DRAFT_WRITES_BY_OUTCOME.labels(outcome="written")
+DRAFT_WRITES_FAILED = DRAFT_WRITES_BY_OUTCOME.labels(outcome="failed")

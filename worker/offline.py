@@ -12,7 +12,8 @@ from worker.writing import FREE, Draft, JobCall, Price
 
 _ANIMALS = ("owl", "hedgehog", "otter", "fox", "bear cub", "little whale", "rabbit", "tortoise")
 _PLACES = ("a quiet meadow", "a hill under the stars", "a warm burrow", "a moonlit lake", "an old oak tree")
-# how many slices a delayed story is "streamed" in, so progress can be seen
+# how many slices a delayed story is "streamed" in, so progress and the
+# draft can be seen
 _STEPS = 10
 
 
@@ -50,10 +51,15 @@ class OfflineWriter:
         call.sending()
         call.accepted()
         call.input_tokens = len(prompt.user_message(request).split()) + len(prompt.SYSTEM.split())
+        # streamed as a model answers: its title line, then the story
+        answer = f"Title: {title}\n\n{body}"
         if self.delay_s > 0:
             for step in range(1, _STEPS + 1):
                 await asyncio.sleep(self.delay_s / _STEPS)
+                call.text.append(answer[len(answer) * (step - 1) // _STEPS:len(answer) * step // _STEPS])
                 call.output_tokens = words * step // _STEPS
+        else:
+            call.text.append(answer)
         call.finished(call.input_tokens, words)
         return Draft(
             title=title,

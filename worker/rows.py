@@ -110,3 +110,12 @@ class HeartbeatRow(msgspec.Struct, frozen=True):
     status: JobStatus | None
     error_code: ErrorCode | None
     alive: bool
+
+
+class DraftPiece(msgspec.Struct, frozen=True):
+    """A running job's text streamed since its draft's last write, to be
+    appended after character ``from_char`` (code points)."""
+
+    job_id: int
+    from_char: int
+    text: str

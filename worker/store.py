@@ -36,6 +36,7 @@ from worker.rows import (
     ClaimedJob,
     ClaimResult,
     Completion,
+    DraftPiece,
     Failure,
     HeartbeatRow,
     RetryStart,
@@ -202,6 +203,33 @@ class PgWorkerStore:
             yield
             async for _ in conn.notifies():
                 yield
+
+
+class PgDraftStore:
+    """The draft writer's statement (worker/drafts.py), on a pool of its own:
+    a draft write that waits or fails never holds a connection a job's end
+    or heartbeat waits for."""
+
+    def __init__(self, pool: AsyncConnectionPool, *, worker_id: str) -> None:
+        self._pool = pool
+        self._worker_id = worker_id
+
+    async def draft_append(self, pieces: Sequence[DraftPiece]) -> dict[int, int]:
+        async with self._pool.connection() as conn:
+            return await draft_append(conn, worker_id=self._worker_id, pieces=pieces)
+
+
+async def draft_append(conn: Conn, *, worker_id: str, pieces: Sequence[DraftPiece]) -> dict[int, int]:
+    """Appends each piece to its job's draft where the job is still running
+    under worker_id and its draft is exactly ``from_char`` long; answers how
+    long the draft of each job still ours is now."""
+    cur = await conn.execute(Q["draft_append"], {
+        "worker_id": worker_id,
+        "job_ids": [p.job_id for p in pieces],
+        "from_chars": [p.from_char for p in pieces],
+        "texts": [p.text for p in pieces],
+    })
+    return {job_id: chars for job_id, chars in await cur.fetchall()}
 
 
 _claimed_decoder = msgspec.json.Decoder(list[ClaimedJob])

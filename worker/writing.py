@@ -23,10 +23,11 @@ import msgspec
 from shared.pricing import FREE, Price
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from shared.text import storable
 from worker.rows import ClaimedJob, Draft, RetryStart
 
 __all__ = ["FREE", "CallHooks", "CallRecord", "Draft", "JobCall", "LostOwnership", "Price", "Sent",
-           "StoryWriter", "WriteFailed", "job_call"]
+           "StoryWriter", "StreamedText", "WriteFailed", "job_call"]
 
 
 class WriteFailed(Exception):
@@ -54,6 +55,40 @@ class Sent(enum.Enum):
     REFUSED = "refused"  # answered with a refusal before any generation: not billed
     ACCEPTED = "accepted"  # a 200 arrived: billed; usage so far on the call
     FINISHED = "finished"  # the final usage arrived
+
+
+class StreamedText:
+    """The text a call has streamed so far, as the pieces it arrived in,
+    each made storable as it arrives (so that a length counted here, in code
+    points, is the length Postgres counts of what was stored). Written by
+    the writer alone; the draft writer (worker/drafts.py) reads it."""
+
+    __slots__ = ("_pieces", "chars")
+
+    def __init__(self) -> None:
+        self._pieces: list[str] = []
+        self.chars = 0
+
+    def append(self, piece: str) -> None:
+        piece = storable(piece)
+        if piece:
+            self._pieces.append(piece)
+            self.chars += len(piece)
+
+    @property
+    def pieces(self) -> int:
+        return len(self._pieces)
+
+    def after_piece(self, piece: int) -> str:
+        """The text after the first ``piece`` pieces."""
+        return "".join(self._pieces[piece:])
+
+    def after_char(self, char: int) -> str:
+        """The text after character ``char`` (code points)."""
+        return "".join(self._pieces)[char:]
+
+    def __str__(self) -> str:
+        return "".join(self._pieces)
 
 
 class CallRecord(msgspec.Struct, frozen=True):
@@ -94,7 +129,7 @@ class JobCall:
     which that reservation assumed (job_call)."""
 
     __slots__ = ("attempt", "sent", "refusal", "input_tokens", "output_tokens", "request_id", "price", "model",
-                 "max_tokens", "input_tokens_at_most", "_hooks")
+                 "max_tokens", "input_tokens_at_most", "text", "_hooks")
 
     def __init__(self, price: Price, hooks: CallHooks, *, model: str, max_tokens: int) -> None:
         # attempt 1's ledger row was written by the claim
@@ -109,6 +144,9 @@ class JobCall:
         self.max_tokens = max_tokens
         # the bound a spend budget reserves for the request (set once it is read)
         self.input_tokens_at_most = 0
+        # the story's text as it streams, for the job's draft (only an answer
+        # that streamed nothing is retried, so it is one attempt's text)
+        self.text = StreamedText()
         self._hooks = hooks
 
     # -- what a writer says as it happens ------------------------------------------------

@@ -44,6 +44,7 @@ from api.ops.schemas import (
     usd,
 )
 from api.problems import ProblemError, problem_responses
+from api.schemas import JobDraft
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter, OpsJobDetail
 from shared.console_store import ConsoleStore
@@ -116,6 +117,8 @@ async def get_job_detail(api_state: NamedDependency[ApiState], store: NamedDepen
             processing_status=job.batch_processing_status, expires_at=job.batch_expires_at),
         waiting_for_batch_since=job.batch_ready_at if job.status in LIVE_STATUSES else None,
         due_by=_due_by(job, api_state.settings),
+        draft=None if job.draft_text is None or job.status != JobStatus.RUNNING else JobDraft(
+            text=job.draft_text, chars=job.draft_chars or 0, updated_at=job.draft_updated_at),
     )
 
 

@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 import msgspec
 
-from api.schemas import WrittenStory
+from api.schemas import JobDraft, WrittenStory
 from shared.console_rows import (
     LlmCallRow,
     OpsClientKey,
@@ -290,6 +290,8 @@ class JobDetail(msgspec.Struct, frozen=True):
                     "billed nothing).")] | None = None
     due_by: Annotated[datetime, msgspec.Meta(
         description="A live batch job: when it is due at the latest, as its client is told.")] | None = None
+    draft: Annotated[JobDraft, msgspec.Meta(
+        description="A running job: the story as it is written so far, as its client's poll shows it.")] | None = None
 
 
 # -- the batch lane ------------------------------------------------------------------

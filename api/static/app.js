@@ -61,6 +61,7 @@ const view = {
   story: byId("story"),
   storyTitle: byId("story-title"),
   storyText: byId("story-text"),
+  storyWriting: byId("story-writing"),
 };
 
 // bumped for each story followed; a loop of an older one stops
@@ -134,25 +135,71 @@ function say(text, { problem = false, percent = null, cancellable = false, retry
   view.retry.hidden = !retry;
 }
 
-function showStory(story) {
-  view.storyTitle.textContent = story.title;
-  const paragraphs = story.text.split(/\n\s*\n/).map((text) => text.trim()).filter(Boolean);
+function showText(title, text) {
+  view.storyTitle.textContent = title;
+  const paragraphs = text.split(/\n\s*\n/).map((part) => part.trim()).filter(Boolean);
   view.storyText.replaceChildren(
-    ...paragraphs.map((text) => {
+    ...paragraphs.map((part) => {
       const paragraph = document.createElement("p");
-      paragraph.textContent = text;
+      paragraph.textContent = part;
       return paragraph;
     }),
   );
+}
+
+function showStory(story) {
+  // a story read as it was written is not scrolled away from: its words stay where the reader is
+  const drafted = !view.story.hidden;
+  showText(story.title, story.text);
+  view.story.classList.remove("writing");
+  view.story.removeAttribute("aria-busy");
+  view.storyWriting.hidden = true;
   view.story.hidden = false;
-  const still = window.matchMedia("(prefers-reduced-motion: reduce)").matches;
-  view.story.scrollIntoView({ behavior: still ? "auto" : "smooth", block: "start" });
+  if (!drafted) {
+    const still = window.matchMedia("(prefers-reduced-motion: reduce)").matches;
+    view.story.scrollIntoView({ behavior: still ? "auto" : "smooth", block: "start" });
+  }
+}
+
+// The model's answer as it streams: a first line "Title: ..." (when it has
+// come), then the story.
+export function draftParts(text) {
+  const newline = text.indexOf("\n");
+  const first = newline < 0 ? text : text.slice(0, newline);
+  const title = /^\s*#*\s*title:(.*)$/i.exec(first);
+  if (!title) return { title: "", text };
+  return { title: title[1].trim().replace(/^["*]+|["*]+$/g, ""), text: newline < 0 ? "" : text.slice(newline + 1) };
+}
+
+// The story as it is written so far, with a sign that more is coming.
+function showDraft(text) {
+  const parts = draftParts(text);
+  if (!parts.title && !parts.text.trim()) return;
+  showText(parts.title, parts.text);
+  view.story.classList.add("writing");
+  view.story.setAttribute("aria-busy", "true");
+  view.storyWriting.hidden = false;
+  view.story.hidden = false;
 }
 
 function clearStory() {
   view.story.hidden = true;
+  view.story.classList.remove("writing");
+  view.story.removeAttribute("aria-busy");
+  view.storyWriting.hidden = true;
   view.storyTitle.textContent = "";
   view.storyText.replaceChildren();
+}
+
+// What the page holds of the job it follows, to ask only for what changed:
+// the draft's text so far and its length in code points (the api counts
+// characters so, not in JavaScript's UTF-16 units), and the last answer with
+// its ETag (a 304 means: still that).
+let followed = null;
+
+function followedFresh(jobId) {
+  followed = { jobId, text: "", chars: 0, etag: null, job: null };
+  return followed;
 }
 
 // The api's estimate moves with each poll; the one shown counts down between
@@ -236,11 +283,14 @@ function showJob(job) {
     const percent = job.percent_done ?? 0;
     say(`Writing your story… ${percent} % done.` + timeLeftText(remaining.update(job.estimated_seconds_remaining)),
       { percent, cancellable: true });
+    if (followed && followed.jobId === job.job_id && followed.text) showDraft(followed.text);
   } else if (job.status === "completed") {
     say("Your story is ready.");
     showStory(job.story);
   } else {
     const error = job.error || { code: "unknown", message: "" };
+    // an unfinished story is not left on the page as if it were one
+    clearStory();
     if (error.code === "cancelled") {
       say("Cancelled.");
     } else {
@@ -330,12 +380,45 @@ async function startJob(body, idempotencyKey, mine) {
   }
 }
 
+// Adds a poll's draft to what the page holds: the text after the characters
+// it asked from. A draft shorter than that (the server lost it) is asked for
+// whole at the next poll.
+function takeDraft(state, since, draft) {
+  if (!draft) return;
+  if (draft.chars < since) {
+    state.text = "";
+    state.chars = 0;
+    state.etag = null;
+    return;
+  }
+  state.text += draft.text;
+  state.chars = draft.chars;
+}
+
 // The job's state, or null when the network or the server failed for now.
+// Asks for the draft after what the page holds, and with the last ETag: a
+// 304 answers the last state again, with no body.
 async function fetchJob(jobId) {
+  const state = followed && followed.jobId === jobId ? followed : followedFresh(jobId);
+  const since = state.chars;
   let response;
   try {
-    response = await send("GET", `/stories/jobs/${encodeURIComponent(jobId)}`, { key: apiKey() });
-    if (response.ok) return { response, job: await response.json() };
+    const headers = state.etag && state.job ? { "If-None-Match": state.etag } : {};
+    response = await send("GET", `/stories/jobs/${encodeURIComponent(jobId)}?since=${since}`,
+      { key: apiKey(), headers });
+    // the last state again; its estimate is not repeated: the countdown goes on from where it is
+    if (response.status === 304 && state.job) {
+      return { response, job: { ...state.job, estimated_seconds_remaining: null } };
+    }
+    if (response.ok) {
+      const job = await response.json();
+      if (state !== followed) return { response, job };
+      const lost = Boolean(job.draft) && job.draft.chars < since;
+      takeDraft(state, since, job.draft);
+      state.etag = lost ? null : response.headers.get("ETag");
+      state.job = job;
+      return { response, job };
+    }
   } catch {
     return { response: null, job: null };
   }
@@ -401,6 +484,7 @@ function ask(body) {
   lastBody = body;
   const mine = ++generation;
   remaining = new Remaining();
+  followed = null;
   clearStory();
   say("Sending your request…", { percent: 0 });
   run(mine, async () => {

@@ -86,6 +86,15 @@ function renderJob(job) {
   const request = job.request || {};
   facts(byId("job-request"), Object.keys(request).sort().filter((name) => request[name] !== null)
     .map((name) => [name, String(request[name])]));
+  // a running job's draft, as its client's poll shows it: the text streamed so far, raw
+  const draft = job.draft;
+  byId("job-draft-box").hidden = !draft;
+  if (draft) {
+    byId("job-draft-text").replaceChildren(...paragraphs(draft.text));
+    byId("job-draft-note").textContent = draft.updated_at
+      ? `Still being written: ${count(draft.chars)} characters, the last at ${when(draft.updated_at)}.`
+      : "Still being written: no text yet.";
+  }
   const story = job.story;
   byId("job-story-box").hidden = !story;
   if (story) {

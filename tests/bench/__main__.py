@@ -30,6 +30,7 @@ from tests.bench import (
     api_load,
     batch_lane,
     ceiling,
+    drafts,
     drain,
     fair_claim,
     idle,
@@ -54,7 +55,7 @@ from tests.support import postgres_server
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane)
+                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane, drafts)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

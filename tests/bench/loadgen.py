@@ -87,22 +87,27 @@ def describe_tool() -> str:
 
 
 def run_load(*, url: str, method: str, token: str, connections: int, duration_s: float, key_prefix: str,
-             work_dir: Path) -> LoadResult:
-    """Keeps ``connections`` requests in flight against ``url`` for ``duration_s``."""
+             work_dir: Path, headers: dict[str, str] | None = None) -> LoadResult:
+    """Keeps ``connections`` requests in flight against ``url`` for ``duration_s``,
+    each with ``headers`` too. A 304 counts as an answer, not an error."""
+    extra = [arg for name, value in (headers or {}).items() for arg in ("--header", f"{name}: {value}")]
     if wrk_available():
         return _run_wrk(url=url, method=method, token=token, connections=connections, duration_s=duration_s,
-                        key_prefix=key_prefix, work_dir=work_dir)
+                        key_prefix=key_prefix, work_dir=work_dir, headers=headers or {})
     command = [sys.executable, "-m", "tests.bench.loadgen", "--url", url, "--method", method, "--token", token,
-               "--connections", str(connections), "--duration-s", str(duration_s), "--key-prefix", key_prefix]
+               "--connections", str(connections), "--duration-s", str(duration_s), "--key-prefix", key_prefix,
+               *extra]
     return _parse(_run(command, timeout_s=duration_s + 60))
 
 
 def _run_wrk(*, url: str, method: str, token: str, connections: int, duration_s: float, key_prefix: str,
-             work_dir: Path) -> LoadResult:
+             work_dir: Path, headers: dict[str, str]) -> LoadResult:
     script = work_dir / f"wrk_{method.lower()}.lua"
     script.write_text(_WRK_COMMON + (_WRK_POST if method == "POST" else ""))
     command = ["wrk", "--threads", "1", "--connections", str(connections), "--duration", f"{duration_s:g}s",
-               "--timeout", "10s", "--script", str(script), url, "--", token, key_prefix]
+               "--timeout", "10s", "--script", str(script),
+               *(arg for name, value in headers.items() for arg in ("--header", f"{name}: {value}")),
+               url, "--", token, key_prefix]
     return _parse(_run(command, timeout_s=duration_s + 60))
 
 
@@ -138,7 +143,7 @@ def _parse(output: str) -> LoadResult:
 
 
 async def _httpx_load(url: str, method: str, token: str, connections: int, duration_s: float,
-                      key_prefix: str) -> dict[str, object]:
+                      key_prefix: str, headers: dict[str, str]) -> dict[str, object]:
     import httpx
 
     latencies: list[float] = []
@@ -147,7 +152,7 @@ async def _httpx_load(url: str, method: str, token: str, connections: int, durat
     counter = 0
     limits = httpx.Limits(max_connections=connections, max_keepalive_connections=connections)
     async with httpx.AsyncClient(limits=limits, timeout=10,
-                                 headers={"Authorization": f"Bearer {token}"}) as client:
+                                 headers={"Authorization": f"Bearer {token}", **headers}) as client:
         deadline = time.perf_counter() + duration_s
 
         async def user() -> None:
@@ -189,7 +194,9 @@ def main() -> None:
     parser.add_argument("--connections", type=int, required=True)
     parser.add_argument("--duration-s", type=float, required=True)
     parser.add_argument("--key-prefix", required=True)
+    parser.add_argument("--header", action="append", default=[], help="NAME: VALUE, sent with every request")
     args = parser.parse_args()
+    headers = dict(tuple(part.strip() for part in header.split(":", 1)) for header in args.header)
     try:
         import uvloop
 
@@ -198,7 +205,7 @@ def main() -> None:
         loop_factory = None
     with asyncio.Runner(loop_factory=loop_factory) as runner:
         result = runner.run(_httpx_load(args.url, args.method, args.token, args.connections, args.duration_s,
-                                        args.key_prefix))
+                                        args.key_prefix, headers))
     sys.stdout.write(_RESULT_MARK + json.dumps(result) + "\n")
 
 

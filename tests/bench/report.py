@@ -83,6 +83,10 @@ TARGETS: dict[tuple[str, str], Target] = {
     ("fair_claim", "saturated_others_share_max_x_k"): at_most(1.1),
     ("fair_claim", "claim_p99_ratio"): at_most(1.5),
     ("fair_claim", "drain_ratio"): at_least(0.9),
+    # drafts on cost the drain of streaming jobs at most 5 %; a revalidated poll (304) is worth 1.5 full ones
+    ("drafts", "drain_cost_pct"): at_most(5),
+    ("drafts", "not_modified_vs_full"): at_least(1.5),
+    **{("drafts", f"poll_{kind}_errors"): exactly(0) for kind in ("full", "since", "not_modified")},
     # every allowed request used, and no 429 herds
     **{("provider_limit", f"{key}_configured_of_limit"): at_least(0.95) for key in ("rpm30", "rpm45", "otpm24k")},
     **{("provider_limit", f"{key}_configured_429s"): exactly(0) for key in ("rpm30", "rpm45", "otpm24k")},

@@ -370,4 +370,52 @@ MUTANTS: tuple[Mutant, ...] = (
                "test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch_of_another_size",
                "tests/model/test_batch_lane_model_pg.py"),
     ),
+    # drafts (migration 020): written only while the job runs under its
+    # worker, and gone with the job's end
+    Mutant(
+        name="draft-after-the-end",
+        invariant="no draft is written for a job that is no longer running: a cancel stops its draft at once",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    WHERE j.id = ANY (ARRAY(SELECT job_id FROM piece)) AND j.status = 'running' "
+                "AND j.worker_id = %(worker_id)s\n",
+                "    WHERE j.id = ANY (ARRAY(SELECT job_id FROM piece)) AND j.worker_id = %(worker_id)s\n"),),
+        tests=("tests/integration/test_drafts.py",),
+    ),
+    Mutant(
+        name="draft-by-another-worker",
+        invariant="a job's draft is written by the worker that holds the job alone",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    WHERE j.id = ANY (ARRAY(SELECT job_id FROM piece)) AND j.status = 'running' "
+                "AND j.worker_id = %(worker_id)s\n",
+                "    WHERE j.id = ANY (ARRAY(SELECT job_id FROM piece)) AND j.status = 'running'\n"),),
+        tests=("tests/integration/test_drafts.py",),
+    ),
+    Mutant(
+        name="draft-write-without-the-row-lock",
+        invariant="no draft outlives its job: an end that meets a draft write waits for it and deletes what it wrote",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    ORDER BY j.id\n    FOR SHARE\n),\nheld AS MATERIALIZED", "    ORDER BY j.id\n),\nheld AS MATERIALIZED"),),
+        tests=("tests/integration/test_drafts.py",),
+    ),
+    Mutant(
+        name="end-keeps-the-draft",
+        invariant="a job's draft is deleted in the statement that ends the job, whatever ends it",
+        tier="integration",
+        file="sql/019_money_follows_the_ledger.sql",
+        edits=(("    DELETE FROM story_draft_chunks c WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x));\n",
+                ""),),
+        tests=("tests/integration/test_drafts.py",),
+    ),
+    Mutant(
+        name="draft-continued-with-a-hole",
+        invariant="a draft is appended only where it ends: a piece sent again, or after the table was emptied, "
+                  "changes nothing",
+        tier="integration",
+        file="sql/worker.sql",
+        edits=(("    WHERE p.text <> '' AND p.from_char = h.chars\n", "    WHERE p.text <> ''\n"),),
+        tests=("tests/integration/test_drafts.py",),
+    ),
 )

@@ -206,7 +206,8 @@ def llm(fake_llm: FakeAnthropicServer) -> dict[str, Any]:
 def test_generate_wait_shows_progress_then_prints_the_story(
     system: System, fake_llm: FakeAnthropicServer, llm: dict[str, Any], database_url: str, tmp_path: Path
 ) -> None:
-    """With --wait the client reports the job as it runs on stderr, then prints title, blank line and text."""
+    """With --wait the client reports the job as it runs on stderr and prints title, blank line and text as they
+    are written, before the story is done; stdout is then the story, as a story printed at once is."""
     hold = threading.Event()
     fake_llm.fake.default = Plan(chunks=4, text=STORY, hold=hold)
     key = create_key_sync(database_url, "cli")
@@ -219,6 +220,10 @@ def test_generate_wait_shows_progress_then_prints_the_story(
     try:
         wait_until_sync(lambda: re.search(r"^writing, \d+ %", client.stderr, re.M) is not None, timeout=60,
                         what="the client to show how much is written")
+        # the whole text streamed, its end held back: the words are out while the job still runs
+        wait_until_sync(lambda: client.stdout.startswith(f"{TITLE}\n\n{BODY.split()[0]}"), timeout=60,
+                        what="the client to print the story as it is written")
+        assert db_rows(database_url, "SELECT status::text FROM story_jobs") == [("running",)]
         hold.set()
         assert client.finish() == 0, client.stderr
     finally:

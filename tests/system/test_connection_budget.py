@@ -40,9 +40,10 @@ pytestmark = pytest.mark.system
 API_POOL_SIZE = 4
 # the README's table (Operations, "Connection budget"), for these settings
 DIRECT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-webhooks": 1,
-                 "storyjobs-worker-batches": 1, "storyjobs-worker-listen": 1, "storyjobs-sweeper": 1}
+                 "storyjobs-worker-batches": 1, "storyjobs-worker-drafts": 1, "storyjobs-worker-listen": 1,
+                 "storyjobs-sweeper": 1}
 POOLED_CLIENT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-webhooks": 1,
-                        "storyjobs-worker-batches": 1, "storyjobs-sweeper": 1}
+                        "storyjobs-worker-batches": 1, "storyjobs-worker-drafts": 1, "storyjobs-sweeper": 1}
 POOLED_DIRECT_BUDGET = {"storyjobs-worker-listen": 1}
 TIMINGS = {"HEARTBEAT_INTERVAL_S": 0.2, "HEARTBEAT_TIMEOUT_S": 5, "SWEEPER_INTERVAL_S": 0.2,
            "JOB_TIMEOUT_S": 120, "LLM_TIMEOUT_S": 60, "LLM_READ_TIMEOUT_S": 30, "WORKER_POLL_INTERVAL_S": 0.5}

@@ -328,6 +328,32 @@ def test_a_jobs_page_shows_every_ledger_attempt(system: System, database_url: st
     assert console.errors == []
 
 
+def test_a_running_jobs_page_shows_the_story_so_far(system: System, database_url: str, browser: Browser) -> None:
+    """A running job's page shows its draft under "Story so far", as its client's poll does, with its length
+    and when it last grew, and no story yet."""
+    draft = "Title: The Fox Who Hums\nOnce upon a time, a fox hummed to the moon.\n\nThe moon hummed"
+
+    async def history(conn: psycopg.AsyncConnection[Any]) -> tuple[str, seed.Job]:
+        acme, _ = await seed.client(conn, "acme")
+        (job,) = await seed.insert_jobs(conn, [seed.running(acme, 20, worker_id="w1")])
+        await conn.execute("INSERT INTO story_draft_chunks (job_id, from_char, chars, text) "
+                           "VALUES (%s, 0, 40, %s), (%s, 40, %s, %s)",
+                           (job.id, draft[:40], job.id, len(draft) - 40, draft[40:]))
+        return await seed.operator_key(conn), job
+
+    key, job = seed.seeded(database_url, history)
+    api = system.api()
+    console = Console(browser, api, LAPTOP)
+    page = console.open(key, f"#/jobs/{job.public_id}")
+    expect(page.locator("#job-draft-box")).to_be_visible(timeout=WAIT_MS)
+    expect(page.locator("#job-draft-text p")).to_have_text(
+        ["Title: The Fox Who Hums\nOnce upon a time, a fox hummed to the moon.", "The moon hummed"])
+    expect(page.locator("#job-draft-note")).to_contain_text(f"Still being written: {len(draft)} characters, the last at")
+    expect(page.locator("#job-story-box")).to_be_hidden()
+    capture(page, "ops-job-draft")
+    assert console.errors == []
+
+
 def test_cancel_one_and_cancel_by_filter_change_exactly_their_jobs(
     system: System, database_url: str, browser: Browser,
 ) -> None:

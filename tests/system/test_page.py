@@ -332,6 +332,67 @@ def test_page_shows_markup_in_a_story_as_text_and_runs_none_of_it(
     assert "script-src 'self'" in CONTENT_SECURITY_POLICY and "default-src 'none'" in CONTENT_SECURITY_POLICY
 
 
+LONG_STORY = (f"Title: {TITLE}\n"
+              + "\n\n".join(f"Paragraph {n}: the small dragon counted star after star, and each star winked back "
+                            "at her, slower and slower, as the night grew soft and quiet around the hill."
+                            for n in range(1, 7))
+              + " The end.")
+
+
+def test_page_shows_the_story_growing_with_a_sign_and_switches_cleanly_to_the_final_text(
+    system: System, fake_llm: FakeAnthropicServer, llm: dict[str, Any], database_url: str, browser: Browser,
+) -> None:
+    """While the story streams, the page shows its title and its words growing under a "Still being written"
+    sign, asking only for the text after what it holds and revalidating with the last ETag (some polls are
+    answered 304); once it is ready, the sign goes and the final text stands in the same place."""
+    hold = threading.Event()
+    fake_llm.fake.default = Plan(chunks=30, duration_s=8, text=LONG_STORY, hold=hold)
+    api_key = create_key_sync(database_url, "page")
+    api = system.api(DRAFT_INTERVAL_S=0.5)
+    system.worker(**llm, HEARTBEAT_INTERVAL_S=0.5, HEARTBEAT_TIMEOUT_S=10, DRAFT_INTERVAL_S=0.5)
+    console_errors: list[str] = []
+    page = open_page(browser, f"{api.base_url}/", console_errors)
+    polls: list[tuple[str, int]] = []
+
+    def keep_poll(response: Response) -> None:
+        if "/stories/jobs/" in response.url and response.request.method == "GET":
+            polls.append((response.url, response.status))
+
+    page.on("response", keep_poll)
+    save_key(page, api_key)
+    page.fill("#prompt", "a dragon who counts stars")
+    page.click("#submit")
+    sign = page.locator("#story-writing")
+    expect(sign).to_be_visible(timeout=WAIT_MS)
+    expect(sign).to_have_text("Still being written…")
+    expect(page.locator("#story")).to_have_class(re.compile(r"\bwriting\b"))
+    expect(page.locator("#story-title")).to_have_text(TITLE, timeout=WAIT_MS)
+    first = page.locator("#story-text").inner_text()
+    wait_until_sync(lambda: len(page.locator("#story-text").inner_text()) > len(first) + 100, timeout=30,
+                    interval=0.2, what="the story to grow on the page")
+    expect(page.locator("#status")).to_contain_text("% done")
+    capture(page, "page-draft")
+    # the whole text streamed, the end held back: nothing shown changes, and the polls are answered 304
+    def answered_304() -> bool:
+        page.wait_for_timeout(100)  # Playwright's events are delivered while it runs
+        return any(status == 304 for _, status in polls)
+
+    wait_until_sync(answered_304, timeout=30, interval=0.1, what="a poll answered 304")
+    hold.set()
+    expect(page.locator("#status")).to_have_text("Your story is ready.", timeout=WAIT_MS)
+    expect(sign).to_be_hidden()
+    expect(page.locator("#story")).not_to_have_class(re.compile(r"\bwriting\b"))
+    expect(page.locator("#story-title")).to_have_text(TITLE)
+    paragraphs = page.locator("#story-text p").all_inner_texts()
+    assert paragraphs == [p.strip() for p in LONG_STORY.partition("\n")[2].split("\n\n")]
+    capture(page, "page-draft-ready")
+    # each poll asked from what the page held, and none failed (but the key's check, on a job that is none)
+    job_polls = [(url, status) for url, status in polls if "since=" in url]
+    assert any(re.search(r"since=[1-9]", url) for url, _ in job_polls), polls
+    assert all(status in (200, 304) for _, status in job_polls), polls
+    assert console_errors == []
+
+
 def test_page_cancel_button_cancels_the_waiting_job(system: System, database_url: str, browser: Browser) -> None:
     """Cancel on a queued job makes it failed (cancelled) at the api, and the page says so and allows a new story."""
     api_key = create_key_sync(database_url, "page")

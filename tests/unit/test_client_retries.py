@@ -20,6 +20,7 @@ from tools.client import (
     EXIT_UNAVAILABLE,
     ClientError,
     StatusLine,
+    StoryPrinter,
     start_job,
     wait_for_job,
 )
@@ -37,6 +38,7 @@ class ScriptedApi:
                        send: Callable[[MutableMapping[str, Any]], Awaitable[None]]) -> None:
         assert scope["type"] == "http"
         self.requests.append({"method": scope["method"], "path": scope["path"],
+                              "query": scope.get("query_string", b"").decode(),
                               "headers": {k.decode(): v.decode() for k, v in scope["headers"]}})
         status, body, headers = self.answers.pop(0)
         payload = json.dumps(body).encode()
@@ -120,3 +122,38 @@ def test_the_time_left_follows_a_jumping_estimate_a_few_seconds_at_a_time() -> N
     assert remaining.update(None) == pytest.approx(shown[-1] - 2)
     assert [client._wait_text(s) for s in (1, 12, 70, 300)] == [
         "(almost there)", "(about 10 s left)", "(about a minute left)", "(about 5 min left)"]
+
+
+def _running(text: str, chars: int, etag: str) -> tuple[int, dict[str, Any], dict[str, str]]:
+    return (200, {"job_id": "j1", "status": "running", "percent_done": 10,
+                  "draft": {"text": text, "chars": chars, "updated_at": None}},
+            {"etag": etag, "retry-after": "0.01"})
+
+
+async def test_waiting_prints_the_story_as_it_is_written_asking_only_for_what_is_new() -> None:
+    """Drafts arriving in pieces (a 304 between them, the title line split over two) are printed as they come,
+    each poll asking from the characters printed and with the last ETag; the finished story adds only its
+    rest, and stdout is exactly what a story printed at once is: title, blank line, text."""
+    story = {"title": "The Fox \u00e9", "text": "Once upon a time \U0001f98a slept.\n\nThe end."}
+    done = (200, {"job_id": "j1", "status": "completed", "story": story}, {"etag": '"c"'})
+    api = ScriptedApi(_running("Title: The Fo", 13, '"a"'), (304, {}, {"etag": '"a"', "retry-after": "0.01"}),
+                      _running("x \u00e9\nOnce upon a ", 29, '"b"'),
+                      _running("time \U0001f98a slept.\n\n", 44, '"d"'), done)
+    out, status = io.StringIO(), io.StringIO()
+    printer = StoryPrinter(out)
+    async with _client(api) as http:
+        job = await wait_for_job(http, "j1", StatusLine(status), printer)
+    assert client._report(job, False, printer) == client.EXIT_OK
+    assert out.getvalue() == "The Fox \u00e9\n\nOnce upon a time \U0001f98a slept.\n\nThe end.\n"
+    assert [r["query"] for r in api.requests] == ["since=0", "since=13", "since=13", "since=29", "since=44"]
+    assert [r["headers"].get("if-none-match") for r in api.requests] == [None, '"a"', '"a"', '"b"', '"d"']
+
+
+def test_a_story_whose_end_differs_from_its_draft_is_printed_whole_after_it() -> None:
+    """When the finished text does not continue what was printed, it is printed whole after a blank line,
+    never spliced."""
+    out = io.StringIO()
+    printer = StoryPrinter(out)
+    printer.draft({"text": "Title: T\nOnce upon a tine", "chars": 24})
+    printer.finish({"title": "T", "text": "Once upon a time."})
+    assert out.getvalue() == "T\n\nOnce upon a tine\n\nT\n\nOnce upon a time.\n"

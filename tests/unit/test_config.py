@@ -21,6 +21,9 @@ def test_defaults_follow_the_design() -> None:
     api = load(ApiSettings, {})
     assert (api.queue_max, api.effective_client_queue_max, api.api_port) == (8, 4, 8000)
     assert load(SweeperSettings, {}).metrics_port == 9101
+    # drafts on, once a second, for the worker that writes them and the api that paces the poll by them
+    assert worker.draft_interval_s == 1 and api.draft_interval_s == 1
+    assert load(WorkerSettings, {"DRAFT_INTERVAL_S": "0"}).draft_interval_s == 0
 
 
 def test_values_are_converted_from_strings() -> None:
@@ -44,6 +47,8 @@ def test_values_are_converted_from_strings() -> None:
         (WorkerSettings, {"HEARTBEAT_INTERVAL_S": "30"}, "HEARTBEAT_INTERVAL_S"),
         (WorkerSettings, {"ANTHROPIC_API_KEY": "k", "LLM_MODEL": "unpriced"}, "LLM_PRICES"),
         (WorkerSettings, {"LLM_PRICES": "{not json"}, "LLM_PRICES"),
+        (WorkerSettings, {"DRAFT_INTERVAL_S": "-1"}, "DRAFT_INTERVAL_S"),
+        (ApiSettings, {"DRAFT_INTERVAL_S": "often"}, "DRAFT_INTERVAL_S"),
         (SweeperSettings, {"LOG_FORMAT": "xml"}, "LOG_FORMAT"),
         (SweeperSettings, {"SWEEPER_INTERVAL_S": "0"}, "SWEEPER_INTERVAL_S"),
     ],
