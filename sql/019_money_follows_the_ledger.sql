@@ -249,8 +249,15 @@ BEGIN
                       j.input_tokens_estimate, j.max_tokens, j.trace_context)::job_ended AS job
     )
     SELECT array_agg(job ORDER BY (job).id) INTO done FROM ended;
+    IF done IS NULL THEN
+        RETURN;
+    END IF;
+    -- the ended jobs' drafts (story_draft_chunks, migration 020) go with the
+    -- end, in its statement: a draft write holds its job's row FOR SHARE, so
+    -- what it wrote is committed before this end's update and deleted here
+    DELETE FROM story_draft_chunks c WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x));
     -- a worker's end closed every call of its jobs above: none is left open
-    IF done IS NULL OR calls IS NOT NULL THEN
+    IF calls IS NOT NULL THEN
         RETURN QUERY SELECT * FROM unnest(done);
         RETURN;
     END IF;
@@ -261,10 +268,6 @@ BEGIN
     FROM unnest(done) d
     WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x)) AND c.job_id = d.id
       AND c.outcome = 'started' AND c.batch_id IS NULL;
-    -- the ended jobs' drafts (story_draft_chunks, migration 020) go with the
-    -- end, in its statement: a draft write holds its job's row FOR SHARE, so
-    -- what it wrote is committed before this end's update and deleted here
-    DELETE FROM story_draft_chunks c WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x));
     RETURN QUERY SELECT * FROM unnest(done);
 END
 $$;

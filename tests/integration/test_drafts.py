@@ -16,17 +16,25 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api import store as api_store
+from shared.status import ErrorCode, LlmOutcome
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
-from tests.support.database import client_id_of, count, enqueue, job_rows, waiting_on_a_lock
+from tests.support.database import (
+    client_id_of,
+    count,
+    enqueue,
+    job_rows,
+    story_written,
+    waiting_on_a_lock,
+)
 from tests.support.settings import sweeper_settings, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
 from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
-from worker.rows import DraftPiece
+from worker.rows import DraftPiece, Failure
 
 STORY = ("Title: The Owl Who Counted Stars\nOnce upon a time, in a quiet wood, a small owl sat on a branch "
          "and counted the stars, one by one, until her eyes closed all by themselves. The end.")
@@ -94,12 +102,12 @@ class _Clock:
         return self.now
 
 
-@pytest.mark.parametrize("end", ["cancel", "sweep"])
+@pytest.mark.parametrize("end", ["cancel", "sweep", "complete", "fail"])
 async def test_the_end_of_a_job_deletes_its_draft(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, end: str,
 ) -> None:
-    """A cancel and a sweep each delete the job's draft in the statement that ends it; nothing is written to
-    it afterwards."""
+    """A cancel, a sweep, and the worker's own completion and failure each delete the job's draft in the
+    statement that ends it; nothing is written to it afterwards."""
     client = await client_id_of(conn)
     public_id = await enqueue(conn, client, "an owl")
     job = await _claim(conn)
@@ -107,6 +115,13 @@ async def test_the_end_of_a_job_deletes_its_draft(
     if end == "cancel":
         result = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
         assert result is not None and result.cancelled
+    elif end == "complete":
+        settled = await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(job)])
+        assert settled.completed_ids == [job]
+    elif end == "fail":
+        assert await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+            job_id=job, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
+            call_outcome=LlmOutcome.FAILED, billed=False)]) == [job]
     else:
         await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '1 hour'")
         clock = _Clock()
@@ -114,7 +129,7 @@ async def test_the_end_of_a_job_deletes_its_draft(
         await sweeper.probe()
         clock.now += 61
         assert (await sweeper.sweep_once()).interrupted == 1
-    assert [r.status for r in await job_rows(conn)] == ["failed"]
+    assert [r.status for r in await job_rows(conn)] == ["completed" if end == "complete" else "failed"]
     assert await _chunks(conn) == 0
     assert await _append(conn, job, 16, ", an owl") == {}
     assert await _chunks(conn) == 0
