@@ -130,6 +130,10 @@ async def schema_migrations_unlock(conn: Conn) -> None:
     await conn.execute(Q["schema_migrations_unlock"], {"lock_key": MIGRATION_LOCK_KEY})
 
 
+async def database_settings_keep(conn: Conn) -> None:
+    await conn.execute(Q["database_settings_keep"])
+
+
 async def schema_migrations_applied(conn: Conn) -> list[int]:
     return await fetch_scalars(conn, "schema_migrations_applied")
 

@@ -40,6 +40,29 @@ SELECT version FROM schema_migrations ORDER BY version;
 -- name: schema_migrations_record
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: database_settings_keep
+-- Run by every `storyjobs migrate`, not by one numbered migration, because a
+-- database's own settings do not travel with its data: a copy made from a
+-- template or a dump restored without --create loses them while its
+-- schema_migrations says everything was applied. jit = off: the planner
+-- JIT-compiles a statement whose estimated cost passes jit_above_cost, and
+-- after an ANALYZE taken during a backlog or over a large history the
+-- services' millisecond statements (admission, the prune, the rollup) were
+-- estimated that dear and spent 100-500 ms compiling at every execution.
+-- None of them gains from JIT (each reads few rows through an index). A
+-- database setting reaches every connection, through a transaction pooler
+-- too, which forwards no startup options. A role that does not own the
+-- database sets it for itself instead, and the NOTICE says so.
+DO $$
+BEGIN
+    EXECUTE format('ALTER DATABASE %I SET jit = off', current_database());
+EXCEPTION WHEN insufficient_privilege THEN
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET jit = off', current_user, current_database());
+    RAISE NOTICE 'jit = off set for role % only: it does not own database %; run ALTER DATABASE % SET jit = off as its owner (docs/operations.md)',
+        current_user, current_database(), current_database();
+END
+$$;
+
 -- name: schema_version_get
 -- NULL when the database was never migrated.
 SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN NULL

@@ -1,0 +1,155 @@
+"""A large history must not change what the services' statements cost: their
+connections never JIT-compile, whatever the planner estimates after an
+ANALYZE taken during a backlog or over millions of finished rows."""
+
+from __future__ import annotations
+
+import json
+import os
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+
+from api import store as api_store
+from api.rows import Admission
+from shared import db, migrate, store
+from shared.queries import QUERIES
+from tests.support.pgbouncer import PgBouncer
+
+
+async def _jit_of_a_new_connection(url: str) -> str:
+    """What a connection that sends no startup options (as through a pooler) runs with."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as fresh:
+        cur = await fresh.execute("SHOW jit")
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+async def test_migrate_turns_jit_off_for_direct_and_pooled_connections(
+    conn: psycopg.AsyncConnection[Any], database_url: str, database_name: str, pgbouncer: PgBouncer
+) -> None:
+    """A database copied without its settings compiles again until `storyjobs migrate` runs; after it, a plain
+    connection, a pool as the services build it, and one through a transaction pooler all run with jit off."""
+    assert await _jit_of_a_new_connection(database_url) == "on"
+    await migrate.migrate(conn)
+    assert await _jit_of_a_new_connection(database_url) == "off"
+    for url, pooler in ((database_url, "none"), (pgbouncer.url(database_name), "transaction")):
+        pool = db.make_pool(url, application_name="storyjobs-test", connect_timeout_s=5, statement_timeout_s=30,
+                            min_size=1, max_size=1, wait_timeout_s=10, generic_plans=True,
+                            pooler=pooler)  # type: ignore[arg-type]
+        async with pool, pool.connection() as pooled:
+            cur = await pooled.execute("SHOW jit")
+            assert await cur.fetchone() == ("off",), pooler
+
+
+async def test_a_direct_connection_runs_without_jit_on_a_database_that_lost_its_settings(
+    database_url: str,
+) -> None:
+    """A database restored without its settings still never compiles a direct connection's statements: the
+    services' direct connections ask for jit off themselves."""
+    assert await _jit_of_a_new_connection(database_url) == "on"
+    async with await db.connect(database_url, application_name="storyjobs-test", connect_timeout_s=5) as direct:
+        cur = await direct.execute("SHOW jit")
+        assert await cur.fetchone() == ("off",)
+
+
+async def test_a_role_that_does_not_own_the_database_sets_jit_off_for_itself(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Migrating as a role that cannot ALTER DATABASE sets jit off for that role in this database, and says so."""
+    role = f"storyjobs_not_owner_{os.getpid()}"
+    await conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    heard: list[str] = []
+    conn.add_notice_handler(lambda notice: heard.append(notice.message_primary or ""))
+    try:
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        await store.database_settings_keep(conn)
+        await conn.execute("RESET ROLE")
+        cur = await conn.execute(
+            "SELECT r.rolname, s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
+            "WHERE s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        assert await cur.fetchall() == [(role, ["jit=off"])]
+        assert any(f"jit = off set for role {role} only" in line for line in heard), heard
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def _statistics_taken_during_a_backlog(conn: psycopg.AsyncConnection[Any], *, finished: int,
+                                             backlog: int) -> int:
+    """`finished` failed jobs, then `backlog` pending ones of one client, ANALYZE while they wait, then the
+    backlog drained: the statistics still say `backlog` jobs wait. Returns the client's id."""
+    await conn.execute("INSERT INTO api_clients (name) SELECT 'history ' || g FROM generate_series(1, 100) g")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
+        "completed_at) SELECT 1 + g %% 100, 'f' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', 'cancelled', now() "
+        "FROM generate_series(1, %s) g", (finished,))
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+        "SELECT 1, 'p' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, %s) g", (backlog,))
+    await conn.execute("VACUUM ANALYZE story_jobs")
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE status = 'pending'")
+    return 1
+
+
+def _admission(client_id: int, key: str) -> Admission:
+    return Admission(client_id=client_id, idempotency_key=key, request_fingerprint=b"\x00",
+                     request_json='{"prompt": "x"}', max_tokens=100, input_tokens_estimate=10,
+                     worst_case_usd=Decimal("0.001"), model="m", input_usd_per_mtok=Decimal(1),
+                     output_usd_per_mtok=Decimal(1))
+
+
+async def test_admission_never_compiles_after_statistics_taken_during_a_backlog(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """With statistics that still count a drained backlog of 5,000, the admission statement is estimated past
+    jit_above_cost and a connection with jit on compiles it; the api's admission runs it without JIT and on
+    partial indexes only, on the same connection."""
+    cur = await conn.execute("SELECT pg_jit_available()")
+    if await cur.fetchone() != (True,):
+        pytest.skip("this Postgres cannot JIT-compile (built without LLVM), so nothing here could compile")
+    client = await _statistics_taken_during_a_backlog(conn, finished=50_000, backlog=5_000)
+    plans: list[dict[str, Any]] = []
+
+    def heard(notice: psycopg.errors.Diagnostic) -> None:
+        text = notice.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{"):]))
+
+    conn.add_notice_handler(heard)
+    # this database is a copy without its settings: jit is on here, as on a restored database
+    for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                    "SET auto_explain.log_analyze = on", "SET auto_explain.log_format = json",
+                    "SET auto_explain.log_level = notice"):
+        await conn.execute(setting)
+    params = {"requests": json.dumps([{"ord": 0, "client_id": client, "idempotency_key": "bare",
+                                       "request_fingerprint": "00", "request": {"prompt": "x"},
+                                       "worst_case_usd": 0, "max_tokens": 10, "input_tokens_estimate": 1,
+                                       "model": "m", "input_usd_per_mtok": 1, "output_usd_per_mtok": 1}]),
+              "queue_max": 5000, "client_queue_max": 5000, "budget_usd": None, "client_budget_usd": None}
+    async with conn.transaction(force_rollback=True):
+        await conn.execute(QUERIES["job_insert_if_admitted"], params)
+    (bare,) = plans
+    assert bare["Plan"]["Total Cost"] > 100_000 and "JIT" in bare, "the statistics no longer mislead the planner"
+    plans.clear()
+    (result,) = await api_store.job_insert_if_admitted(conn, admissions=[_admission(client, "kept")],
+                                                       queue_max=5000, client_queue_max=5000)
+    assert result.outcome == "inserted"
+    admission = [p for p in plans if "story_jobs" in json.dumps(p["Plan"])]
+    assert admission, plans
+    for plan in admission:
+        assert "JIT" not in plan
+        seq_scanned = {n.get("Relation Name") for n in _nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan"}
+        assert "story_jobs" not in seq_scanned
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
