@@ -172,7 +172,7 @@ SELECT coalesce(sum(over_reservation_usd), 0) FROM budget_days WHERE client_id =
 -- The sweeper's history (minute_rollup): recounts every minute from
 -- %(from_minute)s to the current one from the jobs (ids from %(from_id)s up,
 -- which job_id_bounds found for the oldest job that could have been claimed
--- or finished since) and the ledger (by time, on its BRIN index), and
+-- or finished since) and the ledger (by time, on its started_at index), and
 -- records the queue depth this pass saw in the current minute. A recount
 -- replaces a minute's counts, so a job committed late lands in its minute at
 -- the next pass; the depths only grow within a minute.
@@ -254,6 +254,11 @@ written AS (
     RETURNING 1
 )
 SELECT count(*) AS minutes FROM written;
+
+-- name: rollup_last_minute
+-- Where the last pass stopped: the newest minute of the rollup, on its
+-- primary key (one entry). The next pass recounts from there at least.
+SELECT max(minute) FROM minute_rollup;
 
 -- name: rollup_prune
 -- The history's rows past what the console shows (a week) and a day more.

@@ -127,6 +127,12 @@ async def rollup_minutes(conn: Conn, *, from_minute: datetime, from_id: int, bou
     return int(found[0])
 
 
+async def rollup_last_minute(conn: Conn) -> datetime | None:
+    """The newest minute a pass wrote; None before the first."""
+    (minute,) = await fetch_scalars(conn, "rollup_last_minute")
+    return minute if isinstance(minute, datetime) else None
+
+
 async def rollup_prune(conn: Conn) -> None:
     await conn.execute(Q["rollup_prune"])
 
@@ -135,7 +141,8 @@ async def record_minutes(conn: Conn, settings: SweeperSettings, *, pending: int,
                          now: datetime | None = None) -> int:
     """Recounts the last minutes into minute_rollup (sweeper/rollup.py says
     which); the minutes written."""
-    from_minute, oldest = rollup.window(settings, now or datetime.now(UTC))
+    last_written = await rollup_last_minute(conn)
+    from_minute, oldest = rollup.window(settings, now or datetime.now(UTC), last_written)
     bounds = await job_id_bounds(conn, created_after=oldest, created_before=None)
     written = await rollup_minutes(conn, from_minute=from_minute, from_id=bounds.lo_id, bounds_s=ROLLUP_BOUNDS_S,
                                    pending=pending, running=running)

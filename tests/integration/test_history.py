@@ -17,7 +17,10 @@ from api import store as api_store
 from api.rows import Admission
 from shared import db, migrate, store
 from shared.queries import QUERIES
+from sweeper import store as sweeper_store
+from tests.support import ops_seed as seed
 from tests.support.pgbouncer import PgBouncer
+from tests.support.settings import sweeper_settings
 
 
 async def _jit_of_a_new_connection(url: str) -> str:
@@ -153,3 +156,58 @@ def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
     for child in plan.get("Plans", []):
         found.extend(_nodes(child))
     return found
+
+
+async def _ledger_of_a_month(conn: psycopg.AsyncConnection[Any], rows: int) -> None:
+    """`rows` ended ledger rows spread evenly over the last 30 days, written in a shuffled order, as rows land
+    in free space left on old pages."""
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome, "
+        "input_tokens, output_tokens, cost_usd) "
+        "SELECT g, 1, 'w' || g %% 7, 'offline', 'm', now() - (g * interval '30 days') / %(rows)s, "
+        "now() - (g * interval '30 days') / %(rows)s + interval '80 seconds', 'succeeded', 300, 900, 0.02 "
+        "FROM generate_series(1, %(rows)s) g ORDER BY random()", {"rows": rows})
+    await conn.execute("VACUUM ANALYZE llm_calls")
+
+
+async def test_every_read_of_the_ledger_by_time_reads_its_range_on_the_started_at_index(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The rollup, the overview (and `storyjobs stats`), the workers screen and the writers list read the ledger
+    through llm_calls_started_at_idx, for the hour or the day they show, never the whole month it holds."""
+    await _ledger_of_a_month(conn, 60_000)
+    now_minute = "date_trunc('minute', now())"
+    cur = await conn.execute(f"SELECT {now_minute} - interval '3 minutes'")
+    row = await cur.fetchone()
+    assert row is not None
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("rollup_minutes", {"from_minute": row[0], "from_id": 1, "bounds_s": [1.0, 2.0], "pending": 0,
+                            "running": 0}),
+        ("ops_overview", {"day_from_id": 1}),
+        ("ops_workers", {}),
+        ("ops_writers_recent", {}),
+    ]
+    for query, params in reads:
+        cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
+        row = await cur.fetchone()
+        assert row is not None
+        ledger_scans = [n for n in _nodes(row[0][0]["Plan"]) if n.get("Relation Name") == "llm_calls"
+                        or n.get("Index Name", "").startswith("llm_calls")]
+        by_time = [n for n in ledger_scans if "started_at" in n.get("Index Cond", "")]
+        assert by_time and all(n["Index Name"] == "llm_calls_started_at_idx" for n in by_time), (query, ledger_scans)
+        assert not any(n["Node Type"] == "Seq Scan" for n in ledger_scans), query
+
+
+async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The last pass wrote two hours ago; a job finished an hour ago lands in its minute at the next pass,
+    which reads the ledger and the jobs from that last minute on, not the whole history."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.insert_jobs(conn, [seed.completed(acme, 3600), seed.completed(acme, 60)])
+    await conn.execute("INSERT INTO minute_rollup (minute) VALUES (date_trunc('minute', now()) - interval '2 hours')")
+    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
+    cur = await conn.execute(
+        "SELECT sum(completed), sum(spend_usd), count(*) FROM minute_rollup "
+        "WHERE minute >= date_trunc('minute', now()) - interval '2 hours'")
+    assert await cur.fetchone() == (2, Decimal("0.040000"), 121)
