@@ -169,6 +169,10 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # one), of all clients and of each
     batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 10_000
     client_batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    # the console (and `storyjobs stats`) warns once a transaction or a
+    # snapshot on the jobs' database is older than this: VACUUM removes
+    # nothing changed after it, and the live-jobs indexes fill
+    xmin_horizon_warn_s: Seconds = 300.0
 
     @property
     def effective_client_batch_queue_max(self) -> int:

@@ -63,6 +63,34 @@ EXCEPTION WHEN insufficient_privilege THEN
 END
 $$;
 
+-- name: database_snapshot_ages
+-- What holds this database's VACUUM back: the oldest open transaction (a
+-- prepared one included), the oldest snapshot still held (a backend's xmin:
+-- while it is held, no row deleted or updated after it can be removed, from
+-- any table, and the live-jobs indexes fill with dead entries), and the
+-- oldest xmin a replication slot keeps, in transactions (a slot records no
+-- time). Another role's sessions show their times only to a role with the
+-- privileges of pg_read_all_stats (pg_monitor has them); without them
+-- `known` is false and the ages mean nothing. Autovacuum's own snapshot
+-- holds nothing back, and a session of another database holds back only the
+-- shared catalogs, so neither is counted; a walsender's is (a standby's
+-- hot_standby_feedback). NULL: nothing open.
+SELECT pg_has_role('pg_read_all_stats', 'USAGE') AS known,
+       extract(epoch FROM now() - least(
+           (SELECT min(a.xact_start) FROM pg_stat_activity a
+            WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+              AND a.backend_type <> 'autovacuum worker'),
+           (SELECT min(p.prepared) FROM pg_prepared_xacts p WHERE p.database = current_database())
+       ))::float8 AS oldest_transaction_age_s,
+       extract(epoch FROM now() - (
+           SELECT min(coalesce(a.xact_start, a.query_start, a.backend_start)) FROM pg_stat_activity a
+           WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+             AND (a.datname = current_database() OR a.backend_type = 'walsender')
+             AND a.backend_type <> 'autovacuum worker'
+       ))::float8 AS oldest_snapshot_age_s,
+       (SELECT max(greatest(age(s.xmin), age(s.catalog_xmin))) FROM pg_replication_slots s
+        WHERE s.database IS NULL OR s.database = current_database())::bigint AS replication_slot_xmin_age;
+
 -- name: schema_version_get
 -- NULL when the database was never migrated.
 SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN NULL

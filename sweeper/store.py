@@ -19,8 +19,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
-from shared.rows import ROLLUP_BOUNDS_S, BudgetDay
-from shared.store import Conn, budget_days_today, fetch_all, fetch_one, fetch_scalars, job_id_bounds
+from shared.rows import ROLLUP_BOUNDS_S, BudgetDay, SnapshotAges
+from shared.store import (
+    Conn,
+    budget_days_today,
+    database_snapshot_ages,
+    fetch_all,
+    fetch_one,
+    fetch_scalars,
+    job_id_bounds,
+)
 from sweeper import rollup
 from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 
@@ -179,6 +187,10 @@ class SweeperStore(Protocol):
 
     async def budget_over_reservation_total(self) -> Decimal: ...
 
+    async def snapshot_ages(self) -> SnapshotAges:
+        """What holds VACUUM back in the database: the oldest transaction and snapshot, the slots' xmin."""
+        ...
+
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None,
     ) -> list[PrunedJob]:
@@ -226,6 +238,10 @@ class PgSweeperStore:
     async def budget_over_reservation_total(self) -> Decimal:
         async with self._pool.connection() as conn:
             return await budget_over_reservation_total(conn)
+
+    async def snapshot_ages(self) -> SnapshotAges:
+        async with self._pool.connection() as conn:
+            return await database_snapshot_ages(conn)
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None,

@@ -1,6 +1,8 @@
 """A large history must not change what the services' statements cost: their
 connections never JIT-compile, whatever the planner estimates after an
-ANALYZE taken during a backlog or over millions of finished rows."""
+ANALYZE taken during a backlog or over millions of finished rows; reads by
+time read their range through an index; the rollup recounts from its last
+pass; and what holds VACUUM back (an open snapshot) is seen and warned of."""
 
 from __future__ import annotations
 
@@ -12,15 +14,26 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
 from api.rows import Admission
 from shared import db, migrate, store
+from shared.console_store import snapshot_warning
 from shared.queries import QUERIES
+from sweeper import metrics as sweeper_metrics
 from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
+from sweeper.sweep import Sweeper
 from tests.support import ops_seed as seed
+from tests.support.api_client import api_client
 from tests.support.pgbouncer import PgBouncer
 from tests.support.settings import sweeper_settings
+
+
+class FakeClock:
+    def __call__(self) -> float:
+        return 1000.0
 
 
 async def _jit_of_a_new_connection(url: str) -> str:
@@ -211,3 +224,50 @@ async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
         "SELECT sum(completed), sum(spend_usd), count(*) FROM minute_rollup "
         "WHERE minute >= date_trunc('minute', now()) - interval '2 hours'")
     assert await cur.fetchone() == (2, Decimal("0.040000"), 121)
+
+
+async def test_a_snapshot_held_open_shows_its_age_in_the_gauges_and_a_warning_in_the_console(
+    conn: psycopg.AsyncConnection[Any], database_url: str, pool: AsyncConnectionPool,
+) -> None:
+    """A session left in a transaction with its snapshot: the sweeper's gauges show its age and the console's
+    overview warns once it passes XMIN_HORIZON_WARN_S; after it ends, nothing is held and nothing warns."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder:
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.execute("SELECT count(*) FROM story_jobs")
+        # the database's clock moves on while the snapshot stays held
+        await conn.execute("SELECT pg_sleep(0.2)")
+        sweeper = Sweeper(sweeper_settings(), PgSweeperStore(pool), clock=FakeClock())
+        await sweeper.sweep_once()
+        assert sweeper_metrics.SNAPSHOT_AGES_KNOWN._value.get() == 1
+        assert sweeper_metrics.OLDEST_SNAPSHOT_AGE._value.get() >= 0.2
+        assert sweeper_metrics.OLDEST_TRANSACTION_AGE._value.get() >= 0.2
+        key = await seed.operator_key(conn)
+        async with api_client(pool, key, xmin_horizon_warn_s=0.1) as client:
+            held = (await client.get("/ops/api/overview")).json()["snapshots"]
+        assert held["known"] and held["oldest_snapshot_age_s"] >= 0.2 and held["warn_after_s"] == 0.1
+        assert held["warning"].startswith("a transaction or snapshot has been open for")
+        async with api_client(pool, key) as client:
+            assert (await client.get("/ops/api/overview")).json()["snapshots"]["warning"] is None
+        await holder.execute("COMMIT")
+    await sweeper.sweep_once()
+    assert sweeper_metrics.OLDEST_SNAPSHOT_AGE._value.get() == 0
+    ages = await store.database_snapshot_ages(conn)
+    assert ages.known and ages.oldest_snapshot_age_s is None
+
+
+async def test_without_pg_monitor_the_snapshot_ages_are_unknown(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A role that cannot read other roles' sessions gets `known` false, and the console no warning."""
+    role = f"storyjobs_no_monitor_{os.getpid()}"
+    await conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    try:
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        ages = await store.database_snapshot_ages(conn)
+        await conn.execute("RESET ROLE")
+        assert not ages.known
+        assert snapshot_warning(ages, 0.001) is None
+        await conn.execute(sql.SQL("GRANT pg_monitor TO {}").format(sql.Identifier(role)))
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        assert (await store.database_snapshot_ages(conn)).known
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
