@@ -47,11 +47,11 @@ import statistics
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import psycopg
@@ -113,6 +113,9 @@ SPECS["load_s"] = FigureSpec("loading the history (INSERT ... SELECT, then VACUU
 _RUN_AS_WHEN_ROOT = "postgres"
 SHARED_BUFFERS = "256MB"
 BACKLOG = 2_000
+# each measure alternates this many blocks between the two databases
+BLOCKS = 5
+T = TypeVar("T")
 
 
 def run(ctx: BenchContext, result: BenchResult) -> None:
@@ -120,28 +123,31 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
     posts = 60 if ctx.quick else 300
     console_requests = 20 if ctx.quick else 60
     result.params.update({"history_jobs": jobs, "days": 30, "clients": 1000, "posts_per_state": posts,
-                          "console_requests_per_endpoint": console_requests, "backlog": BACKLOG})
+                          "console_requests_per_endpoint": console_requests, "backlog": BACKLOG,
+                          "blocks": BLOCKS})
     with _server(result) as server_url:
         for run_number in range(1, ctx.runs + 1):
-            for state in STATES:
-                name = f"storyjobs_history_{state}_{os.getpid()}_{run_number}"
-                url = postgres_server.create_migrated_database(server_url, name)
-                bench_db = BenchDatabase(server_url, name, url)
-                try:
-                    if state == "loaded":
-                        started = time.monotonic()
-                        _load(url, jobs)
-                        result.add("load_s", time.monotonic() - started)
-                        ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
-                                     f"{_size_mb(url):,.0f} MB")
-                    figures = _measure(ctx, bench_db, posts=posts, console_requests=console_requests)
-                    for key, value in figures.items():
+            databases: dict[str, BenchDatabase] = {}
+            try:
+                for state in STATES:
+                    name = f"storyjobs_history_{state}_{os.getpid()}_{run_number}"
+                    databases[state] = BenchDatabase(server_url, name,
+                                                     postgres_server.create_migrated_database(server_url, name))
+                started = time.monotonic()
+                _load(databases["loaded"].url, jobs)
+                result.add("load_s", time.monotonic() - started)
+                ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
+                             f"{_size_mb(databases['loaded'].url):,.0f} MB")
+                figures = _measure(ctx, databases, posts=posts, console_requests=console_requests)
+                for state, measured in figures.items():
+                    for key, value in measured.items():
                         result.add(f"{state}.{key}", value)
                     ctx.progress(f"history run {run_number}/{ctx.runs} {state}: " + ", ".join(
-                        f"{key} {value:,.1f}" for key, value in figures.items()))
-                finally:
+                        f"{key} {value:,.1f}" for key, value in measured.items()))
+            finally:
+                for bench_db in databases.values():
                     bench_db.close()
-                    postgres_server.drop_database(server_url, name)
+                    postgres_server.drop_database(server_url, bench_db.name)
 
 
 # -- the private server ------------------------------------------------------------
@@ -313,31 +319,59 @@ async def _keys(url: str) -> _Keys:
                      operator=(await keys.create_operator(conn, "history-bench")).key)
 
 
-def _measure(ctx: BenchContext, bench_db: BenchDatabase, *, posts: int, console_requests: int) -> dict[str, float]:
-    figures: dict[str, float] = {}
-    made = asyncio.run(_keys(bench_db.url))
-    with ctx.processes(bench_db) as system:
-        api = system.api(QUEUE_MAX=1_000_000, API_STATEMENT_TIMEOUT_S=30)
-        with httpx.Client(base_url=api.base_url, timeout=30) as client:
-            posted = _post(client, made.client, posts)
-            figures["post_p50_ms"], figures["post_p99_ms"] = _p50_p99([ms for ms, _ in posted])
-            location = posted[-1][1]
-            polls = _timed(lambda: client.get(location, headers=_bearer(made.client)), posts)
-            figures["poll_p50_ms"], figures["poll_p99_ms"] = _p50_p99(polls)
-            claim_ms, settle_ms = asyncio.run(_claim_and_settle(bench_db.url, min(posts, 200)))
-            figures["claim_mean_ms"], figures["settle_mean_ms"] = claim_ms, settle_ms
-            for name, (path, params) in CONSOLE.items():
-                measured = _timed(lambda path=path, params=params: client.get(
-                    path, params=params, headers=_bearer(made.operator)), console_requests, warmup=5)
-                figures[f"{name}_p50_ms"], figures[f"{name}_p99_ms"] = _p50_p99(measured)
-            figures["stats_ms"] = statistics.median(asyncio.run(_stats(bench_db.url, 10)))
-            figures["sweep_ms"] = statistics.median(asyncio.run(_sweeps(bench_db.url, 5)))
-            _analyze_under_a_backlog(bench_db.url)
-            after = _post(client, made.client, min(posts, 100), prefix="after-backlog")
-            figures["post_after_backlog_p50_ms"], figures["post_after_backlog_p99_ms"] = _p50_p99(
-                [ms for ms, _ in after])
-    figures.update(asyncio.run(_prune_a_day(bench_db.url)))
+def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: int,
+             console_requests: int) -> dict[str, dict[str, float]]:
+    """Every measure in blocks that alternate between the empty and the loaded database, so that what else the
+    machine does at the time weighs on both alike."""
+    figures: dict[str, dict[str, float]] = {state: {} for state in STATES}
+    made = {state: asyncio.run(_keys(bench_db.url)) for state, bench_db in databases.items()}
+    urls = {state: bench_db.url for state, bench_db in databases.items()}
+    with contextlib.ExitStack() as stack:
+        clients: dict[str, httpx.Client] = {}
+        for state, bench_db in databases.items():
+            system = stack.enter_context(ctx.processes(bench_db))
+            api = system.api(QUEUE_MAX=1_000_000, API_STATEMENT_TIMEOUT_S=30)
+            clients[state] = stack.enter_context(httpx.Client(base_url=api.base_url, timeout=30))
+        per_block = max(1, posts // BLOCKS)
+        posted = _alternating(lambda state: _post(clients[state], made[state].client, per_block))
+        _percentiles(figures, "post", {state: [ms for ms, _ in got] for state, got in posted.items()})
+        locations = {state: got[-1][1] for state, got in posted.items()}
+        _percentiles(figures, "poll", _alternating(lambda state: _timed(
+            lambda: clients[state].get(locations[state], headers=_bearer(made[state].client)), per_block)))
+        worked = _alternating(lambda state: asyncio.run(_claim_and_settle(urls[state], max(2, per_block - 2))))
+        for state, rounds in worked.items():
+            figures[state]["claim_mean_ms"] = statistics.mean(ms for kind, ms in rounds if kind == "claim")
+            figures[state]["settle_mean_ms"] = statistics.mean(ms for kind, ms in rounds if kind == "settle")
+        for name, (path, params) in CONSOLE.items():
+            _percentiles(figures, name, _alternating(lambda state, path=path, params=params: _timed(  # type: ignore[misc]
+                lambda: clients[state].get(path, params=params, headers=_bearer(made[state].operator)),
+                max(1, console_requests // BLOCKS), warmup=2)))
+        for state, measured in _alternating(lambda state: asyncio.run(_stats(urls[state], 2))).items():
+            figures[state]["stats_ms"] = statistics.median(measured)
+        for state, measured in _alternating(lambda state: asyncio.run(_sweeps(urls[state], 1))).items():
+            figures[state]["sweep_ms"] = statistics.median(measured)
+        for url in urls.values():
+            _analyze_under_a_backlog(url)
+        after = _alternating(lambda state: _post(clients[state], made[state].client,
+                                                 max(1, min(posts, 100) // BLOCKS), prefix="after-backlog"))
+        _percentiles(figures, "post_after_backlog", {state: [ms for ms, _ in got] for state, got in after.items()})
+    for state, url in urls.items():
+        figures[state].update(asyncio.run(_prune_a_day(url)))
     return figures
+
+
+def _alternating(measure: Callable[[str], list[T]]) -> dict[str, list[T]]:
+    """BLOCKS blocks of ``measure`` for each state in turn."""
+    got: dict[str, list[T]] = {state: [] for state in STATES}
+    for _ in range(BLOCKS):
+        for state in STATES:
+            got[state].extend(measure(state))
+    return got
+
+
+def _percentiles(figures: dict[str, dict[str, float]], name: str, measured: dict[str, list[float]]) -> None:
+    for state, values in measured.items():
+        figures[state][f"{name}_p50_ms"], figures[state][f"{name}_p99_ms"] = _p50_p99(values)
 
 
 def _bearer(key: str) -> dict[str, str]:
@@ -375,15 +409,14 @@ def _post(client: httpx.Client, key: str, count: int, *, prefix: str = "post") -
     return answers
 
 
-async def _claim_and_settle(url: str, rounds: int) -> tuple[float, float]:
+async def _claim_and_settle(url: str, rounds: int) -> list[tuple[str, float]]:
     """The worker's two statements, one job a round, on a connection set up as a worker's (generic plans):
-    the mean of each, in ms."""
+    each one's time in ms, but the first of each (which plans it)."""
     conn = await db.connect(url, application_name="storyjobs-worker", connect_timeout_s=30, generic_plans=True)
-    claims: list[float] = []
-    settles: list[float] = []
+    timed: list[tuple[str, float]] = []
     async with conn:
         held: list[ClaimedJob] = []
-        for _ in range(rounds):
+        for round_number in range(rounds + 1):
             if held:
                 started = time.perf_counter()
                 await worker_store.job_settle(conn, worker_id="history-bench", completions=[
@@ -391,16 +424,19 @@ async def _claim_and_settle(url: str, rounds: int) -> tuple[float, float]:
                                body="Once upon a time. " * 150, model="m", prompt_version="v1", input_tokens=300,
                                output_tokens=900, cost_usd=Decimal("0.0051"), request_id="req_bench")
                     for job in held], model="m", limited=UNLIMITED["limited"])
-                settles.append((time.perf_counter() - started) * 1000)
+                if round_number > 1:
+                    timed.append(("settle", (time.perf_counter() - started) * 1000))
+            if round_number == rounds:
+                break
             started = time.perf_counter()
             claimed = await worker_store.job_claim(conn, worker_id="history-bench", claim_limit=1, provider="p",
                                                    model="m", limiter=UNLIMITED)
-            claims.append((time.perf_counter() - started) * 1000)
+            if round_number > 0:
+                timed.append(("claim", (time.perf_counter() - started) * 1000))
             held = claimed.claimed
             if not held:
-                break
-    # the first of each plans the statement
-    return statistics.mean(claims[1:] or claims), statistics.mean(settles[1:] or settles)
+                raise RuntimeError("the claim found no pending job: post more jobs than rounds")
+    return timed
 
 
 async def _stats(url: str, count: int) -> list[float]:
