@@ -100,6 +100,10 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("sweep_ms", "a sweeper pass, nothing to prune, median", "ms"),
     ("post_after_backlog_p50_ms", "POST after an ANALYZE taken under a 2,000-job backlog, p50", "ms"),
     ("post_after_backlog_p99_ms", "POST after an ANALYZE taken under a 2,000-job backlog, p99", "ms"),
+    ("claim_before_snapshot_p99_ms", "claim (with its settle) p99, before a snapshot is held", "ms"),
+    ("claim_held_snapshot_p99_ms", "claim p99 while one snapshot is held open (HISTORY_SNAPSHOT_S)", "ms"),
+    ("claim_held_snapshot_last_p99_ms", "claim p99 in the held snapshot's last 10 s", "ms"),
+    ("claim_after_snapshot_p99_ms", "claim p99 50-60 s after the snapshot's release", "ms"),
     ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
     ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
     ("size_before_prune_mb", "database size before the day's prune", "MB"),
@@ -355,8 +359,77 @@ def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: i
         after = _alternating(lambda state: _post(clients[state], made[state].client,
                                                  max(1, min(posts, 100) // BLOCKS), prefix="after-backlog"))
         _percentiles(figures, "post_after_backlog", {state: [ms for ms, _ in got] for state, got in after.items()})
+    held_s = float(os.environ.get("HISTORY_SNAPSHOT_S", "10" if ctx.quick else "90"))
+    through = asyncio.run(_claims_through_a_held_snapshot(
+        urls, held_s=held_s, before_s=10 if ctx.quick else 30, after_s=20 if ctx.quick else 60))
+    for state, stretches in through.items():
+        figures[state].update(stretches)
     for state, url in urls.items():
         figures[state].update(asyncio.run(_prune_a_day(url)))
+    return figures
+
+
+async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float, before_s: float,
+                                          after_s: float) -> dict[str, dict[str, float]]:
+    """On both databases at once: a worker's claim and settle, one job a round, without pause, before, while
+    and after one session holds a snapshot open (REPEATABLE READ, idle in its transaction) for ``held_s``;
+    autovacuum does what it does. The claim's p99 in each stretch."""
+    with_pending = int(os.environ.get("HISTORY_SNAPSHOT_PENDING", "100000"))
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+                "SELECT 1 + n %% 1000, 'snapshot-' || n, %(fingerprint)s, %(request)s::jsonb, 1e9 + n "
+                "FROM generate_series(1, %(pending)s) AS n",
+                {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "pending": with_pending})
+            conn.execute("VACUUM ANALYZE story_jobs")
+    start = time.monotonic()
+    release = before_s + held_s
+    end = release + after_s
+
+    async def work(url: str) -> list[tuple[float, float]]:
+        timed: list[tuple[float, float]] = []
+        conn = await db.connect(url, application_name="storyjobs-worker", connect_timeout_s=30,
+                                generic_plans=True)
+        async with conn:
+            while time.monotonic() - start < end:
+                began = time.perf_counter()
+                claimed = await worker_store.job_claim(conn, worker_id="snapshot-bench", claim_limit=1,
+                                                       provider="p", model="m", limiter=UNLIMITED)
+                timed.append((time.monotonic() - start, (time.perf_counter() - began) * 1000))
+                if not claimed.claimed:
+                    raise RuntimeError("the held-snapshot run ran out of pending jobs: raise "
+                                       "HISTORY_SNAPSHOT_PENDING")
+                await worker_store.job_settle(conn, worker_id="snapshot-bench", completions=[
+                    Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox",
+                               body="Once upon a time. " * 150, model="m", prompt_version="v1",
+                               input_tokens=300, output_tokens=900, cost_usd=Decimal("0.0051"),
+                               request_id="req_bench") for job in claimed.claimed], model="m")
+        return timed
+
+    async def hold(url: str) -> None:
+        await asyncio.sleep(before_s)
+        async with await psycopg.AsyncConnection.connect(url) as holder:
+            await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            await holder.execute("SELECT count(*) FROM api_clients")
+            await asyncio.sleep(held_s)
+            await holder.rollback()
+
+    states = list(urls)
+    worked = asyncio.gather(*(work(urls[state]) for state in states))
+    await asyncio.gather(worked, *(hold(urls[state]) for state in states))
+    figures: dict[str, dict[str, float]] = {}
+    for state, timed in zip(states, worked.result(), strict=True):
+
+        def p99(since: float, until: float, timed: list[tuple[float, float]] = timed) -> float:
+            return percentile([ms for at, ms in timed if since <= at < until], 99)
+
+        figures[state] = {
+            "claim_before_snapshot_p99_ms": p99(0, before_s),
+            "claim_held_snapshot_p99_ms": p99(before_s, release),
+            "claim_held_snapshot_last_p99_ms": p99(release - 10, release),
+            "claim_after_snapshot_p99_ms": p99(end - 10, end),
+        }
     return figures
 
 
