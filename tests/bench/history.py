@@ -140,6 +140,7 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
                 started = time.monotonic()
                 _load(databases["loaded"].url, jobs)
                 result.add("load_s", time.monotonic() - started)
+                result.params[f"table_mb_run_{run_number}"] = _table_sizes_mb(databases["loaded"].url)
                 ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
                              f"{_size_mb(databases['loaded'].url):,.0f} MB")
                 figures = _measure(ctx, databases, posts=posts, console_requests=console_requests)
@@ -301,6 +302,16 @@ def _load(url: str, jobs: int) -> None:
         conn.execute("CHECKPOINT")
 
 
+def _table_sizes_mb(url: str) -> dict[str, float]:
+    """The history's tables with their indexes and TOAST, largest first."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 2 DESC LIMIT 8").fetchall()
+    return {name: round(size / 1e6, 1) for name, size in rows}
+
+
 def _size_mb(url: str) -> float:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
@@ -360,8 +371,9 @@ def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: i
                                                  max(1, min(posts, 100) // BLOCKS), prefix="after-backlog"))
         _percentiles(figures, "post_after_backlog", {state: [ms for ms, _ in got] for state, got in after.items()})
     held_s = float(os.environ.get("HISTORY_SNAPSHOT_S", "10" if ctx.quick else "90"))
+    pending = int(os.environ.get("HISTORY_SNAPSHOT_PENDING", "30000" if ctx.quick else "100000"))
     through = asyncio.run(_claims_through_a_held_snapshot(
-        urls, held_s=held_s, before_s=10 if ctx.quick else 30, after_s=20 if ctx.quick else 60))
+        urls, held_s=held_s, before_s=10 if ctx.quick else 30, after_s=20 if ctx.quick else 60, pending=pending))
     for state, stretches in through.items():
         figures[state].update(stretches)
     for state, url in urls.items():
@@ -370,18 +382,17 @@ def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: i
 
 
 async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float, before_s: float,
-                                          after_s: float) -> dict[str, dict[str, float]]:
+                                          after_s: float, pending: int) -> dict[str, dict[str, float]]:
     """On both databases at once: a worker's claim and settle, one job a round, without pause, before, while
     and after one session holds a snapshot open (REPEATABLE READ, idle in its transaction) for ``held_s``;
     autovacuum does what it does. The claim's p99 in each stretch."""
-    with_pending = int(os.environ.get("HISTORY_SNAPSHOT_PENDING", "100000"))
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as conn:
             conn.execute(
                 "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
                 "SELECT 1 + n %% 1000, 'snapshot-' || n, %(fingerprint)s, %(request)s::jsonb, 1e9 + n "
                 "FROM generate_series(1, %(pending)s) AS n",
-                {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "pending": with_pending})
+                {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "pending": pending})
             conn.execute("VACUUM ANALYZE story_jobs")
     start = time.monotonic()
     release = before_s + held_s
