@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -271,3 +272,42 @@ async def test_without_pg_monitor_the_snapshot_ages_are_unknown(conn: psycopg.As
     finally:
         await conn.execute("RESET ROLE")
         await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_key(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """With 60,000 finished jobs over a month, the overview, the clients' today and the rollup reach jobs only
+    through the primary key from the id that job_id_bounds found for their window; the history reads the
+    rollup alone (eight days of minutes at most, whatever the jobs)."""
+    await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 10) g")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
+        "completed_at, created_at) SELECT 1 + g % 10, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', "
+        "'cancelled', now() - (60000 - g) * interval '43 seconds', now() - (60000 - g) * interval '43 seconds' "
+        "FROM generate_series(1, 60000) g")
+    await conn.execute("INSERT INTO minute_rollup (minute) SELECT generate_series(date_trunc('minute', now()) "
+                       "- interval '8 days', date_trunc('minute', now()), interval '1 minute')")
+    await conn.execute("VACUUM ANALYZE")
+    day_ago = await store.job_id_bounds(conn, created_after=datetime.now(UTC) - timedelta(days=1, hours=1),
+                                        created_before=None)
+    assert 57_000 < day_ago.lo_id < 58_100
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("ops_overview", {"day_from_id": day_ago.lo_id}),
+        ("ops_client_today", {"from_id": day_ago.lo_id, "day_start": datetime.now(UTC) - timedelta(days=1)}),
+        ("rollup_minutes", {"from_minute": datetime.now(UTC) - timedelta(minutes=3), "from_id": day_ago.lo_id,
+                            "bounds_s": [1.0, 2.0], "pending": 0, "running": 0}),
+        ("ops_history", {"since": datetime.now(UTC) - timedelta(days=7), "step": timedelta(hours=1),
+                         "origin": datetime.now(UTC)}),
+    ]
+    for query, params in reads:
+        cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
+        row = await cur.fetchone()
+        assert row is not None
+        nodes = _nodes(row[0][0]["Plan"])
+        if query == "ops_history":
+            assert {n.get("Relation Name") for n in nodes} - {None} == {"minute_rollup"}
+            continue
+        assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "story_jobs"], query
+        by_id = [n for n in nodes if n.get("Index Name") == "story_jobs_pkey" and "id >=" in n.get("Index Cond", "")]
+        assert by_id, (query, [(n["Node Type"], n.get("Index Name")) for n in nodes])
