@@ -311,3 +311,26 @@ async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_k
         assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "story_jobs"], query
         by_id = [n for n in nodes if n.get("Index Name") == "story_jobs_pkey" and "id >=" in n.get("Index Cond", "")]
         assert by_id, (query, [(n["Node Type"], n.get("Index Name")) for n in nodes])
+
+
+async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_once_its_job_ends(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A call started six minutes before its job ends (past the passes' recount window, 3 minutes here) adds its
+    charge to the minute it started at the first pass after the job's end; the minutes' job counts stay."""
+    acme, _ = await seed.client(conn, "acme")
+    (job,) = await seed.insert_jobs(conn, [seed.running(acme, 360)])
+    settings = sweeper_settings(sweeper_interval_s=30.0)
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
+    started = "(SELECT date_trunc('minute', started_at) FROM llm_calls)"
+    cur = await conn.execute(f"SELECT spend_usd FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() is None
+    await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
+                       "input_tokens = 10, output_tokens = 20")
+    await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
+                       "story_id = gen_random_uuid() WHERE id = %s", (job.id,))
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=0)
+    cur = await conn.execute(f"SELECT spend_usd, completed FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() == (Decimal("0.500000"), 0)
+    cur = await conn.execute("SELECT sum(completed), sum(spend_usd) FROM minute_rollup")
+    assert await cur.fetchone() == (1, Decimal("0.500000"))
