@@ -58,6 +58,7 @@ import psycopg
 
 from shared import db, keys
 from shared.config import SweeperSettings
+from shared.queries import QUERIES
 from shared.ratelimit import UNLIMITED
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
@@ -104,6 +105,9 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("claim_held_snapshot_p99_ms", "claim p99 while one snapshot is held open (HISTORY_SNAPSHOT_S)", "ms"),
     ("claim_held_snapshot_last_p99_ms", "claim p99 in the held snapshot's last 10 s", "ms"),
     ("claim_after_snapshot_p99_ms", "claim p99 50-60 s after the snapshot's release", "ms"),
+    ("claim_buffers_before_snapshot", "buffers one claim reads (EXPLAIN ANALYZE), before the snapshot", "pages"),
+    ("claim_buffers_held_snapshot", "buffers one claim reads, at the held snapshot's end", "pages"),
+    ("claim_buffers_after_snapshot", "buffers one claim reads, 60 s after the snapshot's release", "pages"),
     ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
     ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
     ("size_before_prune_mb", "database size before the day's prune", "MB"),
@@ -426,11 +430,30 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
             await asyncio.sleep(held_s)
             await holder.rollback()
 
+    async def buffers(url: str) -> list[float]:
+        """What one claim reads, in pages, just before the snapshot, before its release and at the end: the
+        dead entries of the live-jobs indexes that it walks past, which only VACUUM's index cleanup removes.
+        Each claim is rolled back."""
+        read: list[float] = []
+        async with await psycopg.AsyncConnection.connect(url) as probe:
+            for at in (before_s - 2, release - 2, end - 2):
+                await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
+                cur = await probe.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[claim_name], {
+                    **UNLIMITED, "worker_id": "probe", "claim_limit": 1, "provider": "p", "model": "m"})
+                row = await cur.fetchone()
+                assert row is not None
+                plan = row[0][0]["Plan"]
+                read.append(float(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)))
+                await probe.rollback()
+        return read
+
+    claim_name = worker_store.claim_query(UNLIMITED)
     states = list(urls)
     worked = asyncio.gather(*(work(urls[state]) for state in states))
-    await asyncio.gather(worked, *(hold(urls[state]) for state in states))
+    probed = asyncio.gather(*(buffers(urls[state]) for state in states))
+    await asyncio.gather(worked, probed, *(hold(urls[state]) for state in states))
     figures: dict[str, dict[str, float]] = {}
-    for state, timed in zip(states, worked.result(), strict=True):
+    for state, timed, read in zip(states, worked.result(), probed.result(), strict=True):
 
         def p99(since: float, until: float, timed: list[tuple[float, float]] = timed) -> float:
             return percentile([ms for at, ms in timed if since <= at < until], 99)
@@ -440,6 +463,9 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
             "claim_held_snapshot_p99_ms": p99(before_s, release),
             "claim_held_snapshot_last_p99_ms": p99(release - 10, release),
             "claim_after_snapshot_p99_ms": p99(end - 10, end),
+            "claim_buffers_before_snapshot": read[0],
+            "claim_buffers_held_snapshot": read[1],
+            "claim_buffers_after_snapshot": read[2],
         }
     return figures
 
