@@ -19,6 +19,11 @@ from shared import webhooks
 from shared.pricing import Price
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
+# how long history is kept: operators keep a year or several (for disputes,
+# accounting), so the bound is a century rather than Seconds' week; Postgres
+# subtracts that from now() with room to spare
+RETENTION_MAX_S = 100 * 365.25 * 24 * 3600
+RetentionSeconds = Annotated[float, msgspec.Meta(gt=0, le=RETENTION_MAX_S)]
 Port = Annotated[int, msgspec.Meta(ge=0, le=65535)]
 PositiveInt = Annotated[int, msgspec.Meta(ge=1)]
 PerMinute = Annotated[int, msgspec.Meta(ge=1, le=1_000_000_000)]
@@ -168,6 +173,10 @@ class ApiSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     # one), of all clients and of each
     batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] = 10_000
     client_batch_queue_max: Annotated[int, msgspec.Meta(ge=1, le=10_000_000)] | None = None
+    # the console (and `storyjobs stats`) warns once a transaction or a
+    # snapshot on the jobs' database is older than this: VACUUM removes
+    # nothing changed after it, and the live-jobs indexes fill
+    xmin_horizon_warn_s: Seconds = 300.0
 
     @property
     def effective_client_batch_queue_max(self) -> int:
@@ -274,7 +283,7 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     sweeper_batch_size: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
     # finished jobs (and their stories) are deleted this long after finishing;
     # the llm_calls ledger is kept
-    job_retention_s: Seconds = 30 * 24 * 3600.0
+    job_retention_s: RetentionSeconds = 30 * 24 * 3600.0
     metrics_port: Port = 9101
 
     def __post_init__(self) -> None:

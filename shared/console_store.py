@@ -38,7 +38,7 @@ from shared.console_rows import (
 )
 from shared.queries import QUERIES as Q
 from shared.ratelimit import RateLimits
-from shared.rows import BudgetDay, CancelResult, JobIdBounds
+from shared.rows import BudgetDay, CancelResult, JobIdBounds, SnapshotAges
 
 # Conn, budget_days_today and job_id_bounds are re-exported (`as` themselves):
 # the console reads these common queries too, and its one store holds all it
@@ -54,6 +54,7 @@ from shared.store import (
     jsonb,
 )
 from shared.store import budget_days_today as budget_days_today
+from shared.store import database_snapshot_ages as database_snapshot_ages
 from shared.store import job_id_bounds as job_id_bounds
 
 # a job finishes within PENDING_TIMEOUT_S + JOB_TIMEOUT_S of its creation, or
@@ -67,6 +68,20 @@ def finished_since(settings: BaseSettings, window: timedelta) -> datetime:
     ``window``: ops_overview's day_from_id is job_id_bounds' lo_id from it."""
     longest_life = timedelta(seconds=settings.pending_timeout_s + settings.job_timeout_s) + SWEEPER_LAG
     return datetime.now(UTC) - window - longest_life
+
+
+def snapshot_warning(ages: SnapshotAges, warn_after_s: float) -> str | None:
+    """The console's line (and `storyjobs stats`'s) when a transaction or a
+    snapshot on the jobs' database is older than XMIN_HORIZON_WARN_S."""
+    if not ages.known:
+        return None
+    oldest = max(ages.oldest_transaction_age_s or 0.0, ages.oldest_snapshot_age_s or 0.0)
+    if oldest <= warn_after_s:
+        return None
+    return (f"a transaction or snapshot has been open for {oldest:.0f} s (XMIN_HORIZON_WARN_S {warn_after_s:g}): "
+            "VACUUM removes no row changed since, so the live-jobs indexes grow and the claim slows. Find it "
+            "with SELECT pid, usename, application_name, xact_start, state, query FROM pg_stat_activity "
+            "WHERE backend_xmin IS NOT NULL ORDER BY xact_start, and end it (pg_terminate_backend)")
 
 
 class ConsoleStore:
@@ -156,6 +171,9 @@ class ConsoleStore:
 
     async def ops_history(self, *, since: datetime, step: timedelta, origin: datetime) -> list[RollupMinuteRow]:
         return await ops_history(self.conn, since=since, step=step, origin=origin)
+
+    async def database_snapshot_ages(self) -> SnapshotAges:
+        return await database_snapshot_ages(self.conn)
 
     async def ops_writers_recent(self) -> list[str]:
         return await ops_writers_recent(self.conn)

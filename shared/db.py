@@ -170,7 +170,11 @@ def connect_kwargs(
         # Every statement is then planned when it runs, with its parameters
         # (a custom plan), so the generic-plan settings below have no use.
         return {**_client_kwargs(application_name, connect_timeout_s), "prepare_threshold": None}
-    options = []
+    # The database's own jit = off (`storyjobs migrate`) reaches connections
+    # through a pooler too; a direct connection says it again, so that a
+    # database restored without its settings still never compiles the
+    # services' statements (see database_settings_keep in sql/common.sql).
+    options = ["-c jit=off"]
     if statement_timeout_s:
         options.append(f"-c statement_timeout={int(statement_timeout_s * 1000)}")
     if generic_plans:

@@ -15,10 +15,13 @@ from importlib.resources import files
 from typing import Any
 
 import msgspec
+import structlog
 from psycopg import AsyncConnection
 from psycopg.errors import Diagnostic
 
 from shared import store
+
+_log = structlog.get_logger()
 
 _FILE = re.compile(r"^(\d{3})_(\w+)\.sql$")
 
@@ -57,7 +60,9 @@ class Applied(msgspec.Struct, frozen=True):
 
 
 async def migrate(conn: AsyncConnection[Any]) -> list[Applied]:
-    """Applies the migrations the database lacks; returns them."""
+    """Applies the migrations the database lacks; returns them. Then keeps
+    the database's own settings (jit off), which a restored or copied
+    database lacks however far it is migrated."""
     applied: list[Applied] = []
     heard: list[str] = []
 
@@ -77,6 +82,10 @@ async def migrate(conn: AsyncConnection[Any]) -> list[Applied]:
                     conn, version=migration.version, name=migration.name, ddl=migration.ddl
                 )
                 applied.append(Applied(migration.version, migration.name, tuple(heard)))
+        heard.clear()
+        await store.database_settings_keep(conn)
+        for notice in heard:
+            _log.warning("migrate.database_settings_partial", notice=notice)
     finally:
         conn.remove_notice_handler(hear)
         await store.schema_migrations_unlock(conn)

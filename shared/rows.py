@@ -39,6 +39,17 @@ class JobIdBounds(msgspec.Struct, frozen=True):
     hi_id: int
 
 
+class SnapshotAges(msgspec.Struct, frozen=True):
+    """What holds VACUUM back (database_snapshot_ages): ages in seconds,
+    the replication slots' in transactions; None: nothing open. Meaningless
+    unless ``known`` (the role can read other roles' sessions)."""
+
+    known: bool
+    oldest_transaction_age_s: float | None
+    oldest_snapshot_age_s: float | None
+    replication_slot_xmin_age: int | None
+
+
 class BudgetDay(msgspec.Struct, frozen=True):
     """Today's spend of all clients (scope 'all', client_id 0) or of one."""
 

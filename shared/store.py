@@ -35,6 +35,7 @@ from shared.rows import (
     CancelResult,
     JobIdBounds,
     KeyAuth,
+    SnapshotAges,
 )
 
 Conn = AsyncConnection[Any]
@@ -128,6 +129,16 @@ async def schema_migrations_lock(conn: Conn) -> None:
 
 async def schema_migrations_unlock(conn: Conn) -> None:
     await conn.execute(Q["schema_migrations_unlock"], {"lock_key": MIGRATION_LOCK_KEY})
+
+
+async def database_settings_keep(conn: Conn) -> None:
+    await conn.execute(Q["database_settings_keep"])
+
+
+async def database_snapshot_ages(conn: Conn) -> SnapshotAges:
+    row = await fetch_one(conn, SnapshotAges, "database_snapshot_ages", {})
+    assert row is not None
+    return row
 
 
 async def schema_migrations_applied(conn: Conn) -> list[int]:

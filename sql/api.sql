@@ -20,7 +20,20 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- exact. It must be its own statement: under READ COMMITTED a statement's
 -- snapshot is taken before it waits for a lock, so a statement that both
 -- locked and counted could count stale rows and overshoot.
-SELECT pg_advisory_xact_lock(%(lock_key)s);
+--
+-- It also fixes, for this transaction only (and so behind a transaction
+-- pooler too), what the admission statements' plans must not take from the
+-- statistics. Their estimated cost follows the pending count ANALYZE last
+-- saw, times the 100 rows the planner assumes for jsonb_to_recordset: with
+-- statistics taken while 2,000 jobs waited it passed jit_above_cost (302,000
+-- against 100,000) long after the queue had drained, and every admission
+-- spent ~300 ms compiling a 15 ms statement. jit = off removes that, even on
+-- a database that lost its own jit = off. enable_seqscan = off keeps each
+-- count on a partial index of live jobs whatever share of the table
+-- ANALYZE saw pending: a sequential scan is the one plan whose cost grows
+-- with the history rather than the queue.
+SELECT pg_advisory_xact_lock(%(lock_key)s), set_config('jit', 'off', true),
+       set_config('enable_seqscan', 'off', true);
 
 -- name: job_admission_request_ctes
 -- The requests of an admission statement (job_insert_if_admitted for the

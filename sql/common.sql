@@ -40,6 +40,57 @@ SELECT version FROM schema_migrations ORDER BY version;
 -- name: schema_migrations_record
 INSERT INTO schema_migrations (version, name) VALUES (%(version)s, %(name)s);
 
+-- name: database_settings_keep
+-- Run by every `storyjobs migrate`, not by one numbered migration, because a
+-- database's own settings do not travel with its data: a copy made from a
+-- template or a dump restored without --create loses them while its
+-- schema_migrations says everything was applied. jit = off: the planner
+-- JIT-compiles a statement whose estimated cost passes jit_above_cost, and
+-- after an ANALYZE taken during a backlog or over a large history the
+-- services' millisecond statements (admission, the prune, the rollup) were
+-- estimated that dear and spent 100-500 ms compiling at every execution.
+-- None of them gains from JIT (each reads few rows through an index). A
+-- database setting reaches every connection, through a transaction pooler
+-- too, which forwards no startup options. A role that does not own the
+-- database sets it for itself instead, and the NOTICE says so.
+DO $$
+BEGIN
+    EXECUTE format('ALTER DATABASE %I SET jit = off', current_database());
+EXCEPTION WHEN insufficient_privilege THEN
+    EXECUTE format('ALTER ROLE %I IN DATABASE %I SET jit = off', current_user, current_database());
+    RAISE NOTICE 'jit = off set for role % only: it does not own database %; run ALTER DATABASE % SET jit = off as its owner (docs/operations.md)',
+        current_user, current_database(), current_database();
+END
+$$;
+
+-- name: database_snapshot_ages
+-- What holds this database's VACUUM back: the oldest open transaction (a
+-- prepared one included), the oldest snapshot still held (a backend's xmin:
+-- while it is held, no row deleted or updated after it can be removed, from
+-- any table, and the live-jobs indexes fill with dead entries), and the
+-- oldest xmin a replication slot keeps, in transactions (a slot records no
+-- time). Another role's sessions show their times only to a role with the
+-- privileges of pg_read_all_stats (pg_monitor has them); without them
+-- `known` is false and the ages mean nothing. Autovacuum's own snapshot
+-- holds nothing back, and a session of another database holds back only the
+-- shared catalogs, so neither is counted; a walsender's is (a standby's
+-- hot_standby_feedback). NULL: nothing open.
+SELECT pg_has_role('pg_read_all_stats', 'USAGE') AS known,
+       extract(epoch FROM now() - least(
+           (SELECT min(a.xact_start) FROM pg_stat_activity a
+            WHERE a.datname = current_database() AND a.pid <> pg_backend_pid()
+              AND a.backend_type <> 'autovacuum worker'),
+           (SELECT min(p.prepared) FROM pg_prepared_xacts p WHERE p.database = current_database())
+       ))::float8 AS oldest_transaction_age_s,
+       extract(epoch FROM now() - (
+           SELECT min(coalesce(a.xact_start, a.query_start, a.backend_start)) FROM pg_stat_activity a
+           WHERE a.backend_xmin IS NOT NULL AND a.pid <> pg_backend_pid()
+             AND (a.datname = current_database() OR a.backend_type = 'walsender')
+             AND a.backend_type <> 'autovacuum worker'
+       ))::float8 AS oldest_snapshot_age_s,
+       (SELECT max(greatest(age(s.xmin), age(s.catalog_xmin))) FROM pg_replication_slots s
+        WHERE s.database IS NULL OR s.database = current_database())::bigint AS replication_slot_xmin_age;
+
 -- name: schema_version_get
 -- NULL when the database was never migrated.
 SELECT CASE WHEN to_regclass('schema_migrations') IS NULL THEN NULL

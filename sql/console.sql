@@ -218,7 +218,7 @@ FROM client;
 -- job_id_bounds at a day plus the longest a job can wait and run before the
 -- sweeper fails it, so no job finished in the window is left out (unless the
 -- sweeper was stopped for longer). Spend and the provider's answers come
--- from the ledger, read by time on its BRIN index. A story billed but not
+-- from the ledger, read by time on its started_at index. A story billed but not
 -- delivered is a failed job with billed calls. Each source is read once and
 -- aggregated in one pass, the hour and the day side by side.
 WITH finished AS MATERIALIZED (

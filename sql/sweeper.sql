@@ -174,15 +174,23 @@ SELECT coalesce(sum(over_reservation_usd), 0) FROM budget_days WHERE client_id =
 -- The sweeper's history (minute_rollup): recounts every minute from
 -- %(from_minute)s to the current one from the jobs (ids from %(from_id)s up,
 -- which job_id_bounds found for the oldest job that could have been claimed
--- or finished since) and the ledger (by time, on its BRIN index), and
+-- or finished since) and the ledger (by time, on its started_at index), and
 -- records the queue depth this pass saw in the current minute. A recount
 -- replaces a minute's counts, so a job committed late lands in its minute at
 -- the next pass; the depths only grow within a minute.
+--
+-- A ledger row is counted in the minute it started, but its charge is known
+-- only when it ends, which for a long call (up to LLM_TIMEOUT_S) or a batch
+-- (up to a day) is long after that minute left the window: the ledger side of
+-- the minutes where the calls of the jobs that finished in the window started
+-- is recounted too (a job's calls end by its end), so every charge is counted
+-- once its job ends. Those minutes are a few, each read on the started_at
+-- index, and only their ledger columns are written.
 WITH minutes AS (
     SELECT generate_series(%(from_minute)s::timestamptz, date_trunc('minute', now()), interval '1 minute') AS minute
 ),
 jobs AS MATERIALIZED (
-    SELECT j.status, j.error_code, j.created_at, j.started_at, j.completed_at
+    SELECT j.id, j.status, j.error_code, j.created_at, j.started_at, j.completed_at
     FROM story_jobs j
     WHERE j.id >= %(from_id)s
       AND (j.started_at >= %(from_minute)s OR j.completed_at >= %(from_minute)s)
@@ -235,6 +243,29 @@ calls AS (
     WHERE l.started_at >= %(from_minute)s
     GROUP BY 1
 ),
+-- the minutes before the window where the calls of the jobs that ended in it
+-- started (as far back as the rollup keeps)
+late_minutes AS MATERIALIZED (
+    SELECT DISTINCT date_trunc('minute', l.started_at) AS minute
+    FROM jobs j
+    JOIN llm_calls l ON l.job_id = j.id
+    WHERE j.completed_at >= %(from_minute)s
+      AND l.started_at < %(from_minute)s AND l.started_at >= now() - interval '8 days'
+),
+late_calls AS (
+    SELECT m.minute,
+           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
+                    FILTER (WHERE l.outcome <> 'started'), 0) AS spend_usd,
+           count(*) FILTER (WHERE l.outcome = 'rate_limited') AS rate_limited
+    FROM late_minutes m
+    JOIN llm_calls l ON l.started_at >= m.minute AND l.started_at < m.minute + interval '1 minute'
+    GROUP BY m.minute
+),
+late_written AS (
+    INSERT INTO minute_rollup AS r (minute, spend_usd, rate_limited)
+    SELECT minute, spend_usd, rate_limited FROM late_calls
+    ON CONFLICT (minute) DO UPDATE SET spend_usd = EXCLUDED.spend_usd, rate_limited = EXCLUDED.rate_limited
+),
 written AS (
     INSERT INTO minute_rollup AS r (minute, completed, failed, cancelled, spend_usd, rate_limited,
                                     pending_max, running_max, wait_counts, run_counts)
@@ -256,6 +287,11 @@ written AS (
     RETURNING 1
 )
 SELECT count(*) AS minutes FROM written;
+
+-- name: rollup_last_minute
+-- Where the last pass stopped: the newest minute of the rollup, on its
+-- primary key (one entry). The next pass recounts from there at least.
+SELECT max(minute) FROM minute_rollup;
 
 -- name: rollup_prune
 -- The history's rows past what the console shows (a week) and a day more.

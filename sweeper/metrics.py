@@ -60,6 +60,27 @@ WEBHOOK_OLDEST_UNDELIVERED_AGE = Gauge(
     "Age of the oldest webhook event not yet delivered, at the last pass (0 when none).",
 )
 
+# what holds VACUUM back (database_snapshot_ages); NaN while the sweeper's
+# role cannot read other roles' sessions (grant it pg_monitor)
+SNAPSHOT_AGES_KNOWN = Gauge(
+    "storyjobs_database_snapshot_ages_known",
+    "1 when the sweeper's role can see every session's transaction (pg_monitor); 0: the ages below are NaN.",
+)
+OLDEST_TRANSACTION_AGE = Gauge(
+    "storyjobs_database_oldest_transaction_age_seconds",
+    "Age of the oldest open transaction on the jobs' database (prepared ones included) at the last pass "
+    "(0 when none, NaN when unknown).",
+)
+OLDEST_SNAPSHOT_AGE = Gauge(
+    "storyjobs_database_oldest_snapshot_age_seconds",
+    "Age of the oldest snapshot a session holds on the jobs' database (its backend_xmin), at the last pass: "
+    "VACUUM removes no row changed after it (0 when none, NaN when unknown).",
+)
+REPLICATION_SLOT_XMIN_AGE = Gauge(
+    "storyjobs_database_replication_slot_xmin_age_transactions",
+    "The oldest xmin a replication slot keeps, in transactions behind the current one (0 when none).",
+)
+
 
 class DatabaseTotal(Collector):
     """A counter whose total the database keeps: exported at the value the

@@ -19,8 +19,16 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
-from shared.rows import ROLLUP_BOUNDS_S, BudgetDay
-from shared.store import Conn, budget_days_today, fetch_all, fetch_one, fetch_scalars, job_id_bounds
+from shared.rows import ROLLUP_BOUNDS_S, BudgetDay, SnapshotAges
+from shared.store import (
+    Conn,
+    budget_days_today,
+    database_snapshot_ages,
+    fetch_all,
+    fetch_one,
+    fetch_scalars,
+    job_id_bounds,
+)
 from sweeper import rollup
 from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 
@@ -130,6 +138,12 @@ async def rollup_minutes(conn: Conn, *, from_minute: datetime, from_id: int, bou
     return int(found[0])
 
 
+async def rollup_last_minute(conn: Conn) -> datetime | None:
+    """The newest minute a pass wrote; None before the first."""
+    (minute,) = await fetch_scalars(conn, "rollup_last_minute")
+    return minute if isinstance(minute, datetime) else None
+
+
 async def rollup_prune(conn: Conn) -> None:
     await conn.execute(Q["rollup_prune"])
 
@@ -138,7 +152,8 @@ async def record_minutes(conn: Conn, settings: SweeperSettings, *, pending: int,
                          now: datetime | None = None) -> int:
     """Recounts the last minutes into minute_rollup (sweeper/rollup.py says
     which); the minutes written."""
-    from_minute, oldest = rollup.window(settings, now or datetime.now(UTC))
+    last_written = await rollup_last_minute(conn)
+    from_minute, oldest = rollup.window(settings, now or datetime.now(UTC), last_written)
     bounds = await job_id_bounds(conn, created_after=oldest, created_before=None)
     written = await rollup_minutes(conn, from_minute=from_minute, from_id=bounds.lo_id, bounds_s=ROLLUP_BOUNDS_S,
                                    pending=pending, running=running)
@@ -174,6 +189,10 @@ class SweeperStore(Protocol):
     async def webhook_delivery_gauges(self, *, now: datetime | None) -> WebhookDeliveryGauges: ...
 
     async def budget_over_reservation_total(self) -> Decimal: ...
+
+    async def snapshot_ages(self) -> SnapshotAges:
+        """What holds VACUUM back in the database: the oldest transaction and snapshot, the slots' xmin."""
+        ...
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None,
@@ -222,6 +241,10 @@ class PgSweeperStore:
     async def budget_over_reservation_total(self) -> Decimal:
         async with self._pool.connection() as conn:
             return await budget_over_reservation_total(conn)
+
+    async def snapshot_ages(self) -> SnapshotAges:
+        async with self._pool.connection() as conn:
+            return await database_snapshot_ages(conn)
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None,

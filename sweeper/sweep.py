@@ -39,6 +39,7 @@ from opentelemetry.trace import Span, Status, StatusCode, Tracer
 
 from shared import telemetry
 from shared.config import SweeperSettings
+from shared.rows import SnapshotAges
 from shared.status import ErrorCode, JobStatus
 from sweeper import metrics
 from sweeper.rows import StaleJob
@@ -152,6 +153,7 @@ class Sweeper:
         budgets = await self._store.budget_days_today(now=now)
         outbox = await self._store.webhook_delivery_gauges(now=now)
         over_reservation = await self._store.budget_over_reservation_total()
+        snapshots = await self._store.snapshot_ages()
         for _ in range(_PRUNE_BATCHES_PER_PASS):
             deleted = await self._prune(now)
             pruned += deleted
@@ -167,6 +169,7 @@ class Sweeper:
         metrics.WEBHOOK_UNDELIVERED.set(outbox.undelivered)
         metrics.WEBHOOK_OLDEST_UNDELIVERED_AGE.set(outbox.oldest_undelivered_age_seconds)
         metrics.OVER_RESERVATION.value = float(over_reservation)
+        _export_snapshot_ages(snapshots)
         metrics.LAST_RUN.set_to_current_time()
         result = SweepResult(
             interrupted=counts[ErrorCode.INTERRUPTED],
@@ -256,3 +259,13 @@ def _failed(span: Span, exc: Exception) -> None:
     # the error's type only: a message could quote a row
     span.set_status(Status(StatusCode.ERROR))
     span.set_attribute("error.type", type(exc).__qualname__)
+
+
+def _export_snapshot_ages(ages: SnapshotAges) -> None:
+    """The gauges of what holds VACUUM back; NaN where the role cannot see."""
+    unknown = float("nan")
+    metrics.SNAPSHOT_AGES_KNOWN.set(1 if ages.known else 0)
+    metrics.OLDEST_TRANSACTION_AGE.set(
+        (ages.oldest_transaction_age_s or 0.0) if ages.known else unknown)
+    metrics.OLDEST_SNAPSHOT_AGE.set((ages.oldest_snapshot_age_s or 0.0) if ages.known else unknown)
+    metrics.REPLICATION_SLOT_XMIN_AGE.set(ages.replication_slot_xmin_age or 0)

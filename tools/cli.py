@@ -31,7 +31,7 @@ import psycopg
 from shared import db, keys, migrate, store, webhooks
 from shared.config import ApiSettings, BaseSettings, ConfigError, load
 from shared.console_rows import JobFilter
-from shared.console_store import ConsoleStore, finished_since
+from shared.console_store import ConsoleStore, finished_since, snapshot_warning
 from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
 from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
@@ -211,6 +211,10 @@ async def cmd_stats(_: argparse.Namespace) -> int:
         stats = await console.ops_overview(day_from_id=bounds.lo_id)
         budgets = await console.budget_days_today()
         buckets = await console.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
+        ages = await console.database_snapshot_ages()
+    warning = snapshot_warning(ages, settings.xmin_horizon_warn_s)
+    if warning:
+        _out(f"WARNING    {warning}")
     _out(f"queue      {stats.pending} pending, {stats.running} running; "
          f"batch lane {stats.batch_live} waiting for or in a batch")
     _out("last hour")

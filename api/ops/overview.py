@@ -21,6 +21,7 @@ from api.ops.schemas import (
     Provider,
     ProviderCounts,
     Queue,
+    Snapshots,
     Spend,
     SpendCounts,
     Undelivered,
@@ -30,9 +31,9 @@ from api.ops.schemas import (
 from api.problems import problem_responses
 from shared.config import ApiSettings
 from shared.console_rows import OpsOverviewRow, RateBucketRow
-from shared.console_store import ConsoleStore, finished_since
+from shared.console_store import ConsoleStore, finished_since, snapshot_warning
 from shared.ratelimit import RateLimits
-from shared.rows import BudgetDay
+from shared.rows import BudgetDay, SnapshotAges
 
 DAY = timedelta(days=1)
 
@@ -70,10 +71,22 @@ def _limiter(buckets: list[RateBucketRow], settings: ApiSettings) -> Limiter:
                    requests=kind("requests"), input_tokens=kind("input_tokens"), output_tokens=kind("output_tokens"))
 
 
+def _snapshots(ages: SnapshotAges, settings: ApiSettings) -> Snapshots:
+    def seen(age: float | None) -> float | None:
+        return None if not ages.known or age is None else round(age, 3)
+
+    return Snapshots(known=ages.known, oldest_transaction_age_s=seen(ages.oldest_transaction_age_s),
+                     oldest_snapshot_age_s=seen(ages.oldest_snapshot_age_s),
+                     replication_slot_xmin_age=ages.replication_slot_xmin_age,
+                     warn_after_s=settings.xmin_horizon_warn_s,
+                     warning=snapshot_warning(ages, settings.xmin_horizon_warn_s))
+
+
 def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDay],
-              buckets: list[RateBucketRow], writers: list[str]) -> Overview:
+              buckets: list[RateBucketRow], writers: list[str], ages: SnapshotAges) -> Overview:
     return Overview(
         writers=writers,
+        snapshots=_snapshots(ages, settings),
         generated_at=datetime.now(UTC),
         queue=Queue(pending=row.pending, running=row.running,
                     oldest_pending_age_s=round(row.oldest_pending_age_s, 3), queue_max=settings.queue_max,
@@ -113,4 +126,5 @@ async def get_overview(api_state: NamedDependency[ApiState], store: NamedDepende
     budgets = await store.budget_days_today()
     buckets = await store.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
     writers = await store.ops_writers_recent()
-    return _overview(row, settings, budgets, buckets, writers)
+    ages = await store.database_snapshot_ages()
+    return _overview(row, settings, budgets, buckets, writers, ages)

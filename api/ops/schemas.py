@@ -56,6 +56,24 @@ class Queue(msgspec.Struct, frozen=True):
         description="BATCH_QUEUE_MAX: the most live batch jobs admitted.")] = 0
 
 
+class Snapshots(msgspec.Struct, frozen=True):
+    """What holds VACUUM back on the jobs' database, now: while a transaction or a snapshot stays open, no row
+    changed after it is removed and the live-jobs indexes fill with dead entries (the claim slows)."""
+
+    known: Annotated[bool, msgspec.Meta(
+        description="false: the api's role cannot see other roles' sessions (grant it pg_monitor); the ages "
+                    "are then null.")]
+    oldest_transaction_age_s: Annotated[float | None, msgspec.Meta(
+        description="The oldest open transaction (prepared ones included); null: none, or unknown.")]
+    oldest_snapshot_age_s: Annotated[float | None, msgspec.Meta(
+        description="The oldest snapshot a session holds (its backend_xmin); null: none, or unknown.")]
+    replication_slot_xmin_age: Annotated[int | None, msgspec.Meta(
+        description="The oldest xmin a replication slot keeps, in transactions; null: no slot holds one.")]
+    warn_after_s: Annotated[float, msgspec.Meta(description="XMIN_HORIZON_WARN_S.")]
+    warning: Annotated[str | None, msgspec.Meta(
+        description="What to look at, when the oldest transaction or snapshot passed XMIN_HORIZON_WARN_S.")]
+
+
 class JobCounts(msgspec.Struct, frozen=True):
     """Jobs that finished in the window."""
 
@@ -153,6 +171,7 @@ class Overview(msgspec.Struct, frozen=True):
     writers: Annotated[list[str], msgspec.Meta(
         description="The writers that sent requests in the last day (the ledger's provider): `offline` is the "
                     "built-in offline writer, whose stories are demo text and cost nothing.")] = []
+    snapshots: Snapshots | None = None
 
 
 class Percentiles(msgspec.Struct, frozen=True):

@@ -52,6 +52,10 @@ function renderOverview(overview) {
     ? writers.map((w) => (w === "offline" ? "the offline writer (no ANTHROPIC_API_KEY: stories cost nothing)" : w)).join(", ")
     : "no request in the last day";
   byId("offline-note").hidden = !writers.includes("offline");
+  // an open transaction or snapshot past XMIN_HORIZON_WARN_S: VACUUM is held back
+  const warning = overview.snapshots ? overview.snapshots.warning : null;
+  byId("snapshot-warning").textContent = warning || "";
+  byId("snapshot-warning").hidden = !warning;
   byId("overview-updated").textContent = `as of ${when(overview.generated_at)}`;
 }
 

@@ -4,6 +4,7 @@ tests/bench/results/ (JSON and Markdown) and print the table.
     python -m tests.bench                      # every benchmark, 3 runs each
     python -m tests.bench --only drain,pickup  # a subset, by name
     python -m tests.bench --quick --runs 1     # sizes and durations in seconds
+    HISTORY_JOBS=3000000 python -m tests.bench --only history --runs 1   # a month's history
 
 The Postgres server is tests/support/postgres_server.py's: TEST_DATABASE_URL, else a Docker
 container, else the embedded Postgres. Every database and process a run
@@ -33,6 +34,7 @@ from tests.bench import (
     drafts,
     drain,
     fair_claim,
+    history,
     idle,
     in_flight,
     in_flight_pooler,
@@ -55,7 +57,8 @@ from tests.support import postgres_server
 BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
-                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane, drafts)
+                   stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane, drafts,
+                   history)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench import fair_claim, statement_cost
+from tests.bench import fair_claim, history, statement_cost
 from tests.bench.smoke import run_quick
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -152,3 +152,18 @@ def test_quick_fair_claim_shares_the_claims_with_a_saturated_client(server_url: 
     assert figures["saturated_share_max_x_k"] <= 1.1
     assert 0.9 <= figures["saturated_others_share_min_x_k"] <= figures["saturated_others_share_max_x_k"] <= 1.1
     assert figures["saturated_first_job_claims_ahead_fair"] < figures["saturated_first_job_claims_ahead_fifo"]
+
+
+def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(server_url: str,
+                                                                                tmp_path: Path) -> None:
+    """`python -m tests.bench --quick --only history` (30,000 finished jobs) exits 0 with every figure for both
+    databases, and the day's prune deletes a thirtieth of the history on the loaded one and nothing on the
+    empty one."""
+    bench = run_quick("history", server_url, tmp_path)["benchmarks"]["history"]
+    assert bench["error"] is None
+    assert set(bench["figures"]) == set(history.SPECS)
+    figures = {key: figure["median"] for key, figure in bench["figures"].items()}
+    assert figures["empty.prune_day_jobs"] == 0
+    assert 900 <= figures["loaded.prune_day_jobs"] <= 1100
+    assert all(figures[f"{state}.post_p99_ms"] > 0 and figures[f"{state}.claim_held_snapshot_p99_ms"] > 0
+               for state in history.STATES)

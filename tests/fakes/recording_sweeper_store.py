@@ -14,7 +14,7 @@ from decimal import Decimal
 from typing import Any
 
 from shared.config import SweeperSettings
-from shared.rows import BudgetDay
+from shared.rows import BudgetDay, SnapshotAges
 from shared.status import ErrorCode
 from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 from sweeper.store import SweeperStore
@@ -40,6 +40,8 @@ class RecordingSweeperStore:
         self.budget_days: list[BudgetDay] = []
         self.outbox = WebhookDeliveryGauges(undelivered=0, oldest_undelivered_age_seconds=0.0)
         self.over_reservation = Decimal(0)
+        self.snapshots = SnapshotAges(known=True, oldest_transaction_age_s=None, oldest_snapshot_age_s=None,
+                                      replication_slot_xmin_age=None)
         self._faults: dict[str, list[Exception]] = {}
 
     # -- what tests use ---------------------------------------------------------------
@@ -91,6 +93,10 @@ class RecordingSweeperStore:
     async def budget_over_reservation_total(self) -> Decimal:
         self._call("budget_over_reservation_total")
         return self.over_reservation
+
+    async def snapshot_ages(self) -> SnapshotAges:
+        self._call("snapshot_ages")
+        return self.snapshots
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None,

@@ -10,6 +10,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
+from shared.config import SweeperSettings, load
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows
@@ -128,6 +129,23 @@ async def test_finished_jobs_are_pruned_after_retention(
     # the pruned job's Idempotency-Key is free again; the others still name their jobs
     cur = await conn.execute("SELECT job_id FROM job_idempotency_keys ORDER BY job_id")
     assert [row[0] for row in await cur.fetchall()] == [2, 3, 4]
+
+
+async def test_a_retention_of_ten_years_keeps_a_job_of_nine_and_prunes_one_of_eleven(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """JOB_RETENTION_S of ten years reaches the prune statement whole: a job finished nine years ago stays, one
+    finished eleven years ago goes."""
+    client = await client_id_of(conn)
+    for n in range(2):
+        await enqueue(conn, client, f"story {n}")
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                       "completed_at = now() - make_interval(years => CASE id WHEN 1 THEN 11 ELSE 9 END)")
+    settings = load(SweeperSettings, {"JOB_RETENTION_S": str(10 * 365 * 86400), "DATABASE_URL": "postgresql://x"})
+    sweeper = Sweeper(sweeper_settings(job_retention_s=settings.job_retention_s), PgSweeperStore(pool),
+                      clock=FakeClock())
+    assert (await sweeper.sweep_once()).pruned == 1
+    assert [r.id for r in await job_rows(conn)] == [2]
 
 
 async def test_the_database_clock_can_be_overridden(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:

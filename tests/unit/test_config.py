@@ -74,3 +74,15 @@ def test_a_retention_shorter_than_the_webhook_retry_schedule_is_refused() -> Non
         load(SweeperSettings, {"JOB_RETENTION_S": "86400"})
     # the schedule's waits (27.6 h) and the longest lease of each of the eight attempts
     assert load(SweeperSettings, {"JOB_RETENTION_S": "99825"}).job_retention_s == 99825
+
+
+@pytest.mark.parametrize("retention_s", [str(30 * 86400), str(365 * 86400), "315576000", "3155760000"])
+def test_a_retention_of_months_or_years_is_accepted(retention_s: str) -> None:
+    """JOB_RETENTION_S takes the documented 30 days written out, a year, ten years and a century."""
+    assert load(SweeperSettings, {"JOB_RETENTION_S": retention_s}).job_retention_s == float(retention_s)
+
+
+def test_a_retention_past_a_century_is_refused_naming_the_variable() -> None:
+    """JOB_RETENTION_S beyond a century is a typo, refused at start with the variable's name."""
+    with pytest.raises(ConfigError, match=r"^JOB_RETENTION_S: Expected `float` <= 3155760000"):
+        load(SweeperSettings, {"JOB_RETENTION_S": "3155760001"})

@@ -76,7 +76,7 @@ def test_a_pooled_connection_sends_no_options_and_prepares_no_statements() -> No
     direct = db.connect_kwargs(application_name="storyjobs-worker", connect_timeout_s=5, statement_timeout_s=30,
                                generic_plans=True)
     assert "prepare_threshold" not in direct
-    assert direct["options"] == ("-c statement_timeout=30000 -c plan_cache_mode=force_generic_plan "
+    assert direct["options"] == ("-c jit=off -c statement_timeout=30000 -c plan_cache_mode=force_generic_plan "
                                  "-c enable_seqscan=off")
 
 

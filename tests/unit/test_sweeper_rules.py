@@ -6,6 +6,7 @@ waiting: the clock is the test's."""
 from __future__ import annotations
 
 import asyncio
+import math
 from typing import Any
 
 import psycopg
@@ -14,6 +15,7 @@ from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from shared.config import SweeperSettings
+from shared.rows import SnapshotAges
 from shared.status import ErrorCode
 from sweeper.__main__ import run
 from sweeper.rows import QueueGauges
@@ -168,3 +170,23 @@ async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() ->
     assert (result.pending, result.running, result.oldest_pending_age_seconds) == (7, 3, 12.5)
     assert store.named("record_minutes") == [{"pending": 7, "running": 3}]
     assert REGISTRY.get_sample_value("storyjobs_jobs", {"status": "pending"}) == 7
+
+
+async def test_snapshot_ages_are_exported_and_unknown_ones_are_nan() -> None:
+    """A pass exports the oldest transaction's and snapshot's ages and the slots' xmin age; when the role cannot
+    see other sessions the ages are NaN, not a reassuring 0."""
+    store = RecordingSweeperStore()
+    store.snapshots = SnapshotAges(known=True, oldest_transaction_age_s=42.0, oldest_snapshot_age_s=40.5,
+                                   replication_slot_xmin_age=1234)
+    sweeper = Sweeper(settings(), store, clock=FakeClock())
+    await sweeper.sweep_once()
+    assert REGISTRY.get_sample_value("storyjobs_database_oldest_transaction_age_seconds") == 42.0
+    assert REGISTRY.get_sample_value("storyjobs_database_oldest_snapshot_age_seconds") == 40.5
+    assert REGISTRY.get_sample_value("storyjobs_database_replication_slot_xmin_age_transactions") == 1234
+    assert REGISTRY.get_sample_value("storyjobs_database_snapshot_ages_known") == 1
+    store.snapshots = SnapshotAges(known=False, oldest_transaction_age_s=3.0, oldest_snapshot_age_s=3.0,
+                                   replication_slot_xmin_age=None)
+    await sweeper.sweep_once()
+    assert math.isnan(REGISTRY.get_sample_value("storyjobs_database_oldest_snapshot_age_seconds") or 0.0)
+    assert math.isnan(REGISTRY.get_sample_value("storyjobs_database_oldest_transaction_age_seconds") or 0.0)
+    assert REGISTRY.get_sample_value("storyjobs_database_snapshot_ages_known") == 0

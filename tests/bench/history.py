@@ -1,0 +1,620 @@
+"""history: what a month of finished jobs costs every screen and every pass.
+
+Two databases on one private Postgres, measured in the same run: one empty,
+one loaded with HISTORY_JOBS finished jobs (default 300,000; quick: 30,000)
+spread evenly over the last 30 days, as an operator's database looks after
+a month: 1,000 clients, 95 % completed with a story of 2.5-4 kB (text that
+compresses about as English does) and a billed ledger row, 5 % failed, every
+job's idempotency key, a delivered webhook for the jobs of a fifth of the
+clients, and the rollup's last eight days. Both then VACUUM ANALYZE as
+autovacuum would have, and are migrated again (`storyjobs migrate` keeps the
+database's settings).
+
+The private server is Debian's Postgres 15 (initdb as `postgres`, its own
+port and data directory) with autovacuum on and JIT available, as operators
+run it; the shared test server runs with autovacuum off, and the embedded
+Postgres cannot JIT-compile. Without Debian's binaries the run uses the test
+server and says so.
+
+On each database, one api process (no worker: the jobs posted stay pending
+for the claim that follows), then, in turn:
+
+* POST /stories/generate, one after the other, new keys: p50 and p99;
+* GET of a job (the poll): p50 and p99;
+* the worker's claim and settle statements, one job a round, on a
+  connection set up as a worker's: mean of each;
+* the console's endpoints (overview, workers, clients, a week's history, the
+  jobs list's first page): p50 and p99;
+* `storyjobs stats` in-process (a connection, the same reads): median;
+* a sweeper pass with nothing to prune: median;
+* admission after an ANALYZE taken while 2,000 jobs waited (then drained
+  before the next ANALYZE): POST p50 and p99;
+* a day's prune: every job finished 29-30 days ago, batch by batch as the
+  sweeper deletes them (JOB_RETENTION_S of 29 days), the time it took and
+  the database's size before and after (and after a VACUUM of its tables).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import glob
+import io
+import os
+import pwd
+import shutil
+import statistics
+import subprocess
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from decimal import Decimal
+from pathlib import Path
+from typing import Any, TypeVar
+
+import httpx
+import psycopg
+
+from shared import db, keys
+from shared.config import SweeperSettings
+from shared.queries import QUERIES
+from shared.ratelimit import UNLIMITED
+from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
+from sweeper.sweep import Sweeper
+from tests.bench.harness import (
+    BENCH_FINGERPRINT,
+    BENCH_REQUEST_JSON,
+    BenchContext,
+    BenchDatabase,
+    BenchResult,
+    FigureSpec,
+    percentile,
+)
+from tests.support import postgres_server
+from tests.support.host import free_port
+from tests.support.waiting import wait_until_sync
+from worker import store as worker_store
+from worker.rows import ClaimedJob, Completion
+
+NAME = "history"
+DAY = 86_400
+STATES = ("empty", "loaded")
+CONSOLE = {
+    "overview": ("/ops/api/overview", {}),
+    "workers": ("/ops/api/workers", {}),
+    "clients": ("/ops/api/clients", {}),
+    "history_week": ("/ops/api/history", {"range": "week"}),
+    "jobs": ("/ops/api/jobs", {"limit": 50}),
+}
+_FIGURES: list[tuple[str, str, str]] = [
+    ("post_p50_ms", "POST /stories/generate, p50", "ms"),
+    ("post_p99_ms", "POST /stories/generate, p99", "ms"),
+    ("poll_p50_ms", "GET /stories/jobs/{id} (the poll), p50", "ms"),
+    ("poll_p99_ms", "GET /stories/jobs/{id} (the poll), p99", "ms"),
+    ("claim_mean_ms", "the claim statement, one job, mean", "ms"),
+    ("settle_mean_ms", "the settle statement, one job, mean", "ms"),
+    *[(f"{name}_{p}_ms", f"GET {path}{' ' + str(params) if params else ''}, {p}", "ms")
+      for name, (path, params) in CONSOLE.items() for p in ("p50", "p99")],
+    ("stats_ms", "`storyjobs stats` (connect and read), median", "ms"),
+    ("sweep_ms", "a sweeper pass, nothing to prune, median", "ms"),
+    ("post_after_backlog_p50_ms", "POST after an ANALYZE taken under a 2,000-job backlog, p50", "ms"),
+    ("post_after_backlog_p99_ms", "POST after an ANALYZE taken under a 2,000-job backlog, p99", "ms"),
+    ("claim_before_snapshot_p99_ms", "claim (with its settle) p99, before a snapshot is held", "ms"),
+    ("claim_held_snapshot_p99_ms", "claim p99 while one snapshot is held open (HISTORY_SNAPSHOT_S)", "ms"),
+    ("claim_held_snapshot_last_p99_ms", "claim p99 in the held snapshot's last 10 s", "ms"),
+    ("claim_after_snapshot_p99_ms", "claim p99 50-60 s after the snapshot's release", "ms"),
+    ("claim_buffers_before_snapshot", "buffers one claim reads (EXPLAIN ANALYZE), before the snapshot", "pages"),
+    ("claim_buffers_held_snapshot", "buffers one claim reads, at the held snapshot's end", "pages"),
+    ("claim_buffers_after_snapshot", "buffers one claim reads, 60 s after the snapshot's release", "pages"),
+    ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
+    ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
+    ("size_before_prune_mb", "database size before the day's prune", "MB"),
+    ("size_after_prune_mb", "database size after the day's prune", "MB"),
+    ("size_after_vacuum_mb", "database size after the prune and a VACUUM", "MB"),
+]
+SPECS: dict[str, FigureSpec] = {
+    f"{state}.{key}": FigureSpec(f"{state}: {label}", unit) for state in STATES for key, label, unit in _FIGURES
+}
+SPECS["load_s"] = FigureSpec("loading the history (INSERT ... SELECT, then VACUUM ANALYZE)", "s")
+_RUN_AS_WHEN_ROOT = "postgres"
+SHARED_BUFFERS = "256MB"
+BACKLOG = 2_000
+# each measure alternates this many blocks between the two databases
+BLOCKS = 5
+T = TypeVar("T")
+
+
+def run(ctx: BenchContext, result: BenchResult) -> None:
+    jobs = int(os.environ.get("HISTORY_JOBS", "30000" if ctx.quick else "300000"))
+    posts = 60 if ctx.quick else 300
+    console_requests = 20 if ctx.quick else 60
+    result.params.update({"history_jobs": jobs, "days": 30, "clients": 1000, "posts_per_state": posts,
+                          "console_requests_per_endpoint": console_requests, "backlog": BACKLOG,
+                          "blocks": BLOCKS})
+    with _server(result) as server_url:
+        for run_number in range(1, ctx.runs + 1):
+            databases: dict[str, BenchDatabase] = {}
+            try:
+                for state in STATES:
+                    name = f"storyjobs_history_{state}_{os.getpid()}_{run_number}"
+                    databases[state] = BenchDatabase(server_url, name,
+                                                     postgres_server.create_migrated_database(server_url, name))
+                started = time.monotonic()
+                _load(databases["loaded"].url, jobs)
+                result.add("load_s", time.monotonic() - started)
+                result.params[f"table_mb_run_{run_number}"] = _table_sizes_mb(databases["loaded"].url)
+                ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
+                             f"{_size_mb(databases['loaded'].url):,.0f} MB")
+                figures = _measure(ctx, databases, posts=posts, console_requests=console_requests)
+                for state, measured in figures.items():
+                    for key, value in measured.items():
+                        result.add(f"{state}.{key}", value)
+                    ctx.progress(f"history run {run_number}/{ctx.runs} {state}: " + ", ".join(
+                        f"{key} {value:,.1f}" for key, value in measured.items()))
+            finally:
+                for bench_db in databases.values():
+                    bench_db.close()
+                    postgres_server.drop_database(server_url, bench_db.name)
+
+
+# -- the private server ------------------------------------------------------------
+
+
+def _bindir() -> str | None:
+    """Debian's Postgres 15 server binaries, else the newest Debian has."""
+    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda path: int(path.split("/")[-2]), reverse=True)
+    found.sort(key=lambda path: path != "/usr/lib/postgresql/15/bin")
+    for bindir in found:
+        if all(os.access(Path(bindir, name), os.X_OK) for name in ("postgres", "initdb")):
+            return bindir
+    return None
+
+
+@contextlib.contextmanager
+def _server(result: BenchResult) -> Iterator[str]:
+    bindir = _bindir()
+    if bindir is None:
+        with postgres_server.server_url() as url:
+            result.note("Debian's Postgres binaries not found: measured on the test server (its own autovacuum "
+                        "and JIT settings), not on a private Postgres 15")
+            result.params["server"] = "the test server"
+            yield url
+        return
+    directory = Path(tempfile.mkdtemp(prefix="storyjobs-history-"))
+    identity: dict[str, Any] = {}
+    if os.geteuid() == 0:
+        # Postgres refuses to run as root
+        user = pwd.getpwnam(_RUN_AS_WHEN_ROOT)
+        os.chown(directory, user.pw_uid, user.pw_gid)
+        identity = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
+    data = directory / "data"
+    subprocess.run([f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
+                   check=True, capture_output=True, **identity)
+    port = free_port()
+    settings = {"listen_addresses": "127.0.0.1", "autovacuum": "on", "shared_buffers": SHARED_BUFFERS,
+                "max_connections": "100", "jit": "on"}
+    result.params["server"] = {"binaries": bindir, **settings}
+    log = open(directory / "server.log", "wb")  # noqa: SIM115 - closed below, after the server
+    server = subprocess.Popen(
+        [f"{bindir}/postgres", "-D", str(data), "-p", str(port), "-k", str(directory),
+         *[arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]],
+        stdout=log, stderr=subprocess.STDOUT, **identity,
+    )
+    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
+    try:
+        def answers() -> bool:
+            if server.poll() is not None:
+                raise RuntimeError(f"the private Postgres exited; see {directory}/server.log")
+            try:
+                psycopg.connect(url, connect_timeout=5).close()
+            except psycopg.OperationalError:
+                return False
+            return True
+
+        wait_until_sync(answers, timeout=120, interval=0.3, what="the private Postgres to start")
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SELECT version(), pg_jit_available()").fetchone()
+        assert row is not None
+        result.params["server"]["version"] = row[0]
+        result.params["server"]["jit_available"] = row[1]
+        yield url
+    finally:
+        server.terminate()
+        try:
+            server.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            server.kill()
+            server.wait()
+        log.close()
+        shutil.rmtree(directory, ignore_errors=True)
+
+
+# -- the history -------------------------------------------------------------------
+
+
+def _load(url: str, jobs: int) -> None:
+    """``jobs`` finished jobs evenly over the last 30 days (the newest 5 minutes ago), with what each leaves
+    behind; then VACUUM ANALYZE, and the migration's settings kept."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO api_clients (name) SELECT 'history-' || g FROM generate_series(1, 1000) g")
+        conn.execute(
+            """
+            INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status,
+                                    error_code, error_text, story_id, worker_id, progress, model,
+                                    max_tokens, worst_case_usd, charged_usd,
+                                    created_at, started_at, heartbeat_at, completed_at)
+            SELECT 1 + n %% 1000, 'history-' || n, %(fingerprint)s, %(request)s::jsonb,
+                   CASE WHEN n %% 20 = 0 THEN 'failed' ELSE 'completed' END::job_status,
+                   CASE WHEN n %% 20 = 0 THEN 'llm_error' END,
+                   CASE WHEN n %% 20 = 0 THEN 'the LLM call failed' END,
+                   CASE WHEN n %% 20 = 0 THEN NULL ELSE gen_random_uuid() END,
+                   'worker-' || n %% 20, 900, 'claude-sonnet-5-5', 4000, 0.0406, 0.0051,
+                   t.finished - interval '100 seconds', t.finished - interval '90 seconds',
+                   t.finished - interval '5 seconds', t.finished
+            FROM generate_series(1, %(jobs)s) AS n,
+                 LATERAL (SELECT now() - interval '5 minutes'
+                                 - make_interval(secs => (%(jobs)s - n) * (30 * 86400.0 - 300) / %(jobs)s)
+                                 AS finished) AS t
+            ORDER BY n
+            """,
+            {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
+        conn.execute(
+            """
+            INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, input_tokens,
+                                 output_tokens, cost_usd, created_at)
+            SELECT j.story_id, j.id, j.client_id, 'The Fox and the Moon',
+                   (SELECT string_agg(md5(j.id::text || '-' || g), ' ') FROM generate_series(1, 76 + j.id % 45) g),
+                   'claude-sonnet-5-5', 'v1', 300, 900, 0.0051, j.completed_at
+            FROM story_jobs j WHERE j.status = 'completed' ORDER BY j.id
+            """)
+        conn.execute("INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id) "
+                     "SELECT client_id, idempotency_key, id FROM story_jobs ORDER BY id")
+        conn.execute(
+            """
+            INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome,
+                                   billed, input_tokens, output_tokens, cost_usd, worst_case_usd, request_id)
+            SELECT id, 1, worker_id, 'anthropic', 'claude-sonnet-5-5', started_at, completed_at,
+                   CASE WHEN status = 'failed' THEN 'failed' ELSE 'succeeded' END, true, 300, 900, 0.0051,
+                   0.0406, 'req_' || id
+            FROM story_jobs ORDER BY id
+            """)
+        conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
+                     "SELECT id, 'https://hooks.example.com/' || id, '{job.completed,job.failed}', 'whsec_x' "
+                     "FROM api_clients WHERE id % 5 = 0")
+        conn.execute(
+            """
+            INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, story_id,
+                                            occurred_at, created_at, state, attempts, next_attempt_at,
+                                            last_attempt_at, last_status_code, delivered_at)
+            SELECT e.id, j.client_id, j.id, j.public_id, j.status, j.story_id, j.completed_at, j.completed_at,
+                   'delivered', 1, j.completed_at, j.completed_at, 200, j.completed_at + interval '1 second'
+            FROM story_jobs j JOIN webhook_endpoints e ON e.client_id = j.client_id ORDER BY j.id
+            """)
+        # the rollup the sweeper would have kept: eight days of minutes
+        conn.execute(
+            """
+            INSERT INTO minute_rollup (minute, completed, failed, cancelled, spend_usd, pending_max, running_max,
+                                       wait_counts, run_counts)
+            SELECT m, c, c / 19, 0, c * 0.0051, 3, 5, array_fill(0, ARRAY[23]), array_fill(0, ARRAY[23])
+            FROM generate_series(date_trunc('minute', now()) - interval '8 days',
+                                 date_trunc('minute', now()) - interval '1 minute', interval '1 minute') AS m,
+                 LATERAL (SELECT greatest(1, %(jobs)s / (30 * 1440)) AS c) AS per_minute
+            """, {"jobs": jobs})
+        conn.execute("VACUUM ANALYZE")
+        conn.execute("CHECKPOINT")
+
+
+def _table_sizes_mb(url: str) -> dict[str, float]:
+    """The history's tables with their indexes and TOAST, largest first."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+            "JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 2 DESC LIMIT 8").fetchall()
+    return {name: round(size / 1e6, 1) for name, size in rows}
+
+
+def _size_mb(url: str) -> float:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
+    assert row is not None
+    return float(row[0]) / 1e6
+
+
+# -- the measures ------------------------------------------------------------------
+
+
+@dataclass
+class _Keys:
+    client: str
+    operator: str
+
+
+async def _keys(url: str) -> _Keys:
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        return _Keys(client=(await keys.create(conn, "history-bench")).key,
+                     operator=(await keys.create_operator(conn, "history-bench")).key)
+
+
+def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: int,
+             console_requests: int) -> dict[str, dict[str, float]]:
+    """Every measure in blocks that alternate between the empty and the loaded database, so that what else the
+    machine does at the time weighs on both alike."""
+    figures: dict[str, dict[str, float]] = {state: {} for state in STATES}
+    made = {state: asyncio.run(_keys(bench_db.url)) for state, bench_db in databases.items()}
+    urls = {state: bench_db.url for state, bench_db in databases.items()}
+    with contextlib.ExitStack() as stack:
+        clients: dict[str, httpx.Client] = {}
+        for state, bench_db in databases.items():
+            system = stack.enter_context(ctx.processes(bench_db))
+            api = system.api(QUEUE_MAX=1_000_000, API_STATEMENT_TIMEOUT_S=30)
+            clients[state] = stack.enter_context(httpx.Client(base_url=api.base_url, timeout=30))
+        per_block = max(1, posts // BLOCKS)
+        posted = _alternating(lambda state: _post(clients[state], made[state].client, per_block))
+        _percentiles(figures, "post", {state: [ms for ms, _ in got] for state, got in posted.items()})
+        locations = {state: got[-1][1] for state, got in posted.items()}
+        _percentiles(figures, "poll", _alternating(lambda state: _timed(
+            lambda: clients[state].get(locations[state], headers=_bearer(made[state].client)), per_block)))
+        worked = _alternating(lambda state: asyncio.run(_claim_and_settle(urls[state], max(2, per_block - 2))))
+        for state, rounds in worked.items():
+            figures[state]["claim_mean_ms"] = statistics.mean(ms for kind, ms in rounds if kind == "claim")
+            figures[state]["settle_mean_ms"] = statistics.mean(ms for kind, ms in rounds if kind == "settle")
+        for name, (path, params) in CONSOLE.items():
+            _percentiles(figures, name, _alternating(lambda state, path=path, params=params: _timed(  # type: ignore[misc]
+                lambda: clients[state].get(path, params=params, headers=_bearer(made[state].operator)),
+                max(1, console_requests // BLOCKS), warmup=2)))
+        for state, measured in _alternating(lambda state: asyncio.run(_stats(urls[state], 2))).items():
+            figures[state]["stats_ms"] = statistics.median(measured)
+        for state, measured in _alternating(lambda state: asyncio.run(_sweeps(urls[state], 1))).items():
+            figures[state]["sweep_ms"] = statistics.median(measured)
+        for url in urls.values():
+            _analyze_under_a_backlog(url)
+        after = _alternating(lambda state: _post(clients[state], made[state].client,
+                                                 max(1, min(posts, 100) // BLOCKS), prefix="after-backlog"))
+        _percentiles(figures, "post_after_backlog", {state: [ms for ms, _ in got] for state, got in after.items()})
+    held_s = float(os.environ.get("HISTORY_SNAPSHOT_S", "10" if ctx.quick else "90"))
+    pending = int(os.environ.get("HISTORY_SNAPSHOT_PENDING", "30000" if ctx.quick else "100000"))
+    through = asyncio.run(_claims_through_a_held_snapshot(
+        urls, held_s=held_s, before_s=10 if ctx.quick else 30, after_s=20 if ctx.quick else 60, pending=pending))
+    for state, stretches in through.items():
+        figures[state].update(stretches)
+    for state, url in urls.items():
+        figures[state].update(asyncio.run(_prune_a_day(url)))
+    return figures
+
+
+async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float, before_s: float,
+                                          after_s: float, pending: int) -> dict[str, dict[str, float]]:
+    """On both databases at once: a worker's claim and settle, one job a round, without pause, before, while
+    and after one session holds a snapshot open (REPEATABLE READ, idle in its transaction) for ``held_s``;
+    autovacuum does what it does. The claim's p99 in each stretch."""
+    for url in urls.values():
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute(
+                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+                "SELECT 1 + n %% 1000, 'snapshot-' || n, %(fingerprint)s, %(request)s::jsonb, 1e9 + n "
+                "FROM generate_series(1, %(pending)s) AS n",
+                {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "pending": pending})
+            conn.execute("VACUUM ANALYZE story_jobs")
+    start = time.monotonic()
+    release = before_s + held_s
+    end = release + after_s
+
+    async def work(url: str) -> list[tuple[float, float]]:
+        timed: list[tuple[float, float]] = []
+        conn = await db.connect(url, application_name="storyjobs-worker", connect_timeout_s=30,
+                                generic_plans=True)
+        async with conn:
+            while time.monotonic() - start < end:
+                began = time.perf_counter()
+                claimed = await worker_store.job_claim(conn, worker_id="snapshot-bench", claim_limit=1,
+                                                       provider="p", model="m", limiter=UNLIMITED)
+                timed.append((time.monotonic() - start, (time.perf_counter() - began) * 1000))
+                if not claimed.claimed:
+                    raise RuntimeError("the held-snapshot run ran out of pending jobs: raise "
+                                       "HISTORY_SNAPSHOT_PENDING")
+                await worker_store.job_settle(conn, worker_id="snapshot-bench", completions=[
+                    Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox",
+                               body="Once upon a time. " * 150, model="m", prompt_version="v1",
+                               input_tokens=300, output_tokens=900, cost_usd=Decimal("0.0051"),
+                               request_id="req_bench") for job in claimed.claimed], model="m")
+        return timed
+
+    async def hold(url: str) -> None:
+        await asyncio.sleep(before_s)
+        async with await psycopg.AsyncConnection.connect(url) as holder:
+            await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+            await holder.execute("SELECT count(*) FROM api_clients")
+            await asyncio.sleep(held_s)
+            await holder.rollback()
+
+    async def buffers(url: str) -> list[float]:
+        """What one claim reads, in pages, just before the snapshot, before its release and at the end: the
+        dead entries of the live-jobs indexes that it walks past, which only VACUUM's index cleanup removes.
+        Each claim is rolled back."""
+        read: list[float] = []
+        async with await psycopg.AsyncConnection.connect(url) as probe:
+            for at in (before_s - 2, release - 2, end - 2):
+                await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
+                cur = await probe.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[claim_name], {
+                    **UNLIMITED, "worker_id": "probe", "claim_limit": 1, "provider": "p", "model": "m"})
+                row = await cur.fetchone()
+                assert row is not None
+                plan = row[0][0]["Plan"]
+                read.append(float(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)))
+                await probe.rollback()
+        return read
+
+    claim_name = worker_store.claim_query(UNLIMITED)
+    states = list(urls)
+    worked = asyncio.gather(*(work(urls[state]) for state in states))
+    probed = asyncio.gather(*(buffers(urls[state]) for state in states))
+    await asyncio.gather(worked, probed, *(hold(urls[state]) for state in states))
+    figures: dict[str, dict[str, float]] = {}
+    for state, timed, read in zip(states, worked.result(), probed.result(), strict=True):
+
+        def p99(since: float, until: float, timed: list[tuple[float, float]] = timed) -> float:
+            return percentile([ms for at, ms in timed if since <= at < until], 99)
+
+        figures[state] = {
+            "claim_before_snapshot_p99_ms": p99(0, before_s),
+            "claim_held_snapshot_p99_ms": p99(before_s, release),
+            "claim_held_snapshot_last_p99_ms": p99(release - 10, release),
+            "claim_after_snapshot_p99_ms": p99(end - 10, end),
+            "claim_buffers_before_snapshot": read[0],
+            "claim_buffers_held_snapshot": read[1],
+            "claim_buffers_after_snapshot": read[2],
+        }
+    return figures
+
+
+def _alternating(measure: Callable[[str], list[T]]) -> dict[str, list[T]]:
+    """BLOCKS blocks of ``measure`` for each state in turn."""
+    got: dict[str, list[T]] = {state: [] for state in STATES}
+    for _ in range(BLOCKS):
+        for state in STATES:
+            got[state].extend(measure(state))
+    return got
+
+
+def _percentiles(figures: dict[str, dict[str, float]], name: str, measured: dict[str, list[float]]) -> None:
+    for state, values in measured.items():
+        figures[state][f"{name}_p50_ms"], figures[state][f"{name}_p99_ms"] = _p50_p99(values)
+
+
+def _bearer(key: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {key}"}
+
+
+def _p50_p99(values: list[float]) -> tuple[float, float]:
+    return percentile(values, 50), percentile(values, 99)
+
+
+def _timed(request: Any, count: int, *, warmup: int = 3) -> list[float]:
+    for _ in range(warmup):
+        request().raise_for_status()
+    measured = []
+    for _ in range(count):
+        started = time.perf_counter()
+        answer = request()
+        measured.append((time.perf_counter() - started) * 1000)
+        answer.raise_for_status()
+    return measured
+
+
+def _post(client: httpx.Client, key: str, count: int, *, prefix: str = "post") -> list[tuple[float, str]]:
+    """``count`` new jobs, one after the other: each one's latency and Location."""
+    answers = []
+    stamp = time.monotonic_ns()
+    for n in range(count):
+        started = time.perf_counter()
+        answer = client.post("/stories/generate", json={"prompt": "a fox who cannot sleep", "length": "short"},
+                             headers={**_bearer(key), "Idempotency-Key": f"{prefix}-{stamp}-{n}"})
+        elapsed = (time.perf_counter() - started) * 1000
+        if answer.status_code != 202:
+            raise RuntimeError(f"POST answered {answer.status_code}: {answer.text[:300]}")
+        answers.append((elapsed, answer.headers["Location"]))
+    return answers
+
+
+async def _claim_and_settle(url: str, rounds: int) -> list[tuple[str, float]]:
+    """The worker's two statements, one job a round, on a connection set up as a worker's (generic plans):
+    each one's time in ms, but the first of each (which plans it)."""
+    conn = await db.connect(url, application_name="storyjobs-worker", connect_timeout_s=30, generic_plans=True)
+    timed: list[tuple[str, float]] = []
+    async with conn:
+        held: list[ClaimedJob] = []
+        for round_number in range(rounds + 1):
+            if held:
+                started = time.perf_counter()
+                await worker_store.job_settle(conn, worker_id="history-bench", completions=[
+                    Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox",
+                               body="Once upon a time. " * 150, model="m", prompt_version="v1", input_tokens=300,
+                               output_tokens=900, cost_usd=Decimal("0.0051"), request_id="req_bench")
+                    for job in held], model="m", limited=UNLIMITED["limited"])
+                if round_number > 1:
+                    timed.append(("settle", (time.perf_counter() - started) * 1000))
+            if round_number == rounds:
+                break
+            started = time.perf_counter()
+            claimed = await worker_store.job_claim(conn, worker_id="history-bench", claim_limit=1, provider="p",
+                                                   model="m", limiter=UNLIMITED)
+            if round_number > 0:
+                timed.append(("claim", (time.perf_counter() - started) * 1000))
+            held = claimed.claimed
+            if not held:
+                raise RuntimeError("the claim found no pending job: post more jobs than rounds")
+    return timed
+
+
+async def _stats(url: str, count: int) -> list[float]:
+    """`storyjobs stats` as the command runs it (its own connection, its reads, its printing), in-process."""
+    from tools import cli
+
+    os.environ["DATABASE_URL"] = url
+    measured = []
+    for _ in range(count):
+        started = time.perf_counter()
+        with contextlib.redirect_stdout(io.StringIO()):
+            await cli.cmd_stats(None)  # type: ignore[arg-type]
+        measured.append((time.perf_counter() - started) * 1000)
+    return measured
+
+
+def _sweeper_settings(url: str, retention_s: float) -> SweeperSettings:
+    return SweeperSettings(database_url=url, job_retention_s=retention_s, metrics_port=0)
+
+
+async def _sweeps(url: str, count: int) -> list[float]:
+    """Sweeper passes as the sweeper's pool runs them, retention past the oldest job: nothing to prune."""
+    pool = db.make_pool(url, application_name="storyjobs-sweeper", connect_timeout_s=30, statement_timeout_s=60,
+                        min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
+    measured = []
+    async with pool:
+        sweeper = Sweeper(_sweeper_settings(url, 31 * DAY), PgSweeperStore(pool))
+        await sweeper.sweep_once()
+        for _ in range(count):
+            started = time.perf_counter()
+            await sweeper.sweep_once()
+            measured.append((time.perf_counter() - started) * 1000)
+    return measured
+
+
+def _analyze_under_a_backlog(url: str) -> None:
+    """2,000 jobs wait while ANALYZE runs, then a drain ends them before the next ANALYZE."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+            "SELECT 1 + n %% 1000, 'backlog-' || n, %(fingerprint)s, %(request)s::jsonb, n "
+            "FROM generate_series(1, %(backlog)s) AS n",
+            {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "backlog": BACKLOG})
+        conn.execute("ANALYZE story_jobs")
+        conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', error_text = 'drained', "
+                     "completed_at = now() WHERE idempotency_key LIKE 'backlog-%' AND status = 'pending'")
+        conn.execute("UPDATE job_admission SET pending_at_most = 0")
+
+
+async def _prune_a_day(url: str) -> dict[str, float]:
+    """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch)."""
+    settings = _sweeper_settings(url, 29 * DAY)
+    before = _size_mb(url)
+    pruned = 0
+    async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
+                                generic_plans=True) as conn:
+        started = time.perf_counter()
+        while True:
+            deleted = await sweeper_store.job_prune_finished(conn, retention_s=settings.job_retention_s,
+                                                            batch_size=settings.sweeper_batch_size)
+            pruned += deleted
+            if deleted == 0:
+                break
+        elapsed = time.perf_counter() - started
+    after = _size_mb(url)
+    with psycopg.connect(url, autocommit=True) as conn:
+        for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries"):
+            conn.execute(f"VACUUM {table}")
+    return {"prune_day_s": elapsed, "prune_day_jobs": pruned, "size_before_prune_mb": before,
+            "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}
+

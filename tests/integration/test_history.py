@@ -1,0 +1,336 @@
+"""A large history must not change what the services' statements cost: their
+connections never JIT-compile, whatever the planner estimates after an
+ANALYZE taken during a backlog or over millions of finished rows; reads by
+time read their range through an index; the rollup recounts from its last
+pass; and what holds VACUUM back (an open snapshot) is seen and warned of."""
+
+from __future__ import annotations
+
+import json
+import os
+from datetime import UTC, datetime, timedelta
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+import pytest
+from psycopg import sql
+from psycopg_pool import AsyncConnectionPool
+
+from api import store as api_store
+from api.rows import Admission
+from shared import db, migrate, store
+from shared.console_store import snapshot_warning
+from shared.queries import QUERIES
+from sweeper import metrics as sweeper_metrics
+from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
+from sweeper.sweep import Sweeper
+from tests.support import ops_seed as seed
+from tests.support.api_client import api_client
+from tests.support.pgbouncer import PgBouncer
+from tests.support.settings import sweeper_settings
+
+
+class FakeClock:
+    def __call__(self) -> float:
+        return 1000.0
+
+
+async def _jit_of_a_new_connection(url: str) -> str:
+    """What a connection that sends no startup options (as through a pooler) runs with."""
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as fresh:
+        cur = await fresh.execute("SHOW jit")
+        row = await cur.fetchone()
+        assert row is not None
+        return str(row[0])
+
+
+async def test_migrate_turns_jit_off_for_direct_and_pooled_connections(
+    conn: psycopg.AsyncConnection[Any], database_url: str, database_name: str, pgbouncer: PgBouncer
+) -> None:
+    """A database copied without its settings compiles again until `storyjobs migrate` runs; after it, a plain
+    connection, a pool as the services build it, and one through a transaction pooler all run with jit off."""
+    assert await _jit_of_a_new_connection(database_url) == "on"
+    await migrate.migrate(conn)
+    assert await _jit_of_a_new_connection(database_url) == "off"
+    for url, pooler in ((database_url, "none"), (pgbouncer.url(database_name), "transaction")):
+        pool = db.make_pool(url, application_name="storyjobs-test", connect_timeout_s=5, statement_timeout_s=30,
+                            min_size=1, max_size=1, wait_timeout_s=10, generic_plans=True,
+                            pooler=pooler)  # type: ignore[arg-type]
+        async with pool, pool.connection() as pooled:
+            cur = await pooled.execute("SHOW jit")
+            assert await cur.fetchone() == ("off",), pooler
+
+
+async def test_a_direct_connection_runs_without_jit_on_a_database_that_lost_its_settings(
+    database_url: str,
+) -> None:
+    """A database restored without its settings still never compiles a direct connection's statements: the
+    services' direct connections ask for jit off themselves."""
+    assert await _jit_of_a_new_connection(database_url) == "on"
+    async with await db.connect(database_url, application_name="storyjobs-test", connect_timeout_s=5) as direct:
+        cur = await direct.execute("SHOW jit")
+        assert await cur.fetchone() == ("off",)
+
+
+async def test_a_role_that_does_not_own_the_database_sets_jit_off_for_itself(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Migrating as a role that cannot ALTER DATABASE sets jit off for that role in this database, and says so."""
+    role = f"storyjobs_not_owner_{os.getpid()}"
+    await conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    heard: list[str] = []
+    conn.add_notice_handler(lambda notice: heard.append(notice.message_primary or ""))
+    try:
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        await store.database_settings_keep(conn)
+        await conn.execute("RESET ROLE")
+        cur = await conn.execute(
+            "SELECT r.rolname, s.setconfig FROM pg_db_role_setting s JOIN pg_roles r ON r.oid = s.setrole "
+            "WHERE s.setdatabase = (SELECT oid FROM pg_database WHERE datname = current_database())")
+        assert await cur.fetchall() == [(role, ["jit=off"])]
+        assert any(f"jit = off set for role {role} only" in line for line in heard), heard
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def _statistics_taken_during_a_backlog(conn: psycopg.AsyncConnection[Any], *, finished: int,
+                                             backlog: int) -> int:
+    """`finished` failed jobs, then `backlog` pending ones of one client, ANALYZE while they wait, then the
+    backlog drained: the statistics still say `backlog` jobs wait. Returns the client's id."""
+    await conn.execute("INSERT INTO api_clients (name) SELECT 'history ' || g FROM generate_series(1, 100) g")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
+        "completed_at) SELECT 1 + g %% 100, 'f' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', 'cancelled', now() "
+        "FROM generate_series(1, %s) g", (finished,))
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+        "SELECT 1, 'p' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, %s) g", (backlog,))
+    await conn.execute("VACUUM ANALYZE story_jobs")
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE status = 'pending'")
+    return 1
+
+
+def _admission(client_id: int, key: str) -> Admission:
+    return Admission(client_id=client_id, idempotency_key=key, request_fingerprint=b"\x00",
+                     request_json='{"prompt": "x"}', max_tokens=100, input_tokens_estimate=10,
+                     worst_case_usd=Decimal("0.001"), model="m", input_usd_per_mtok=Decimal(1),
+                     output_usd_per_mtok=Decimal(1))
+
+
+async def test_admission_never_compiles_after_statistics_taken_during_a_backlog(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """With statistics that still count a drained backlog of 5,000, the admission statement is estimated past
+    jit_above_cost and a connection with jit on compiles it; the api's admission runs it without JIT and on
+    partial indexes only, on the same connection."""
+    cur = await conn.execute("SELECT pg_jit_available()")
+    if await cur.fetchone() != (True,):
+        pytest.skip("this Postgres cannot JIT-compile (built without LLVM), so nothing here could compile")
+    client = await _statistics_taken_during_a_backlog(conn, finished=50_000, backlog=5_000)
+    plans: list[dict[str, Any]] = []
+
+    def heard(notice: psycopg.errors.Diagnostic) -> None:
+        text = notice.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{"):]))
+
+    conn.add_notice_handler(heard)
+    # this database is a copy without its settings: jit is on here, as on a restored database
+    for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                    "SET auto_explain.log_analyze = on", "SET auto_explain.log_format = json",
+                    "SET auto_explain.log_level = notice"):
+        await conn.execute(setting)
+    params = {"requests": json.dumps([{"ord": 0, "client_id": client, "idempotency_key": "bare",
+                                       "request_fingerprint": "00", "request": {"prompt": "x"},
+                                       "worst_case_usd": 0, "max_tokens": 10, "input_tokens_estimate": 1,
+                                       "model": "m", "input_usd_per_mtok": 1, "output_usd_per_mtok": 1}]),
+              "queue_max": 5000, "client_queue_max": 5000, "budget_usd": None, "client_budget_usd": None}
+    async with conn.transaction(force_rollback=True):
+        await conn.execute(QUERIES["job_insert_if_admitted"], params)
+    (bare,) = plans
+    assert bare["Plan"]["Total Cost"] > 100_000 and "JIT" in bare, "the statistics no longer mislead the planner"
+    plans.clear()
+    (result,) = await api_store.job_insert_if_admitted(conn, admissions=[_admission(client, "kept")],
+                                                       queue_max=5000, client_queue_max=5000)
+    assert result.outcome == "inserted"
+    admission = [p for p in plans if "story_jobs" in json.dumps(p["Plan"])]
+    assert admission, plans
+    for plan in admission:
+        assert "JIT" not in plan
+        seq_scanned = {n.get("Relation Name") for n in _nodes(plan["Plan"]) if n["Node Type"] == "Seq Scan"}
+        assert "story_jobs" not in seq_scanned
+
+
+def _nodes(plan: dict[str, Any]) -> list[dict[str, Any]]:
+    found = [plan]
+    for child in plan.get("Plans", []):
+        found.extend(_nodes(child))
+    return found
+
+
+async def _ledger_of_a_month(conn: psycopg.AsyncConnection[Any], rows: int) -> None:
+    """`rows` ended ledger rows spread evenly over the last 30 days, written in a shuffled order, as rows land
+    in free space left on old pages."""
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome, "
+        "input_tokens, output_tokens, cost_usd) "
+        "SELECT g, 1, 'w' || g %% 7, 'offline', 'm', now() - (g * interval '30 days') / %(rows)s, "
+        "now() - (g * interval '30 days') / %(rows)s + interval '80 seconds', 'succeeded', 300, 900, 0.02 "
+        "FROM generate_series(1, %(rows)s) g ORDER BY random()", {"rows": rows})
+    await conn.execute("VACUUM ANALYZE llm_calls")
+
+
+async def test_every_read_of_the_ledger_by_time_reads_its_range_on_the_started_at_index(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The rollup, the overview (and `storyjobs stats`), the workers screen and the writers list read the ledger
+    through llm_calls_started_at_idx, for the hour or the day they show, never the whole month it holds."""
+    await _ledger_of_a_month(conn, 60_000)
+    now_minute = "date_trunc('minute', now())"
+    cur = await conn.execute(f"SELECT {now_minute} - interval '3 minutes'")
+    row = await cur.fetchone()
+    assert row is not None
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("rollup_minutes", {"from_minute": row[0], "from_id": 1, "bounds_s": [1.0, 2.0], "pending": 0,
+                            "running": 0}),
+        ("ops_overview", {"day_from_id": 1}),
+        ("ops_workers", {}),
+        ("ops_writers_recent", {}),
+    ]
+    for query, params in reads:
+        cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
+        row = await cur.fetchone()
+        assert row is not None
+        ledger_scans = [n for n in _nodes(row[0][0]["Plan"]) if n.get("Relation Name") == "llm_calls"
+                        or n.get("Index Name", "").startswith("llm_calls")]
+        by_time = [n for n in ledger_scans if "started_at" in n.get("Index Cond", "")]
+        assert by_time and all(n["Index Name"] == "llm_calls_started_at_idx" for n in by_time), (query, ledger_scans)
+        assert not any(n["Node Type"] == "Seq Scan" for n in ledger_scans), query
+
+
+async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The last pass wrote two hours ago; a job finished an hour ago lands in its minute at the next pass,
+    which reads the ledger and the jobs from that last minute on, not the whole history."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.insert_jobs(conn, [seed.completed(acme, 3600), seed.completed(acme, 60)])
+    await conn.execute("INSERT INTO minute_rollup (minute) VALUES (date_trunc('minute', now()) - interval '2 hours')")
+    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
+    cur = await conn.execute(
+        "SELECT sum(completed), sum(spend_usd), count(*) FROM minute_rollup "
+        "WHERE minute >= date_trunc('minute', now()) - interval '2 hours'")
+    assert await cur.fetchone() == (2, Decimal("0.040000"), 121)
+
+
+async def test_a_snapshot_held_open_shows_its_age_in_the_gauges_and_a_warning_in_the_console(
+    conn: psycopg.AsyncConnection[Any], database_url: str, pool: AsyncConnectionPool,
+) -> None:
+    """A session left in a transaction with its snapshot: the sweeper's gauges show its age and the console's
+    overview warns once it passes XMIN_HORIZON_WARN_S; after it ends, nothing is held and nothing warns."""
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder:
+        await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await holder.execute("SELECT count(*) FROM story_jobs")
+        # the database's clock moves on while the snapshot stays held
+        await conn.execute("SELECT pg_sleep(0.2)")
+        sweeper = Sweeper(sweeper_settings(), PgSweeperStore(pool), clock=FakeClock())
+        await sweeper.sweep_once()
+        assert sweeper_metrics.SNAPSHOT_AGES_KNOWN._value.get() == 1
+        assert sweeper_metrics.OLDEST_SNAPSHOT_AGE._value.get() >= 0.2
+        assert sweeper_metrics.OLDEST_TRANSACTION_AGE._value.get() >= 0.2
+        key = await seed.operator_key(conn)
+        async with api_client(pool, key, xmin_horizon_warn_s=0.1) as client:
+            held = (await client.get("/ops/api/overview")).json()["snapshots"]
+        assert held["known"] and held["oldest_snapshot_age_s"] >= 0.2 and held["warn_after_s"] == 0.1
+        assert held["warning"].startswith("a transaction or snapshot has been open for")
+        async with api_client(pool, key) as client:
+            assert (await client.get("/ops/api/overview")).json()["snapshots"]["warning"] is None
+        await holder.execute("COMMIT")
+    await sweeper.sweep_once()
+    assert sweeper_metrics.OLDEST_SNAPSHOT_AGE._value.get() == 0
+    ages = await store.database_snapshot_ages(conn)
+    assert ages.known and ages.oldest_snapshot_age_s is None
+
+
+async def test_without_pg_monitor_the_snapshot_ages_are_unknown(conn: psycopg.AsyncConnection[Any]) -> None:
+    """A role that cannot read other roles' sessions gets `known` false, and the console no warning."""
+    role = f"storyjobs_no_monitor_{os.getpid()}"
+    await conn.execute(sql.SQL("CREATE ROLE {}").format(sql.Identifier(role)))
+    try:
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        ages = await store.database_snapshot_ages(conn)
+        await conn.execute("RESET ROLE")
+        assert not ages.known
+        assert snapshot_warning(ages, 0.001) is None
+        await conn.execute(sql.SQL("GRANT pg_monitor TO {}").format(sql.Identifier(role)))
+        await conn.execute(sql.SQL("SET ROLE {}").format(sql.Identifier(role)))
+        assert (await store.database_snapshot_ages(conn)).known
+    finally:
+        await conn.execute("RESET ROLE")
+        await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_key(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """With 60,000 finished jobs over a month, the overview, the clients' today and the rollup reach jobs only
+    through the primary key from the id that job_id_bounds found for their window; the history reads the
+    rollup alone (eight days of minutes at most, whatever the jobs)."""
+    await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 10) g")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
+        "completed_at, created_at) SELECT 1 + g % 10, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', "
+        "'cancelled', now() - (60000 - g) * interval '43 seconds', now() - (60000 - g) * interval '43 seconds' "
+        "FROM generate_series(1, 60000) g")
+    await conn.execute("INSERT INTO minute_rollup (minute) SELECT generate_series(date_trunc('minute', now()) "
+                       "- interval '8 days', date_trunc('minute', now()), interval '1 minute')")
+    await conn.execute("VACUUM ANALYZE")
+    day_ago = await store.job_id_bounds(conn, created_after=datetime.now(UTC) - timedelta(days=1, hours=1),
+                                        created_before=None)
+    assert 57_000 < day_ago.lo_id < 58_100
+    reads: list[tuple[str, dict[str, Any]]] = [
+        ("ops_overview", {"day_from_id": day_ago.lo_id}),
+        ("ops_client_today", {"from_id": day_ago.lo_id, "day_start": datetime.now(UTC) - timedelta(days=1)}),
+        ("rollup_minutes", {"from_minute": datetime.now(UTC) - timedelta(minutes=3), "from_id": day_ago.lo_id,
+                            "bounds_s": [1.0, 2.0], "pending": 0, "running": 0}),
+        ("ops_history", {"since": datetime.now(UTC) - timedelta(days=7), "step": timedelta(hours=1),
+                         "origin": datetime.now(UTC)}),
+    ]
+    for query, params in reads:
+        cur = await conn.execute("EXPLAIN (FORMAT JSON) " + QUERIES[query], params)
+        row = await cur.fetchone()
+        assert row is not None
+        nodes = _nodes(row[0][0]["Plan"])
+        if query == "ops_history":
+            assert {n.get("Relation Name") for n in nodes} - {None} == {"minute_rollup"}
+            continue
+        assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "story_jobs"], query
+        by_id = [n for n in nodes if n.get("Index Name") == "story_jobs_pkey" and "id >=" in n.get("Index Cond", "")]
+        assert by_id, (query, [(n["Node Type"], n.get("Index Name")) for n in nodes])
+
+
+async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_once_its_job_ends(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A call started six minutes before its job ends (past the passes' recount window, 3 minutes here) adds its
+    charge to the minute it started at the first pass after the job's end; the minutes' job counts stay."""
+    acme, _ = await seed.client(conn, "acme")
+    (job,) = await seed.insert_jobs(conn, [seed.running(acme, 360)])
+    settings = sweeper_settings(sweeper_interval_s=30.0)
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
+    started = "(SELECT date_trunc('minute', started_at) FROM llm_calls)"
+    cur = await conn.execute(f"SELECT spend_usd FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() is None
+    await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
+                       "input_tokens = 10, output_tokens = 20")
+    await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
+                       "story_id = gen_random_uuid() WHERE id = %s", (job.id,))
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=0)
+    cur = await conn.execute(f"SELECT spend_usd, completed FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() == (Decimal("0.500000"), 0)
+    cur = await conn.execute("SELECT sum(completed), sum(spend_usd) FROM minute_rollup")
+    assert await cur.fetchone() == (1, Decimal("0.500000"))
