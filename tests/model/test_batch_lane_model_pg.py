@@ -567,7 +567,13 @@ class BatchLaneMachine(PostgresMachine):
         for job in self.jobs:
             if job in taken_for_another:
                 continue
-            assert ledger.get(job, 0) == billed[job], ("the ledger's successes are not the bills", job)
+            assert ledger.get(job, 0) == billed[job], ("the ledger's successes are not the bills", job, await self._rows(
+                "SELECT c.attempt, c.outcome, c.billed, c.batch_id, b.state, b.provider_batch_id, i.result, "
+                "j.status::text, j.error_code FROM llm_calls c JOIN story_jobs j ON j.id = c.job_id "
+                "LEFT JOIN message_batches b ON b.id = c.batch_id LEFT JOIN message_batch_items i "
+                "ON i.batch_id = c.batch_id AND i.job_id = c.job_id AND i.attempt = c.attempt WHERE c.job_id = %s",
+                job), [(b.batch_id, b.custom_id) for b in self.fake.billed], await self._rows(
+                "SELECT id, state, provider_batch_id FROM message_batches ORDER BY id"))
 
     async def _taken_for_another_intent(self) -> set[int]:
         """The jobs of the known limit (docs/batches.md): a lost intent's batch made so late that the next
