@@ -140,7 +140,8 @@ async def test_a_retention_of_ten_years_keeps_a_job_of_nine_and_prunes_one_of_el
     for n in range(2):
         await enqueue(conn, client, f"story {n}")
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
-                       "completed_at = now() - make_interval(years => CASE id WHEN 1 THEN 11 ELSE 9 END)")
+                       "completed_at = now() - make_interval(years => CASE id WHEN 1 THEN 11 ELSE 9 END), "
+                       "created_at = now() - make_interval(years => CASE id WHEN 1 THEN 11 ELSE 9 END)")
     settings = load(SweeperSettings, {"JOB_RETENTION_S": str(10 * 365 * 86400), "DATABASE_URL": "postgresql://x"})
     sweeper = Sweeper(sweeper_settings(job_retention_s=settings.job_retention_s), PgSweeperStore(pool),
                       clock=FakeClock())
