@@ -329,6 +329,16 @@ RETURNS TABLE (failed bigint, waiting bigint)
 LANGUAGE plpgsql
 AS $$
 BEGIN
+    -- the jobs' rows first, in id order, as every statement that writes a job
+    -- and its ledger locks them: a cancel or a sweep ending one of them now
+    -- commits before the ledger changes below, so that the ledger's trigger
+    -- sees it ended and brings its charge to what the rows then say (without
+    -- the lock, the end charged the worst case the row said before, and the
+    -- trigger saw the job still running)
+    PERFORM FROM story_jobs j
+    WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(attempts) x))
+    ORDER BY j.id
+    FOR NO KEY UPDATE;
     UPDATE llm_calls c
     SET finished_at = now(), outcome = a.outcome, billed = false, cost_usd = 0, error_text = a.error_text
     FROM unnest(attempts) a

@@ -38,19 +38,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import glob
 import io
 import os
-import pwd
-import shutil
 import statistics
-import subprocess
-import tempfile
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from decimal import Decimal
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -63,6 +57,7 @@ from shared.ratelimit import UNLIMITED
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
+from tests.bench import private_postgres
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -73,8 +68,6 @@ from tests.bench.harness import (
     percentile,
 )
 from tests.support import postgres_server
-from tests.support.host import free_port
-from tests.support.waiting import wait_until_sync
 from worker import store as worker_store
 from worker.rows import ClaimedJob, Completion
 
@@ -118,7 +111,6 @@ SPECS: dict[str, FigureSpec] = {
     f"{state}.{key}": FigureSpec(f"{state}: {label}", unit) for state in STATES for key, label, unit in _FIGURES
 }
 SPECS["load_s"] = FigureSpec("loading the history (INSERT ... SELECT, then VACUUM ANALYZE)", "s")
-_RUN_AS_WHEN_ROOT = "postgres"
 SHARED_BUFFERS = "256MB"
 BACKLOG = 2_000
 # each measure alternates this many blocks between the two databases
@@ -163,13 +155,10 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
 
 
 def _bindir() -> str | None:
-    """Debian's Postgres 15 server binaries, else the newest Debian has."""
-    found = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda path: int(path.split("/")[-2]), reverse=True)
+    """Debian's Postgres 15 server binaries, else the newest this machine has."""
+    found = private_postgres.server_bindirs()
     found.sort(key=lambda path: path != "/usr/lib/postgresql/15/bin")
-    for bindir in found:
-        if all(os.access(Path(bindir, name), os.X_OK) for name in ("postgres", "initdb")):
-            return bindir
-    return None
+    return found[0] if found else None
 
 
 @contextlib.contextmanager
@@ -182,53 +171,15 @@ def _server(result: BenchResult) -> Iterator[str]:
             result.params["server"] = "the test server"
             yield url
         return
-    directory = Path(tempfile.mkdtemp(prefix="storyjobs-history-"))
-    identity: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        # Postgres refuses to run as root
-        user = pwd.getpwnam(_RUN_AS_WHEN_ROOT)
-        os.chown(directory, user.pw_uid, user.pw_gid)
-        identity = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    data = directory / "data"
-    subprocess.run([f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
-                   check=True, capture_output=True, **identity)
-    port = free_port()
-    settings = {"listen_addresses": "127.0.0.1", "autovacuum": "on", "shared_buffers": SHARED_BUFFERS,
-                "max_connections": "100", "jit": "on"}
+    settings = {"autovacuum": "on", "shared_buffers": SHARED_BUFFERS, "max_connections": "100", "jit": "on"}
     result.params["server"] = {"binaries": bindir, **settings}
-    log = open(directory / "server.log", "wb")  # noqa: SIM115 - closed below, after the server
-    server = subprocess.Popen(
-        [f"{bindir}/postgres", "-D", str(data), "-p", str(port), "-k", str(directory),
-         *[arg for name, value in settings.items() for arg in ("-c", f"{name}={value}")]],
-        stdout=log, stderr=subprocess.STDOUT, **identity,
-    )
-    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    try:
-        def answers() -> bool:
-            if server.poll() is not None:
-                raise RuntimeError(f"the private Postgres exited; see {directory}/server.log")
-            try:
-                psycopg.connect(url, connect_timeout=5).close()
-            except psycopg.OperationalError:
-                return False
-            return True
-
-        wait_until_sync(answers, timeout=120, interval=0.3, what="the private Postgres to start")
-        with psycopg.connect(url) as conn:
+    with private_postgres.private_server(bindir, settings=settings) as server:
+        with psycopg.connect(server.url) as conn:
             row = conn.execute("SELECT version(), pg_jit_available()").fetchone()
         assert row is not None
         result.params["server"]["version"] = row[0]
         result.params["server"]["jit_available"] = row[1]
-        yield url
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
+        yield server.url
 
 
 # -- the history -------------------------------------------------------------------

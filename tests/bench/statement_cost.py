@@ -23,17 +23,11 @@ binaries (Debian's postgresql package); without them it reports nothing.
 from __future__ import annotations
 
 import asyncio
-import glob
-import os
-import pwd
 import shutil
-import subprocess
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from decimal import Decimal
 from pathlib import Path
-from typing import Any
 
 import psycopg
 
@@ -41,6 +35,7 @@ from api import store as api_store
 from shared import db
 from shared.ratelimit import UNLIMITED, RateLimits, claim_params
 from shared.webhooks import EVENTS, new_secret
+from tests.bench import private_postgres
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -49,7 +44,6 @@ from tests.bench.harness import (
     FigureSpec,
 )
 from tests.support import postgres_server
-from tests.support.host import free_port
 from tests.support.waiting import wait_until_sync
 from worker import store as worker_store
 from worker.rows import ClaimedJob, Completion
@@ -70,7 +64,6 @@ SHORT_STORY, LONG_STORY = _SENTENCE * 20, _SENTENCE * 128
 ROUNDS, QUICK_ROUNDS = 200, 20
 # so generous that the bucket never holds a job back
 _LIMITS = RateLimits(1e6, 1e9, 1e9, 1e12, 1e9, 1e12)
-_RUN_AS_WHEN_ROOT = "postgres"
 
 
 def run(ctx: BenchContext, result: BenchResult) -> None:
@@ -180,58 +173,15 @@ def _completion(job: ClaimedJob, story: str) -> Completion:
 
 def _server_bindir() -> str | None:
     """The newest Postgres server binaries on this machine: pg_config's, else Debian's."""
-    candidates = []
-    if shutil.which("pg_config"):
-        found = subprocess.run(["pg_config", "--bindir"], capture_output=True, text=True, check=False)
-        candidates.append(found.stdout.strip())
-    candidates += sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda path: int(path.split("/")[-2]),
-                         reverse=True)
-    for bindir in candidates:
-        if bindir and all(os.access(Path(bindir, name), os.X_OK) for name in ("postgres", "initdb")):
-            return bindir
-    return None
+    found = private_postgres.server_bindirs()
+    return found[0] if found else None
 
 
 @contextmanager
 def _server_under_callgrind(bindir: str) -> Iterator[_Server]:
-    directory = Path(tempfile.mkdtemp(prefix="storyjobs-callgrind-"))
-    # Postgres refuses to run as root
-    identity: dict[str, Any] = {}
-    if os.geteuid() == 0:
-        user = pwd.getpwnam(_RUN_AS_WHEN_ROOT)
-        os.chown(directory, user.pw_uid, user.pw_gid)
-        identity = {"user": user.pw_uid, "group": user.pw_gid, "extra_groups": []}
-    data = directory / "data"
-    subprocess.run([f"{bindir}/initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "--no-sync"],
-                   check=True, capture_output=True, **identity)
-    port = free_port()
-    log = open(directory / "server.log", "wb")  # noqa: SIM115 - closed below, after the server
-    server = subprocess.Popen(
-        ["valgrind", "--tool=callgrind", "--trace-children=yes", f"--callgrind-out-file={directory}/cg.%p",
-         f"{bindir}/postgres", "-D", str(data), "-p", str(port), "-k", str(directory),
-         "-c", "listen_addresses=127.0.0.1", "-c", "autovacuum=off", "-c", "fsync=off"],
-        stdout=log, stderr=subprocess.STDOUT, **identity,
-    )
-    url = f"postgresql://postgres@127.0.0.1:{port}/postgres"
-    try:
-        def answers() -> bool:
-            if server.poll() is not None:
-                raise RuntimeError(f"Postgres under callgrind exited; see {directory}/server.log")
-            try:
-                psycopg.connect(url, connect_timeout=5).close()
-            except psycopg.OperationalError:
-                return False
-            return True
-
-        wait_until_sync(answers, timeout=180, interval=0.5,
-                        what=f"Postgres under callgrind to start (see {directory}/server.log)")
-        yield _Server(url, directory)
-    finally:
-        server.terminate()
-        try:
-            server.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            server.kill()
-            server.wait()
-        log.close()
-        shutil.rmtree(directory, ignore_errors=True)
+    with private_postgres.private_server(
+            bindir, settings={"autovacuum": "off", "fsync": "off"}, start_timeout_s=180,
+            wrapper=("valgrind", "--tool=callgrind", "--trace-children=yes",
+                     "--callgrind-out-file={directory}/cg.%p"),
+            what="Postgres under callgrind") as server:
+        yield _Server(server.url, server.directory)

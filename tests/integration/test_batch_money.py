@@ -321,3 +321,43 @@ async def test_two_intents_at_once_never_give_a_job_the_same_attempt(
     assert intent is not None and [item.attempt for item in intent.items] == [2]
     assert await _attempts(conn) == [(1, "connect_failed"), (2, "started")]
     assert await money_problems(conn) == []
+
+
+class _PausedBeforeRefusal(BatchStore):
+    """The real store, which holds its lane when its create was refused, just
+    before it records the refusal, until the test lets it go on."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        super().__init__(pool)
+        self.paused = asyncio.Event()
+        self.resume = asyncio.Event()
+
+    async def refused(self, lease: Lease, batch_id: int, **kwargs: Any) -> Any:
+        self.paused.set()
+        await self.resume.wait()
+        return await super().refused(lease, batch_id, **kwargs)
+
+
+async def test_a_refusal_recorded_while_a_cancel_ends_its_job_leaves_the_job_charged_what_its_ledger_says(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches, database_url: str,
+) -> None:
+    """A cancel ends the job (its row locked, the charge taken: the request's worst case, its outcome unknown)
+    while the lane records that the provider refused the request: the refusal waits for the job's row before it
+    closes the ledger row as not billed, so the ledger's trigger sees the job ended and its charge and the day's
+    spend come down to nothing."""
+    client = await client_id_of(conn)
+    job = await enqueue_batch(conn, client, "a refused owl")
+    fake.queue(BatchPlan(status=400))
+    store = _PausedBeforeRefusal(pool)
+    tick = asyncio.create_task(_lane(pool, provider, store=store).tick_once())
+    await asyncio.wait_for(store.paused.wait(), timeout=30)
+    canceller = await psycopg.AsyncConnection.connect(database_url)
+    async with canceller, canceller.transaction():
+        assert await api_store.job_cancel(canceller, client_id=client, job_id=job) is not None
+        store.resume.set()
+        await wait_until(lambda: waiting_on_a_lock(conn), timeout=30, what="the refusal to wait for the job")
+    await asyncio.wait_for(tick, timeout=30)
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE NOT billed") == 1
+    assert await _charges(conn) == [("failed", "cancelled", Decimal(0))]
+    assert await _spent(conn) == 0
+    assert await money_problems(conn) == []
