@@ -343,11 +343,7 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
     autovacuum does what it does. The claim's p99 in each stretch."""
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as conn:
-            conn.execute(
-                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
-                "SELECT 1 + n %% 1000, 'snapshot-' || n, %(fingerprint)s, %(request)s::jsonb, 1e9 + n "
-                "FROM generate_series(1, %(pending)s) AS n",
-                {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "pending": pending})
+            _add_pending(conn, pending, tag="snapshot", first_turn=1e9)
             conn.execute("VACUUM ANALYZE story_jobs")
     start = time.monotonic()
     release = before_s + held_s
@@ -533,14 +529,20 @@ async def _sweeps(url: str, count: int) -> list[float]:
     return measured
 
 
+def _add_pending(conn: psycopg.Connection[Any], jobs: int, *, tag: str, first_turn: float) -> None:
+    """``jobs`` pending jobs of the 1,000 clients, keyed ``tag-n``, in turn after ``first_turn``."""
+    conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+        "SELECT 1 + n %% 1000, %(tag)s || '-' || n, %(fingerprint)s, %(request)s::jsonb, %(first_turn)s + n "
+        "FROM generate_series(1, %(jobs)s) AS n",
+        {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs, "tag": tag,
+         "first_turn": float(first_turn)})
+
+
 def _analyze_under_a_backlog(url: str) -> None:
     """2,000 jobs wait while ANALYZE runs, then a drain ends them before the next ANALYZE."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute(
-            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
-            "SELECT 1 + n %% 1000, 'backlog-' || n, %(fingerprint)s, %(request)s::jsonb, n "
-            "FROM generate_series(1, %(backlog)s) AS n",
-            {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "backlog": BACKLOG})
+        _add_pending(conn, BACKLOG, tag="backlog", first_turn=0)
         conn.execute("ANALYZE story_jobs")
         conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', error_text = 'drained', "
                      "completed_at = now() WHERE idempotency_key LIKE 'backlog-%' AND status = 'pending'")
