@@ -3,9 +3,10 @@
 provider's ``anthropic-ratelimit-*`` headers last said, and what a claim
 round's answer says about when claiming is worth trying again.
 
-The bucket itself lives in the claim statement (sql/worker.sql,
-job_claim_limited); this module only turns settings and headers
-into its parameters, and its answer into a wait.
+The bucket itself lives in the claim statement (sql/worker.sql, job_claim),
+and a claim without a limit is the same statement given NO_LIMITS; this
+module only turns settings and headers into its parameters, and its answer
+into a wait.
 """
 
 from __future__ import annotations
@@ -257,6 +258,5 @@ class LimiterState(msgspec.Struct, frozen=True):
 _LEAST_WAIT_S = 0.05
 
 
+# no limit of any kind: the round's limits while none is configured nor learned
 NO_LIMITS = RateLimits(None, None, None, None, None, None)
-# a claim's limiter parameters when no limit is configured and nothing was heard
-UNLIMITED: dict[str, Any] = claim_params(NO_LIMITS, None, default_max_tokens=4000)

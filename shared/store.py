@@ -18,8 +18,9 @@ race, which the caller logs and counts, never raises.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
-from collections.abc import Sequence
+from collections.abc import AsyncIterator, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -28,6 +29,7 @@ import msgspec
 from psycopg import AsyncConnection
 from psycopg.rows import BaseRowFactory, scalar_row
 from psycopg.types.json import Jsonb
+from psycopg_pool import AsyncConnectionPool
 
 from shared.queries import QUERIES as Q
 from shared.rows import (
@@ -39,11 +41,24 @@ from shared.rows import (
 )
 
 Conn = AsyncConnection[Any]
+# where a store takes its connections: a pool, or one connection (a test's,
+# whose transactions and locks the store then shares)
+Connections = AsyncConnectionPool | Conn
 R = TypeVar("R")
 
 MIGRATION_LOCK_KEY = 0x5354_4F52_594D_4947  # "STORYMIG"
 
 _json_encoder = msgspec.json.Encoder(decimal_format="number")
+
+
+@contextlib.asynccontextmanager
+async def connection(source: Connections) -> AsyncIterator[Conn]:
+    """A connection of the pool, or the one connection given."""
+    if isinstance(source, AsyncConnectionPool):
+        async with source.connection() as conn:
+            yield conn
+    else:
+        yield source
 
 
 def struct_row(row_type: type[R]) -> BaseRowFactory[R]:

@@ -5,115 +5,51 @@
 -- conventions are in common.sql.
 
 
--- name: job_claim_ctes
--- The claim, for job_claim and job_claim_limited: the jobs in `chosen`
--- (locked by the including statement) go pending -> running, and each gets
--- its first ledger row before its LLM call can start. Nothing reads first_calls: a
--- data-modifying CTE runs to completion whether it is read or not, and a
--- failed insert fails the whole statement, claim included.
-claimed AS (
-    UPDATE story_jobs j
-    SET status = 'running', started_at = now(), heartbeat_at = now(),
-        worker_id = %(worker_id)s
-    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
-    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
-              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok,
-              j.trace_context, j.worst_case_usd
-),
-first_calls AS (
-    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, worst_case_usd)
-    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s, worst_case_usd FROM claimed
-)
-
--- name: job_claimed_answer
--- What a claim answers first: the jobs it claimed, as one JSON text.
-coalesce((
-    SELECT json_agg(json_build_object(
-        'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
-        'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
-        'input_tokens_estimate', c.input_tokens_estimate, 'model', c.model,
-        -- as text: exact
-        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text,
-        'trace_context', c.trace_context)
-        ORDER BY c.id)
-    FROM claimed c
-)::text, '[]') AS claimed
-
 -- name: job_claim
--- A worker's claim while no rate limit is configured: up to
--- %(claim_limit)s pending jobs, in their clients' turns, in one statement
--- however many it takes. It runs in a transaction of its own, after the
--- round's stories are settled in theirs (job_settle), so that nothing the
--- claim does wrong can touch a story that was paid for.
+-- A worker's claim: up to %(claim_limit)s pending jobs, in their clients'
+-- turns, go pending -> running in one statement however many it takes, each
+-- with its first ledger row before its LLM call can start (a failed insert
+-- fails the whole statement, claim included). It runs after the round's
+-- written stories are settled (job_settle), behind a savepoint of the same
+-- transaction (worker/store.py), so that nothing the claim does wrong can
+-- touch a story that was paid for.
 --
--- The model's bucket row is only read, for a pause (a 429's retry-after, or
--- the provider's headers saying nothing is left), during which nothing is
--- claimed; a pause the headers announce (%(provider_pause_s)s, a duration:
--- every time the limiter keeps is the database's) is written
--- there for every worker. Without the limiter's arithmetic the statement
--- costs the database about a quarter less (tests/bench/statement_cost.py).
+-- The rate limit is a parameter (shared/ratelimit.py's claim_params):
+-- %(limited)s when any rate is configured (%(requests_rate)s,
+-- %(input_tokens_rate)s, %(output_tokens_rate)s; NULL: no limit of that
+-- kind). With one, the model's bucket row is locked, refilled to now (what the
+-- settled calls did not use was given back by job_settle), capped by what
+-- the provider's headers last said was left, and a job is claimed only while
+-- the bucket covers one request, its estimated input tokens and its
+-- max_tokens; a job it does not cover stays pending without holding back the
+-- jobs behind it that it covers (until it is owed the bucket: see `held`).
+-- Without one, the bucket row is only read, never locked or written but for
+-- a pause: claimers without a limit do not queue on one row. Either way a
+-- pause (a 429's retry-after, or the provider's headers saying nothing is
+-- left: %(provider_pause_s)s, a duration, as every time the limiter keeps is
+-- the database's) claims nothing, and is written there for every worker.
 WITH
--- The pause, and the limits other workers pace the bucket by: a worker that
--- has not heard them yet claims nothing, learns them from the answer and
--- claims with the limiter from its next round.
-paused AS MATERIALIZED (
-    SELECT greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS until,
-           b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
-           coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
-               AS paced
-    FROM (SELECT 1) one LEFT JOIN llm_rate_buckets b ON b.model = %(model)s
+limiter AS MATERIALIZED (
+    SELECT %(limited)s::boolean AS limited
 ),
-claimable AS MATERIALIZED (
-    SELECT id FROM story_jobs
-    WHERE status = 'pending' AND lane = 'interactive'
-    ORDER BY turn, id
-    LIMIT (SELECT CASE WHEN coalesce(until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END FROM paused)
-    FOR NO KEY UPDATE SKIP LOCKED
-),
-chosen AS (SELECT id FROM claimable),
--- include: job_claim_ctes
-,
-pause_shared AS (
-    INSERT INTO llm_rate_buckets AS b (model, paused_until)
-    SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
-    WHERE %(provider_pause_s)s::float8 > 0
-    ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
-)
-SELECT
--- include: job_claimed_answer
-,
--- (a row a limited round wrote holds '-infinity': bucket_paused_s reads it
--- as no pause)
-(SELECT json_build_object('paused_s', bucket_paused_s(until),
-                          'requests_per_minute', requests_per_minute,
-                          'input_tokens_per_minute', input_tokens_per_minute,
-                          'output_tokens_per_minute', output_tokens_per_minute,
-                          -- held back until the limits are learned
-                          'next_output_tokens', CASE WHEN paced AND %(claim_limit)s > 0 THEN 0 END)
- FROM paused)::text AS limiter;
-
--- name: job_claim_limited
--- A worker's claim while a rate limit is configured: job_claim with the
--- shared rate limiter, so that it costs no statement of its own. The
--- model's bucket row is locked, refilled to now (what the settled calls did
--- not use was given back by job_settle), capped by what the provider's
--- headers last said was left, and a job is claimed only while the
--- bucket covers one request, its estimated input tokens and its max_tokens;
--- a job it does not cover stays pending without holding back the jobs behind
--- it that it covers (until it is owed the bucket: see `held`). A pause (a 429's retry-after, or the
--- provider saying nothing is left) claims nothing.
-WITH
--- The bucket as it stands now, one row (a missing row covers nothing this
--- round and is recreated below). The job rows this statement locks after it
--- are locked with SKIP LOCKED: a statement holding the bucket never waits
--- for a job row, so the bucket joins no deadlock.
-bucket AS MATERIALIZED (
+-- The bucket as it stands now, at most one row, locked when a limit is
+-- configured (a missing row then covers nothing this round and is recreated
+-- below). The job rows this statement locks after it are locked with SKIP
+-- LOCKED: a statement holding the bucket never waits for a job row, so the
+-- bucket joins no deadlock.
+bucket_locked AS MATERIALIZED (
     SELECT b.* FROM llm_rate_buckets b
-    WHERE b.model = %(model)s
+    WHERE b.model = %(model)s AND (SELECT limited FROM limiter)
     FOR NO KEY UPDATE OF b
+),
+bucket AS MATERIALIZED (
+    SELECT * FROM bucket_locked
+    UNION ALL
+    SELECT b.* FROM llm_rate_buckets b WHERE b.model = %(model)s AND NOT (SELECT limited FROM limiter)
 ),
 bucket_now AS MATERIALIZED (
     SELECT
+        l.limited,
         -- greatest() passes over NULLs: no row, no pause. Each kind refilled
         -- (bucket_refilled, migration 012) and capped by what the provider
         -- last said was left.
@@ -132,14 +68,21 @@ bucket_now AS MATERIALIZED (
              WHEN b.model IS NULL THEN 0
              ELSE least(bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
                                         %(output_tokens_capacity)s::float8, b.refilled_at, 0),
-                        coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens
-    FROM (SELECT 1) one
+                        coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens,
+        -- the limits other workers pace the bucket by: a worker without a
+        -- limit that has not heard them yet claims nothing, learns them from
+        -- the answer and claims with the limiter from its next round
+        b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
+        NOT l.limited
+            AND coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
+            AS paced
+    FROM limiter l
     LEFT JOIN bucket b ON true
 ),
--- The next pending jobs in turn order, twice the slots to fill: a job the
--- bucket does not cover now lets the ones behind it that it does cover go
--- first (below). (Each row looked at is locked: a longer look costs every
--- round.)
+-- The next pending jobs in turn order; with a limit, twice the slots to
+-- fill: a job the bucket does not cover now lets the ones behind it that it
+-- does cover go first (below). (Each row looked at is locked: a longer look
+-- costs every round.)
 claimable AS MATERIALIZED (
     SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
@@ -147,11 +90,14 @@ claimable AS MATERIALIZED (
     FROM story_jobs
     WHERE status = 'pending' AND lane = 'interactive'
     ORDER BY turn, id
-    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) OR paced THEN 0
+                       WHEN limited THEN 2 * %(claim_limit)s
+                       ELSE %(claim_limit)s END
            FROM bucket_now)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
--- Whether the bucket covers each job on its own.
+-- Whether the bucket covers each job on its own (a kind without a limit
+-- covers every job).
 covered AS MATERIALIZED (
     SELECT c.*, (b.requests IS NULL OR b.requests >= 1)
                 AND (b.input_tokens IS NULL OR c.input_tokens_need <= b.input_tokens)
@@ -186,16 +132,29 @@ chosen AS MATERIALIZED (
       AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
       AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
 ),
--- include: job_claim_ctes
-,
+claimed AS (
+    UPDATE story_jobs j
+    SET status = 'running', started_at = now(), heartbeat_at = now(),
+        worker_id = %(worker_id)s
+    WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'
+    RETURNING j.id, j.public_id, j.client_id, j.request, j.created_at, j.started_at,
+              j.max_tokens, j.input_tokens_estimate, j.model, j.input_usd_per_mtok, j.output_usd_per_mtok,
+              j.trace_context, j.worst_case_usd
+),
+-- Nothing reads first_calls: a data-modifying CTE runs to completion
+-- whether it is read or not.
+first_calls AS (
+    INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, worst_case_usd)
+    SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s, worst_case_usd FROM claimed
+),
 taken AS MATERIALIZED (
     SELECT count(*)::float8 AS requests, coalesce(sum(c.input_tokens_need), 0)::float8 AS input_tokens,
            coalesce(sum(c.output_tokens_need), 0)::float8 AS output_tokens
     FROM chosen c JOIN claimed USING (id)
 ),
 bucket_left AS MATERIALIZED (
-    SELECT b.paused_until, b.requests - t.requests AS requests, b.input_tokens - t.input_tokens AS input_tokens,
-           b.output_tokens - t.output_tokens AS output_tokens,
+    SELECT b.limited, b.paused_until, b.requests - t.requests AS requests,
+           b.input_tokens - t.input_tokens AS input_tokens, b.output_tokens - t.output_tokens AS output_tokens,
            -- held back (paused, or a job looked at and not chosen) with a
            -- slot still free: this worker would wake for the bucket
            %(claim_limit)s > t.requests
@@ -204,6 +163,7 @@ bucket_left AS MATERIALIZED (
                AS would_wake
     FROM bucket_now b, taken t
 ),
+-- With a limit, the bucket as this claim left it.
 bucket_written AS (
     INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
                                        held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
@@ -215,6 +175,7 @@ bucket_written AS (
            CASE WHEN l.would_wake
                 THEN greatest(l.paused_until, now()) + make_interval(secs => %(burst_s)s::float8) END
     FROM bucket_left l LEFT JOIN held h ON true
+    WHERE l.limited
     ON CONFLICT (model) DO UPDATE
     SET requests = excluded.requests, input_tokens = excluded.input_tokens,
         output_tokens = excluded.output_tokens,
@@ -235,21 +196,47 @@ bucket_written AS (
                            WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
                            THEN excluded.waker_until ELSE b.waker_until END
     RETURNING b.waker, b.waker_until
+),
+-- Without a limit, only a pause the headers announce, for every worker.
+pause_shared AS (
+    INSERT INTO llm_rate_buckets AS b (model, paused_until)
+    SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
+    FROM limiter l
+    WHERE NOT l.limited AND %(provider_pause_s)s::float8 > 0
+    ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
--- include: job_claimed_answer
-,
--- the bucket after this claim, and the needs of the first job it held back
+-- the jobs it claimed, as one JSON text
+coalesce((
+    SELECT json_agg(json_build_object(
+        'id', c.id, 'public_id', c.public_id, 'client_id', c.client_id, 'request', c.request,
+        'created_at', c.created_at, 'started_at', c.started_at, 'max_tokens', c.max_tokens,
+        'input_tokens_estimate', c.input_tokens_estimate, 'model', c.model,
+        -- as text: exact
+        'input_usd_per_mtok', c.input_usd_per_mtok::text, 'output_usd_per_mtok', c.output_usd_per_mtok::text,
+        'trace_context', c.trace_context)
+        ORDER BY c.id)
+    FROM claimed c
+)::text, '[]') AS claimed,
+-- the bucket after this claim (a row a limited round wrote holds
+-- '-infinity': bucket_paused_s reads it as no pause), and the needs of the
+-- first job it held back
 (SELECT json_build_object(
     'paused_s', bucket_paused_s(l.paused_until),
     'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
-    'next_input_tokens', n.input_tokens_need, 'next_output_tokens', n.output_tokens_need,
+    'next_input_tokens', n.input_tokens_need,
+    -- paced by limits not heard yet: held back until they are learned
+    'next_output_tokens', CASE WHEN p.paced AND %(claim_limit)s > 0 THEN 0 ELSE n.output_tokens_need END,
+    'requests_per_minute', p.requests_per_minute, 'input_tokens_per_minute', p.input_tokens_per_minute,
+    'output_tokens_per_minute', p.output_tokens_per_minute,
     -- whether this worker wakes for the bucket, and else when the waker's
-    -- role ends: until then another worker wakes for it
-    'waker', coalesce(w.waker = %(worker_id)s, false),
+    -- role ends: until then another worker wakes for it (without a limit,
+    -- every worker wakes for itself)
+    'waker', NOT l.limited OR coalesce(w.waker = %(worker_id)s, false),
     'waker_in_s', greatest(coalesce(extract(epoch FROM w.waker_until - now()), 0), 0))
  FROM bucket_left l
- CROSS JOIN bucket_written w
+ CROSS JOIN bucket_now p
+ LEFT JOIN bucket_written w ON true
  LEFT JOIN LATERAL (
      SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
      WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))

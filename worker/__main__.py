@@ -20,7 +20,8 @@ from worker.batch.store import BatchStore
 from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, new_worker_id
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
-from worker.store import PgDraftStore, PgWorkerStore
+from worker.draft_store import PgDraftStore
+from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
 log = structlog.get_logger()

@@ -21,8 +21,8 @@ from shared import db
 from shared.config import WorkerSettings
 from shared.ratelimit import KINDS, LimiterState, ProviderView, RateLimits
 from worker import metrics
-from worker.rows import ClaimedJob
-from worker.store import WorkerStore
+from worker.rows import ClaimedJob, ClaimResult
+from worker.store import ClaimAsk, WorkerStore
 
 log = structlog.get_logger()
 
@@ -135,37 +135,41 @@ class Claimer:
 
     # -- the statements ----------------------------------------------------------------
 
-    async def claim(self, claim_limit: int) -> list[ClaimedJob]:
-        """Claims up to claim_limit jobs (none: the statement only tells the
-        shared bucket what the provider said). A database error is raised
-        after its bookkeeping: a claim without an answer may have committed,
-        and its jobs are searched for (``adopt``)."""
+    def ask(self, claim_limit: int) -> ClaimAsk:
+        """The round's claim: claim_limit jobs (none: it only tells the
+        shared bucket what the provider said), with the provider's headers if
+        they are news."""
+        return ClaimAsk(claim_limit, self._heard if self.has_news else None)
+
+    def answered(self, ask: ClaimAsk, answer: ClaimResult) -> list[ClaimedJob]:
+        """The claim's answer: its jobs, and what the shared limiter said."""
         now = self._clock()
-        view = self._heard if self.has_news else None
-        try:
-            answer = await self._store.claim(claim_limit, view, self.limits)
-        except db.DB_ERRORS as exc:
-            if claim_limit and db.is_transient(exc) and not isinstance(exc, PoolTimeout):
-                # no answer, or not one the server sent: it may have committed,
-                # and its jobs are ours, never begun. A backend the server
-                # ended (57P: a terminated session, a shutdown) runs nothing
-                # more, so one search settles it; otherwise the statement may
-                # still be running there, until its statement timeout
-                self.state.lost_answers += 1
-                later = 0.0 if _server_ended(exc) else self._statement_timeout_s + _ADOPTION_MARGIN_S
-                self.state.adopt_until = max(self.state.adopt_until, now + later)
-            raise
-        if claim_limit:
+        if ask.limit:
             self.state.poll_due_at = now + self._settings.worker_poll_interval_s
         for job in answer.claimed:
             metrics.CLAIMED.inc()
             metrics.JOB_QUEUE_WAIT.observe(max((job.started_at - job.created_at).total_seconds(), 0.0))
         if answer.claimed:
             metrics.WORKER_LAST_CLAIM.set_to_current_time()
-        if view is not None:
-            self._told = view
-        self._limited(answer.limiter, claim_limit, len(answer.claimed))
+        if ask.view is not None:
+            self._told = ask.view
+        self._limited(answer.limiter, ask.limit, len(answer.claimed))
         return answer.claimed
+
+    def unanswered(self, ask: ClaimAsk, exc: Exception) -> None:
+        """The claim's transaction failed without a known outcome: a claim
+        without an answer may have committed, and its jobs are searched for
+        (``adopt``). (A claim the server refused and rolled back to its
+        savepoint committed nothing: the round does not call this.)"""
+        if ask.limit and db.is_transient(exc) and not isinstance(exc, PoolTimeout):
+            # no answer, or not one the server sent: it may have committed,
+            # and its jobs are ours, never begun. A backend the server
+            # ended (57P: a terminated session, a shutdown) runs nothing
+            # more, so one search settles it; otherwise the statement may
+            # still be running there, until its statement timeout
+            self.state.lost_answers += 1
+            later = 0.0 if _server_ended(exc) else self._statement_timeout_s + _ADOPTION_MARGIN_S
+            self.state.adopt_until = max(self.state.adopt_until, self._clock() + later)
 
     async def adopt(self, known_ids: Sequence[int], now: float) -> list[ClaimedJob]:
         """A claim whose answer was lost (connection dropped around its

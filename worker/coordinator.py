@@ -44,7 +44,7 @@ from worker.drafts import DraftStore, DraftWriter
 from worker.ends import EndWriter
 from worker.executor import LedgerHooks, execute
 from worker.heartbeat import Heartbeat
-from worker.held import SHUTDOWN, HeldJobs
+from worker.held import SHUTDOWN, HeldJob, HeldJobs
 from worker.inbox import Finished, Gone, Heard, HelperDied, Inbox, Notified, Report, StopAsked
 from worker.listener import listen
 from worker.rows import ClaimedJob
@@ -234,13 +234,9 @@ class Coordinator:
                 for job in await self._claimer.adopt(self.held.ids, now):
                     self._hold(job)
                     result.adopted += 1
-            if completions:
-                await self._ends.settle(completions, limits, result)
-            claim_limit = self._claim_limit()
-            if claim_limit or (completions and self._claimer.has_news):
-                for job in await self._claimer.claim(claim_limit):
-                    self._hold(job)
-                    result.claimed += 1
+            claim_limit = self._claim_limit()  # adopted jobs took slots
+            if completions or claim_limit:
+                await self._settle_and_claim(completions, claim_limit, result)
         except db.DB_ERRORS as exc:
             self._errors.failed(exc, held=len(self.held), unsaved_ends=self.held.ends_waiting())
             result.database_error = db.describe(exc)
@@ -250,6 +246,33 @@ class Coordinator:
         self._backoff.reset()
         metrics.WORKER_BUSY.set(len(self.held))
         return result
+
+    async def _settle_and_claim(self, completions: list[HeldJob], claim_limit: int, result: RoundResult) -> None:
+        """The written stories and the claim, one transaction (with news of
+        the provider's headers, a claim of none tells the shared bucket).
+        Raises a database error after the bookkeeping of what it means: for
+        the stories, and for a claim that may have committed unanswered."""
+        claimer, ends = self._claimer, self._ends
+        ask = claimer.ask(claim_limit) if claim_limit or claimer.has_news else None
+        try:
+            written = await self.store.settle_and_claim(ends.stories(completions), ask, claimer.limits)
+        except db.DB_ERRORS as exc:
+            if ask is not None:
+                claimer.unanswered(ask, exc)
+            if not completions:
+                raise
+            # raises again unless the one story written alone was refused for
+            # good: it is then rewritten as a failure the next round
+            ends.settle_refused(exc, completions, result)
+            return
+        if written.settled is not None:
+            ends.settled(completions, written.settled, result)
+        if written.claim_refused is not None:
+            raise written.claim_refused
+        if ask is not None and written.claimed is not None:
+            for job in claimer.answered(ask, written.claimed):
+                self._hold(job)
+                result.claimed += 1
 
     def _take_reports(self) -> None:
         """What the other tasks reported since the last round: the round

@@ -7,7 +7,7 @@ with none the statement is not sent at all.
 Drafts are best effort, the story is not: this task reads what the held
 jobs' calls streamed (their StreamedText) and writes nothing any other task
 reads, so a draft write that fails or waits never fails, stops or delays a
-job. It runs on a pool of its own (worker/store.py, PgDraftStore); a
+job. It runs on a pool of its own (worker/draft_store.py); a
 database error is logged once per episode, with the jobs the write was for,
 and the next interval sends what this one could not. Anything else ends the
 task, and the worker with it, as for every helper.

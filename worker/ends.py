@@ -12,8 +12,8 @@ lightly:
   storable, a fixed error text); if even that is refused the job stays held
   and the write is retried with backoff, never the request;
 * a refused batch is taken apart, one end at a time, before one of them is
-  blamed; stories are settled in a transaction of their own, so a claim's
-  refusal is never a story's.
+  blamed; a claim sent with the stories runs behind a savepoint
+  (worker/store.py), so a claim's refusal is never a story's.
 """
 
 from __future__ import annotations
@@ -128,16 +128,19 @@ class EndWriter:
             self._held.release(held)
             counts.let_go += 1
 
-    async def settle(self, batch: list[HeldJob], limits: RateLimits, counts: Counts) -> None:
-        """The written stories, in a transaction of their own."""
-        completions = [h.end for h in batch if isinstance(h.end, Completion)]
-        try:
-            settled = await self._store.settle(completions, limits)
-        except db.DB_ERRORS as exc:
-            self._refused(exc, batch, counts)
-            return
+    @staticmethod
+    def stories(batch: list[HeldJob]) -> list[Completion]:
+        """The written stories of a batch ``due`` gave, for the round's settle."""
+        return [h.end for h in batch if isinstance(h.end, Completion)]
+
+    def settled(self, batch: list[HeldJob], settled: SettleResult, counts: Counts) -> None:
+        """The stories' settle committed: each job completed, or lost to a race."""
         self._written(batch)
         self._settled(batch, settled, counts)
+
+    def settle_refused(self, exc: Exception, batch: list[HeldJob], counts: Counts) -> None:
+        """The stories' settle did not commit (see ``_refused``)."""
+        self._refused(exc, batch, counts)
 
     def _settled(self, batch: list[HeldJob], settled: SettleResult, counts: Counts) -> None:
         completed = set(settled.completed_ids).union(settled.already_completed_ids)

@@ -46,7 +46,7 @@ from api.admission import admission
 from shared import db
 from shared.config import ApiSettings
 from shared.queries import QUERIES
-from shared.ratelimit import UNLIMITED
+from shared.ratelimit import NO_LIMITS, claim_params
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST,
@@ -57,7 +57,7 @@ from tests.bench.harness import (
     FigureSpec,
     percentile,
 )
-from worker import store as worker_store
+from tests.support import worker_statements
 from worker.rows import Completion
 
 NAME = "fair_claim"
@@ -297,8 +297,8 @@ def _scale_fill(bench_db: BenchDatabase, *, clients: int, per_client: int) -> No
 
 
 def _params(claim_limit: int, worker_id: str) -> dict[str, Any]:
-    """What worker.store.job_claim sends without a rate limit."""
-    return {**UNLIMITED, "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
+    """What the worker's claim sends without a rate limit."""
+    return {**claim_params(NO_LIMITS, None, default_max_tokens=4000), "worker_id": worker_id, "claim_limit": claim_limit, "provider": "offline",
             "model": "offline-writer"}
 
 
@@ -306,7 +306,7 @@ async def _round(conn: psycopg.AsyncConnection[Any], query: str, completions: li
                  claim_limit: int, worker_id: str = "bench-fair") -> list[dict[str, Any]]:
     """A worker's round: the written stories settled, then the claim (``query``)."""
     if completions:
-        await worker_store.job_settle(conn, worker_id=worker_id, completions=completions)
+        await worker_statements.job_settle(conn, worker_id=worker_id, completions=completions)
     if not claim_limit:
         return []
     cur = await conn.execute(query, _params(claim_limit, worker_id))

@@ -53,7 +53,7 @@ import psycopg
 from shared import db, keys
 from shared.config import SweeperSettings
 from shared.queries import QUERIES
-from shared.ratelimit import UNLIMITED
+from shared.ratelimit import NO_LIMITS, claim_params
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
@@ -67,8 +67,7 @@ from tests.bench.harness import (
     FigureSpec,
     percentile,
 )
-from tests.support import postgres_server
-from worker import store as worker_store
+from tests.support import postgres_server, worker_statements
 from worker.rows import ClaimedJob, Completion
 
 NAME = "history"
@@ -356,13 +355,13 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
         async with conn:
             while time.monotonic() - start < end:
                 began = time.perf_counter()
-                claimed = await worker_store.job_claim(conn, worker_id="snapshot-bench", claim_limit=1,
-                                                       provider="p", model="m", limiter=UNLIMITED)
+                claimed = await worker_statements.job_claim(conn, worker_id="snapshot-bench", claim_limit=1,
+                                                       provider="p", model="m")
                 timed.append((time.monotonic() - start, (time.perf_counter() - began) * 1000))
                 if not claimed.claimed:
                     raise RuntimeError("the held-snapshot run ran out of pending jobs: raise "
                                        "HISTORY_SNAPSHOT_PENDING")
-                await worker_store.job_settle(conn, worker_id="snapshot-bench", completions=[
+                await worker_statements.job_settle(conn, worker_id="snapshot-bench", completions=[
                     Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox",
                                body="Once upon a time. " * 150, model="m", prompt_version="v1",
                                input_tokens=300, output_tokens=900, cost_usd=Decimal("0.0051"),
@@ -386,7 +385,7 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
             for at in (before_s - 2, release - 2, end - 2):
                 await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
                 cur = await probe.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[claim_name], {
-                    **UNLIMITED, "worker_id": "probe", "claim_limit": 1, "provider": "p", "model": "m"})
+                    **claim_params(NO_LIMITS, None, default_max_tokens=4000), "worker_id": "probe", "claim_limit": 1, "provider": "p", "model": "m"})
                 row = await cur.fetchone()
                 assert row is not None
                 plan = row[0][0]["Plan"]
@@ -394,7 +393,7 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
                 await probe.rollback()
         return read
 
-    claim_name = worker_store.claim_query(UNLIMITED)
+    claim_name = "job_claim"
     states = list(urls)
     worked = asyncio.gather(*(work(urls[state]) for state in states))
     probed = asyncio.gather(*(buffers(urls[state]) for state in states))
@@ -476,18 +475,18 @@ async def _claim_and_settle(url: str, rounds: int) -> list[tuple[str, float]]:
         for round_number in range(rounds + 1):
             if held:
                 started = time.perf_counter()
-                await worker_store.job_settle(conn, worker_id="history-bench", completions=[
+                await worker_statements.job_settle(conn, worker_id="history-bench", completions=[
                     Completion(job_id=job.id, client_id=job.client_id, attempt=1, title="The Fox",
                                body="Once upon a time. " * 150, model="m", prompt_version="v1", input_tokens=300,
                                output_tokens=900, cost_usd=Decimal("0.0051"), request_id="req_bench")
-                    for job in held], model="m", limited=UNLIMITED["limited"])
+                    for job in held], model="m")
                 if round_number > 1:
                     timed.append(("settle", (time.perf_counter() - started) * 1000))
             if round_number == rounds:
                 break
             started = time.perf_counter()
-            claimed = await worker_store.job_claim(conn, worker_id="history-bench", claim_limit=1, provider="p",
-                                                   model="m", limiter=UNLIMITED)
+            claimed = await worker_statements.job_claim(conn, worker_id="history-bench", claim_limit=1, provider="p",
+                                                   model="m")
             if round_number > 0:
                 timed.append(("claim", (time.perf_counter() - started) * 1000))
             held = claimed.claimed

@@ -25,7 +25,7 @@ from shared.config import SweeperSettings
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.bench.harness import BenchContext, BenchDatabase, BenchResult, FigureSpec, percentile
-from worker import store as worker_store
+from tests.support import worker_statements
 
 NAME = "scale"
 VARIANTS = ("empty", "history")
@@ -140,7 +140,7 @@ async def _claim_latencies(databases: dict[str, BenchDatabase], explained: Bench
 
 async def _timed_claim(conn: store.Conn, bench_db: BenchDatabase) -> float:
     started = time.perf_counter()
-    settled = await worker_store.job_claim(conn, worker_id=WORKER_ID, claim_limit=1,
+    settled = await worker_statements.job_claim(conn, worker_id=WORKER_ID, claim_limit=1,
                                                provider="offline", model="offline-writer")
     elapsed_ms = (time.perf_counter() - started) * 1000
     if len(settled.claimed) != 1:
@@ -164,11 +164,11 @@ async def _claim_access_path(conn: store.Conn) -> str:
     explaining = _ExplainingConnection(conn)
     with contextlib.suppress(_Explained):
         # a stand-in for the connection, with only the execute the query function calls
-        await worker_store.job_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
+        await worker_statements.job_claim(explaining, worker_id=WORKER_ID,  # type: ignore[arg-type]
                                          claim_limit=1, provider="offline",
                                          model="offline-writer")
     if explaining.plan is None:
-        return "(plan not captured: worker_store.job_claim no longer calls conn.execute)"
+        return "(plan not captured: worker_statements.job_claim no longer calls conn.execute)"
     claimable = next((node for node in _nodes(explaining.plan) if node.get("Subplan Name") == "CTE claimable"),
                      explaining.plan)
     scans = [node for node in _nodes(claimable) if node.get("Relation Name") == "story_jobs"]

@@ -33,7 +33,7 @@ import psycopg
 
 from api import store as api_store
 from shared import db
-from shared.ratelimit import UNLIMITED, RateLimits, claim_params
+from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.webhooks import EVENTS, new_secret
 from tests.bench import private_postgres
 from tests.bench.harness import (
@@ -43,10 +43,10 @@ from tests.bench.harness import (
     BenchResult,
     FigureSpec,
 )
-from tests.support import postgres_server
+from tests.support import postgres_server, worker_statements
 from tests.support.waiting import wait_until_sync
-from worker import store as worker_store
 from worker.rows import ClaimedJob, Completion
+from worker.store import ClaimAsk, PgWorkerStore
 
 NAME = "statement_cost"
 SPECS = {
@@ -136,7 +136,7 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
             "SELECT 1, 'pending-' || n, %(fingerprint)s, %(request)s::jsonb, n FROM generate_series(1, %(jobs)s) AS n",
             {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
         if limited:
-            await worker_store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
+            await worker_statements.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
         if webhook:
             await api_store.webhook_endpoint_insert(
                 conn, client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
@@ -147,21 +147,20 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
 async def _rounds(url: str, *, rounds: int, batch: int, limited: bool, story: str) -> int:
     """20 warm-up rounds, then ``rounds`` more, on one connection set up as
     a worker's; returns the backend's pid."""
-    limiter = claim_params(_LIMITS, None, default_max_tokens=4000) if limited else UNLIMITED
+    limits = _LIMITS if limited else NO_LIMITS
     conn = await db.connect(url, application_name="statement_cost", connect_timeout_s=60, generic_plans=True)
     async with conn:
         cur = await conn.execute("SELECT pg_backend_pid()")
         row = await cur.fetchone()
         assert row is not None
+        store = PgWorkerStore(conn, worker_id="w1", provider="p", model="m", default_max_tokens=4000)
         held: list[ClaimedJob] = []
         for _ in range(20 + rounds):
-            # a round: the written stories settled, then the claim, each its own statement
-            if held:
-                await worker_store.job_settle(conn, worker_id="w1", completions=[_completion(job, story) for job in held],
-                                              model="m", limited=limiter["limited"])
-            claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=batch, provider="p", model="m",
-                                                   limiter=limiter)
-            held = claimed.claimed
+            # a round as the worker sends it: the written stories settled,
+            # then the claim behind a savepoint, one transaction
+            written = await store.settle_and_claim([_completion(job, story) for job in held], ClaimAsk(batch), limits)
+            assert written.claimed is not None
+            held = written.claimed.claimed
         return int(row[0])
 
 

@@ -44,6 +44,7 @@ from worker.rows import (
     RetryStart,
     SettleResult,
 )
+from worker.store import ClaimAsk, RoundWritten
 
 if TYPE_CHECKING:
     from worker.store import WorkerStore
@@ -178,25 +179,46 @@ class RecordingStore:
                 completed.append(job.id)
         return completed, already
 
-    async def settle(self, completions: Sequence[Completion], limits: RateLimits) -> SettleResult:
-        fault = self._enter("settle", list(completions))
+    async def settle_and_claim(self, completions: Sequence[Completion], ask: ClaimAsk | None,
+                               limits: RateLimits) -> RoundWritten:
+        """Recorded as a "settle" and a "claim" call, each with its faults, as
+        the real transaction fails: a refused settle commits nothing; a
+        refused claim is rolled back to its savepoint and the stories commit;
+        a lost answer comes after both committed."""
+        settle_fault = self._enter("settle", list(completions)) if completions else None
+        claim_fault = None
+        if ask is not None:
+            try:
+                claim_fault = self._enter("claim", ask.limit)
+            except Exception as refused:
+                if not completions:
+                    raise
+                settled = self._settle(completions)
+                self._leave(settle_fault)
+                return RoundWritten(settled=settled, claimed=None, claim_refused=refused)
+        settled_now = self._settle(completions) if completions else None
+        claimed = None
+        if ask is not None:
+            claimed = self._claim(ask, limits, answer_lost=settle_fault is not None or claim_fault is not None)
+        self._leave(settle_fault)
+        self._leave(claim_fault)
+        return RoundWritten(settled=settled_now, claimed=claimed)
+
+    def _settle(self, completions: Sequence[Completion]) -> SettleResult:
         completed, already = self._settled(completions)
-        self._leave(fault)
         return SettleResult(completed_ids=completed, already_completed_ids=already)
 
-    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
-        fault = self._enter("claim", claim_limit)
-        self.provider_views.append(provider_view)
+    def _claim(self, ask: ClaimAsk, limits: RateLimits, *, answer_lost: bool) -> ClaimResult:
+        self.provider_views.append(ask.view)
         self.limits_seen.append(limits)
         claimed: list[ClaimedJob] = []
-        while self._pending and len(claimed) < claim_limit:
+        while self._pending and len(claimed) < ask.limit:
             job = self.jobs[self._pending.pop(0)]
             job.status = JobStatus.RUNNING
             self.ledger[(job.id, 1)] = LlmOutcome.STARTED
             claimed.append(self._claimed(job))
-        if fault is not None:
+        if answer_lost:
             self._lost_claims.extend(job.id for job in claimed)
-        self._leave(fault)
         return ClaimResult(claimed=claimed, limiter=self.limiter)
 
     async def fail_running(self, failures: Sequence[Failure], limits: RateLimits) -> list[int]:

@@ -12,9 +12,9 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tests.support import ops_seed as seed
+from tests.support import worker_statements
 from tests.support.api_client import api_client, assert_problem, completed_job, new_key
 from tests.support.database import create_key, job_rows
-from worker import store as worker_store
 from worker.rows import DraftPiece
 
 
@@ -26,11 +26,11 @@ async def _post(client: httpx.AsyncClient, prompt: str) -> str:
 
 async def _running(conn: psycopg.AsyncConnection[Any], *drafted: str) -> int:
     """Claims the oldest pending job as worker w1, its draft written in these pieces."""
-    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1, provider="anthropic", model="m")
+    result = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=1, provider="anthropic", model="m")
     (job,) = result.claimed
     chars = 0
     for piece in drafted:
-        written = await worker_store.draft_append(conn, worker_id="w1", pieces=[DraftPiece(job.id, chars, piece)])
+        written = await worker_statements.draft_append(conn, worker_id="w1", pieces=[DraftPiece(job.id, chars, piece)])
         chars = written[job.id]
     return job.id
 
@@ -93,7 +93,7 @@ async def test_every_state_answers_304_until_what_a_client_shows_changes(
         running_first = await _etag_holds(client, first)
         # the job ahead started: the second moved up the queue
         assert pending_second != await _etag_holds(client, second)
-        await worker_store.draft_append(conn, worker_id="w1", pieces=[DraftPiece(job, 5, "upon")])
+        await worker_statements.draft_append(conn, worker_id="w1", pieces=[DraftPiece(job, 5, "upon")])
         grown = await client.get(f"/stories/jobs/{first}", headers={"If-None-Match": running_first})
         assert grown.status_code == 200 and grown.json()["draft"]["chars"] == 9
         assert grown.headers["etag"] != running_first

@@ -90,7 +90,7 @@ async def test_admission_counts_again_once_jobs_have_left_the_queue(
 ) -> None:
     """With QUEUE_MAX=3, a full queue answers 429; once two jobs are claimed the next two are
     admitted (a fresh count corrects the kept upper bound), then the queue is full again."""
-    from worker import store as worker_store
+    from tests.support import worker_statements
 
     async with api_client(pool, api_key, queue_max=3) as client:
         async def post() -> int:
@@ -98,7 +98,7 @@ async def test_admission_counts_again_once_jobs_have_left_the_queue(
             return answer.status_code
 
         assert [await post() for _ in range(4)] == [202, 202, 202, 429]
-        claimed = await worker_store.job_claim(conn, worker_id="w", claim_limit=2,
+        claimed = await worker_statements.job_claim(conn, worker_id="w", claim_limit=2,
                                                    provider="offline", model="m")
         assert len(claimed.claimed) == 2
         assert [await post() for _ in range(3)] == [202, 202, 429]

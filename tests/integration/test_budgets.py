@@ -19,10 +19,10 @@ from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
+from tests.support import worker_statements
 from tests.support.database import client_id_of
-from worker import store as worker_store
 from worker.rows import Completion, Failure
-from worker.store import PgWorkerStore
+from worker.store import ClaimAsk, PgWorkerStore
 
 SETTINGS = ApiSettings()
 WORST = admission(1, "k", StoryRequest(prompt="a fox"), SETTINGS).worst_case_usd
@@ -44,7 +44,7 @@ async def _day(conn: psycopg.AsyncConnection[Any], client_id: int = 0) -> tuple[
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=n,
+    result = await worker_statements.job_claim(conn, worker_id="w", claim_limit=n,
                                               provider="anthropic", model="m")
     return [job.id for job in result.claimed]
 
@@ -84,11 +84,11 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
     budget = WORST * 10
     assert await _admit(conn, client, 4, budget=budget) == ["inserted"] * 4
     completed, failed, running = await _claim(conn, 3)
-    await worker_store.job_settle(conn, worker_id="w", completions=[Completion(job_id=completed, client_id=client, attempt=1, title="T",
+    await worker_statements.job_settle(conn, worker_id="w", completions=[Completion(job_id=completed, client_id=client, attempt=1, title="T",
                                                              body="B", model="m", prompt_version="v",
                                                              input_tokens=5, output_tokens=50,
                                                              cost_usd=Decimal("0.000510"))])
-    await worker_store.job_fail_running(conn, worker_id="w", failures=[Failure(
+    await worker_statements.job_fail_running(conn, worker_id="w", failures=[Failure(
         job_id=failed, attempt=1, error_code=ErrorCode.LLM_UNAVAILABLE, error_text="429s",
         call_outcome=LlmOutcome.RATE_LIMITED, billed=False)])
     cur = await conn.execute("SELECT public_id FROM story_jobs WHERE id IN (%s, 4) ORDER BY id", (running,))
@@ -97,7 +97,7 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
         await api_store.job_cancel(conn, client_id=client, job_id=public_id)
     assert await _day(conn) == (Decimal("0.000510") + WORST, Decimal(0))
     # the cancelled job's worker closes its stream and says what it cost
-    await worker_store.llm_call_finish(conn, model="m", job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
+    await worker_statements.llm_call_finish(conn, model="m", job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,
                                 input_tokens=5, output_tokens=20, cost_usd=Decimal("0.000210"),
                                 error_text="stream stopped: job cancelled")
     assert await _day(conn) == (Decimal("0.000720"), Decimal(0))
@@ -149,10 +149,11 @@ async def test_a_worker_store_fails_jobs_and_gives_back_their_tokens(
     client = await client_id_of(conn)
     assert await _admit(conn, client, 1, budget=WORST * 10) == ["inserted"]
     limits = (RateLimits(1.0, 10.0, None, None, 1000.0, 10_000.0) if limited else NO_LIMITS)
-    worker_store = PgWorkerStore(pool, worker_id="w", provider="anthropic", model="m", listen_url=None,
-                                 connect_timeout_s=5)
+    worker_store = PgWorkerStore(pool, worker_id="w", provider="anthropic", model="m", default_max_tokens=4000)
     await worker_store.ensure_rate_bucket(limits)
-    (job,) = (await worker_store.claim(1, None, limits)).claimed
+    claim = (await worker_store.settle_and_claim([], ClaimAsk(1), limits)).claimed
+    assert claim is not None
+    (job,) = claim.claimed
     assert await worker_store.fail_running([Failure(job_id=job.id, attempt=1, error_code=ErrorCode.LLM_REJECTED,
                                                     error_text="400", call_outcome=LlmOutcome.REJECTED,
                                                     billed=False)], limits) == [job.id]

@@ -20,6 +20,7 @@ from shared.status import ErrorCode, LlmOutcome
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
+from tests.support import worker_statements
 from tests.support.database import (
     client_id_of,
     count,
@@ -31,7 +32,6 @@ from tests.support.database import (
 from tests.support.settings import sweeper_settings, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
-from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
 from worker.rows import DraftPiece, Failure
@@ -54,14 +54,14 @@ async def _chunks(conn: psycopg.AsyncConnection[Any]) -> int:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=1, provider="anthropic", model="m")
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=1, provider="anthropic", model="m")
     (job,) = result.claimed
     return job.id
 
 
 async def _append(conn: psycopg.AsyncConnection[Any], job_id: int, from_char: int, text: str,
                   worker_id: str = "w1") -> dict[int, int]:
-    return await worker_store.draft_append(conn, worker_id=worker_id,
+    return await worker_statements.draft_append(conn, worker_id=worker_id,
                                            pieces=[DraftPiece(job_id, from_char, text)])
 
 
@@ -116,10 +116,10 @@ async def test_the_end_of_a_job_deletes_its_draft(
         result = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
         assert result is not None and result.cancelled
     elif end == "complete":
-        settled = await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(job)])
+        settled = await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(job)])
         assert settled.completed_ids == [job]
     elif end == "fail":
-        assert await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+        assert await worker_statements.job_fail_running(conn, worker_id="w1", failures=[Failure(
             job_id=job, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
             call_outcome=LlmOutcome.FAILED, billed=False)]) == [job]
     else:

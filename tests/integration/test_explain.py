@@ -12,10 +12,9 @@ import pytest
 import yaml
 
 from shared.queries import QUERIES
-from shared.ratelimit import UNLIMITED, RateLimits, claim_params
-from worker import store as worker_store
+from shared.ratelimit import NO_LIMITS, RateLimits, claim_params
 
-CLAIM_PARAMS = {**UNLIMITED, "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m"}
+CLAIM_PARAMS = {**claim_params(NO_LIMITS, None, default_max_tokens=1000), "worker_id": "w", "claim_limit": 1, "provider": "offline", "model": "m"}
 # the same claim with every kind of rate limit configured
 LIMITED_CLAIM_PARAMS = {**CLAIM_PARAMS, **claim_params(
     RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0, input_tokens_capacity=5000.0,
@@ -78,7 +77,7 @@ async def test_the_claim_uses_the_turn_index(
     """With 20,000 finished jobs ahead of the pending ones, the claim finds them in turn order through
     story_jobs_turn_idx, never by walking the primary key or the table, with or without a rate limit."""
     await _fill(conn, finished=20_000, pending=50, analyze_first=analyze_first)
-    plan = await _plan(conn, worker_store.claim_query(params), params)
+    plan = await _plan(conn, "job_claim", params)
     (claimable,) = [n for n in _plan_nodes(plan) if n.get("Subplan Name") == "CTE claimable"]
     assert _story_jobs_scans(claimable) == ["Index Scan:story_jobs_turn_idx"]
     # everywhere else the statement reaches jobs by id, never by scanning

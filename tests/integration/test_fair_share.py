@@ -12,17 +12,17 @@ import psycopg
 import pytest
 
 from shared import store
-from shared.ratelimit import UNLIMITED, RateLimits, claim_params
+from shared.ratelimit import NO_LIMITS, RateLimits
+from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue
-from worker import store as worker_store
 
 MODEL = "m"
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int,
-                 limiter: dict[str, Any] = UNLIMITED) -> list[int]:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
-                                              provider="anthropic", model=MODEL, limiter=limiter)
+                 limits: RateLimits = NO_LIMITS) -> list[int]:
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=limit, provider="anthropic",
+                                               model=MODEL, limits=limits, default_max_tokens=1000)
     return [job.id for job in result.claimed]
 
 
@@ -116,7 +116,7 @@ LIMITS = RateLimits(requests_rate=1e-3, requests_capacity=10.0, input_tokens_rat
 
 
 async def _limited_claim(conn: psycopg.AsyncConnection[Any], limit: int) -> list[int]:
-    return await _claim(conn, "w", limit, claim_params(LIMITS, None, default_max_tokens=1000))
+    return await _claim(conn, "w", limit, LIMITS)
 
 
 async def _jobs_needing(conn: psycopg.AsyncConnection[Any], *output_tokens: int) -> list[int]:
@@ -126,7 +126,7 @@ async def _jobs_needing(conn: psycopg.AsyncConnection[Any], *output_tokens: int)
     ids = [row[0] for row in await cur.fetchall()]
     for job_id, need in zip(ids, output_tokens, strict=True):
         await conn.execute("UPDATE story_jobs SET max_tokens = %s WHERE id = %s", (need, job_id))
-    await worker_store.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
+    await worker_statements.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
     return ids
 
 

@@ -15,8 +15,8 @@ from api import store as api_store
 from api.admission import admission
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
+from tests.support import worker_statements
 from tests.support.database import cancel_pending_in_bulk, client_id_of
-from worker import store as worker_store
 
 
 async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1, *, client_queue_max: int = 1_000,
@@ -30,7 +30,7 @@ async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1, 
 
 async def _claim(conn: psycopg.AsyncConnection[Any]) -> int:
     """One claim of one job by the worker's statement; the client whose job it took."""
-    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=1,
+    result = await worker_statements.job_claim(conn, worker_id="w", claim_limit=1,
                                               provider="anthropic", model="m")
     (job,) = result.claimed
     return job.client_id

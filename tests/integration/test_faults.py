@@ -16,11 +16,11 @@ from api import store as api_store
 from shared.status import LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
+from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue, job_rows, waiting_on_a_lock
 from tests.support.settings import LATER, SWEEP, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
-from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
 
 
@@ -35,7 +35,7 @@ async def _finished(conn: psycopg.AsyncConnection[Any]) -> bool:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str = "w1") -> int:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=1,
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=1,
                                               provider="anthropic", model="m")
     (job,) = result.claimed
     return job.id
@@ -129,9 +129,8 @@ async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoe
     job = await _claim(conn)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
-            started = await worker_store.llm_call_start(worker_conn, worker_id="w1", job_id=job, previous_attempt=1,
-                                                 previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
-                                                 previous_error="429")
+            started = await worker_statements.llm_call_start(worker_conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                                 previous_outcome=LlmOutcome.RATE_LIMITED, previous_error="429")
             assert started.attempt == 2
             if ender == "cancel":
                 ending = asyncio.create_task(api_store.job_cancel(conn, client_id=client, job_id=job_id))
@@ -159,9 +158,9 @@ async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
         async with api_conn.transaction():
             cancelled = await api_store.job_cancel(api_conn, client_id=client, job_id=job_id)
             assert cancelled is not None and cancelled.cancelled
-            retry = asyncio.create_task(worker_store.llm_call_start(
+            retry = asyncio.create_task(worker_statements.llm_call_start(
                 conn, worker_id="w1", job_id=job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,
-                previous_billed=False, previous_error="429"))
+                previous_error="429"))
             await wait_until(lambda: waiting_on_a_lock(api_conn), what="the retry to wait")
         started = await retry
         assert started.attempt is None and not started.owned

@@ -40,8 +40,8 @@ async def _run(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, se
     """One job admitted inside a span (as the api admits it), run by a worker that traces; the admitting span."""
     settings = worker_settings(anthropic_api_key="test", anthropic_base_url=server.base_url)
     writer = AnthropicWriter(settings, tracer_provider=tracer_provider)
-    store = PgWorkerStore(pool, worker_id="w-traced", provider=writer.provider, model=writer.model, listen_url=None,
-                          connect_timeout_s=5)
+    store = PgWorkerStore(pool, worker_id="w-traced", provider=writer.provider, model=writer.model,
+                          default_max_tokens=settings.llm_max_tokens)
     worker = Coordinator(settings, store, writer, listen=False, tracer=tracer_provider.get_tracer("worker"))
     client = await client_id_of(conn)
     with tracer_provider.get_tracer("api").start_as_current_span("POST /stories/generate") as admitting:

@@ -8,15 +8,16 @@ import asyncio
 from decimal import Decimal
 from typing import Any
 
+import msgspec
 import psycopg
 import pytest
 
 from shared import console_store
-from shared.ratelimit import RateLimits, claim_params
+from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.status import LlmOutcome
+from tests.support import worker_statements
 from tests.support.database import client_id_of, count, enqueue, waiting_on_a_lock
 from tests.support.waiting import wait_until
-from worker import store as worker_store
 from worker.rows import Completion
 
 MODEL = "m"
@@ -26,13 +27,13 @@ LIMITS = RateLimits(requests_rate=1e-6, requests_capacity=5.0, input_tokens_rate
                     output_tokens_rate=1e-6, output_tokens_capacity=8000.0)
 
 
-def _limiter(**overrides: Any) -> dict[str, Any]:
-    return {**claim_params(LIMITS, None, default_max_tokens=1600), **overrides}
+def _claim_kwargs(**overrides: Any) -> dict[str, Any]:
+    return {"limits": msgspec.structs.replace(LIMITS, **overrides), "default_max_tokens": 1600}
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int, **overrides: Any) -> list[int]:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
-                                              provider="anthropic", model=MODEL, limiter=_limiter(**overrides))
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=limit,
+                                              provider="anthropic", model=MODEL, **_claim_kwargs(**overrides))
     return [job.id for job in result.claimed]
 
 
@@ -49,7 +50,7 @@ async def pending(conn: psycopg.AsyncConnection[Any]) -> int:
     client = await client_id_of(conn)
     for n in range(50):
         await enqueue(conn, client, f"story {n}")
-    await worker_store.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
+    await worker_statements.llm_rate_bucket_ensure(conn, model=MODEL, limits=LIMITS)
     return client
 
 
@@ -93,8 +94,8 @@ async def test_a_job_the_bucket_cannot_cover_stays_pending_and_the_answer_says_w
 ) -> None:
     """Asked for 10 with room for 5, the claim takes the five oldest, leaves the rest pending, and says
     what the first job it held back needs, so the worker knows when to try again."""
-    result = await worker_store.job_claim(conn, worker_id="w", claim_limit=10,
-                                              provider="anthropic", model=MODEL, limiter=_limiter())
+    result = await worker_statements.job_claim(conn, worker_id="w", claim_limit=10,
+                                              provider="anthropic", model=MODEL, **_claim_kwargs())
     assert [job.id for job in result.claimed] == [1, 2, 3, 4, 5]
     assert result.limiter.next_output_tokens == 1600
     assert result.limiter.wait_s(LIMITS) > 60  # at 1e-6 tokens a second: a long wait
@@ -106,7 +107,8 @@ async def test_what_a_completed_call_did_not_use_is_given_back(conn: psycopg.Asy
     (job_id,) = await _claim(conn, "w", 1)
     done = Completion(job_id=job_id, client_id=pending, attempt=1, title="T", body="B", model=MODEL,
                       prompt_version="v", input_tokens=10, output_tokens=100, cost_usd=Decimal("0.001"))
-    result = await worker_store.job_settle(conn, worker_id="w", completions=[done], model=MODEL, limited=True)
+    result = await worker_statements.job_settle(conn, worker_id="w", completions=[done], model=MODEL,
+                                                limits=LIMITS)
     assert result.completed_ids == [job_id]
     _, output_tokens = await _bucket(conn)
     assert output_tokens == pytest.approx(8000 - 1600 + 1500, abs=1e-2)
@@ -114,11 +116,10 @@ async def test_what_a_completed_call_did_not_use_is_given_back(conn: psycopg.Asy
 
 async def test_a_pause_holds_every_claim_until_it_ends(conn: psycopg.AsyncConnection[Any], pending: int) -> None:
     """While a 429's pause lasts, a claim takes nothing and says how long it lasts, limit or no limit."""
-    await worker_store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=30)
-    for limiter in (_limiter(), claim_params(RateLimits(None, None, None, None, None, None), None,
-                                             default_max_tokens=1600)):
-        result = await worker_store.job_claim(conn, worker_id="w", claim_limit=3,
-                                                  provider="anthropic", model=MODEL, limiter=limiter)
+    await worker_statements.llm_rate_bucket_pause(conn, model=MODEL, pause_s=30)
+    for limits in (LIMITS, NO_LIMITS):
+        result = await worker_statements.job_claim(conn, worker_id="w", claim_limit=3, provider="anthropic",
+                                                   model=MODEL, limits=limits, default_max_tokens=1600)
         assert result.claimed == [] and 25 < result.limiter.paused_s <= 30
 
 
@@ -142,9 +143,8 @@ async def test_a_retry_after_a_429_takes_its_request_from_the_bucket_like_a_clai
     (job,) = await _claim(conn, "w1", 1)
 
     async def retry() -> tuple[int | None, float]:
-        started = await worker_store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
-                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
-                                             previous_error="429", model=MODEL, limits=limits)
+        started = await worker_statements.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_error="429", model=MODEL, limits=limits)
         assert started.owned
         return started.attempt, started.paused_s
 
@@ -165,7 +165,7 @@ async def test_a_claim_without_a_limit_learns_the_limits_a_limited_round_paced_b
     ('-infinity'): its claim claims nothing, is held back, and answers the limits per minute to pace
     by from then on."""
     assert len(await _claim(conn, "w1", 1)) == 1
-    result = await worker_store.job_claim(conn, worker_id="w2", claim_limit=2,
+    result = await worker_statements.job_claim(conn, worker_id="w2", claim_limit=2,
                                               provider="anthropic", model=MODEL)
     assert result.claimed == [] and result.limiter.paused_s == 0
     assert result.limiter.next_output_tokens is not None
@@ -180,12 +180,12 @@ async def test_a_429_leaves_the_bucket_one_request_for_the_end_of_its_pause(
     """At one request a second, a 429 with a 2 s retry-after lowers a full bucket so that, refilled, it
     holds one request when the pause ends (-1 now); without a known rate the bucket is left alone."""
     await conn.execute("UPDATE llm_rate_buckets SET requests = 5, refilled_at = now() WHERE model = %s", (MODEL,))
-    await worker_store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0, limits=RateLimits(
+    await worker_statements.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0, limits=RateLimits(
         requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
         output_tokens_rate=None, output_tokens_capacity=None))
     requests, _ = await _bucket(conn)
     assert requests == pytest.approx(-1.0, abs=0.1)
-    await worker_store.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0)
+    await worker_statements.llm_rate_bucket_pause(conn, model=MODEL, pause_s=2.0)
     assert (await _bucket(conn))[0] == requests
 
 
@@ -199,9 +199,8 @@ async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
     (job,) = await _claim(conn, "w1", 1)
 
     async def retry() -> tuple[int | None, float]:
-        started = await worker_store.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
-                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_billed=False,
-                                             previous_error="429", model=MODEL, limits=limits)
+        started = await worker_statements.llm_call_start(conn, worker_id="w1", job_id=job, previous_attempt=1,
+                                             previous_outcome=LlmOutcome.RATE_LIMITED, previous_error="429", model=MODEL, limits=limits)
         return started.attempt, started.paused_s
 
     await conn.execute("UPDATE llm_rate_buckets SET output_tokens = 600, refilled_at = now() WHERE model = %s",
@@ -215,8 +214,8 @@ async def test_a_retry_waits_for_its_max_tokens_in_the_bucket_and_takes_them(
 
 
 async def _held_back(conn: psycopg.AsyncConnection[Any], worker_id: str, limit: int) -> tuple[int, bool, float]:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=limit,
-                                                     provider="anthropic", model=MODEL, limiter=_limiter())
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=limit,
+                                                     provider="anthropic", model=MODEL, **_claim_kwargs())
     return len(result.claimed), result.limiter.waker, result.limiter.waker_in_s
 
 

@@ -8,7 +8,7 @@ what the statement waiting for it already holds."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Awaitable, Callable, Mapping
+from collections.abc import Awaitable, Callable
 from decimal import Decimal
 from typing import Any
 
@@ -16,24 +16,25 @@ import psycopg
 import pytest
 
 from api import store as api_store
-from shared.ratelimit import UNLIMITED, RateLimits, claim_params
+from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.status import ErrorCode, LlmOutcome
+from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue, story_written, waiting_on_a_lock
 from tests.support.waiting import wait_until
-from worker import store as worker_store
 from worker.rows import ClaimedJob, Failure
 
 Conn = psycopg.AsyncConnection[Any]
 Statement = Callable[[Conn, list[int]], Awaitable[Any]]
 
 
-async def _running_jobs(conn: Conn, count: int, limiter: Mapping[str, Any] = UNLIMITED) -> list[ClaimedJob]:
+async def _running_jobs(conn: Conn, count: int, limits: RateLimits = NO_LIMITS) -> list[ClaimedJob]:
     """count jobs, enqueued and claimed by worker w1, in id order."""
     client = await client_id_of(conn)
     for n in range(count):
         await enqueue(conn, client, f"story {n}")
-    claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=count,
-                                               provider="offline", model="offline-writer", limiter=limiter)
+    claimed = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=count,
+                                               provider="offline", model="offline-writer", limits=limits,
+                                                default_max_tokens=100)
     assert len(claimed.claimed) == count
     return sorted(claimed.claimed, key=lambda job: job.id)
 
@@ -61,15 +62,15 @@ def _failure(job_id: int) -> Failure:
 
 
 async def _heartbeat(conn: Conn, ids: list[int]) -> Any:
-    return await worker_store.job_heartbeat(conn, worker_id="w1", progress={job_id: 5 for job_id in ids})
+    return await worker_statements.job_heartbeat(conn, worker_id="w1", progress={job_id: 5 for job_id in ids})
 
 
 async def _settle(conn: Conn, ids: list[int]) -> Any:
-    return await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(i) for i in ids])
+    return await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(i) for i in ids])
 
 
 async def _fail(conn: Conn, ids: list[int]) -> Any:
-    return await worker_store.job_fail_running(conn, worker_id="w1", failures=[_failure(i) for i in ids])
+    return await worker_statements.job_fail_running(conn, worker_id="w1", failures=[_failure(i) for i in ids])
 
 
 @pytest.mark.parametrize("statement", [_heartbeat, _settle, _fail], ids=["heartbeat", "settle", "fail_running"])
@@ -100,9 +101,8 @@ async def test_a_limited_settle_waiting_for_a_job_row_does_not_hold_the_bucket(d
     wait for the bucket, so the three cannot close a cycle."""
     limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=None, input_tokens_capacity=None,
                         output_tokens_rate=None, output_tokens_capacity=None)
-    limiter = claim_params(limits, None, default_max_tokens=100)
-    await worker_store.llm_rate_bucket_ensure(conn, model="offline-writer", limits=limits)
-    (job,) = await _running_jobs(conn, 1, limiter)
+    await worker_statements.llm_rate_bucket_ensure(conn, model="offline-writer", limits=limits)
+    (job,) = await _running_jobs(conn, 1, limits)
 
     async def bucket_free() -> None:
         await conn.execute("SELECT model FROM llm_rate_buckets WHERE model = 'offline-writer' "
@@ -110,8 +110,8 @@ async def test_a_limited_settle_waiting_for_a_job_row_does_not_hold_the_bucket(d
 
     settled = await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: worker_store.job_settle(actor, worker_id="w1", completions=[story_written(job.id)],
-                                              model="offline-writer", limited=True),
+        lambda actor: worker_statements.job_settle(actor, worker_id="w1", completions=[story_written(job.id)],
+                                              model="offline-writer", limits=limits),
         bucket_free)
     assert settled.completed_ids == [job.id]
 
@@ -123,9 +123,8 @@ async def test_a_retry_waiting_for_its_job_row_holds_no_ledger_row(database_url:
     (job,) = await _running_jobs(conn, 1)
     started = await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: worker_store.llm_call_start(actor, worker_id="w1", job_id=job.id, previous_attempt=1,
-                                           previous_outcome=LlmOutcome.FAILED, previous_billed=False,
-                                           previous_error="529", model="offline-writer"),
+        lambda actor: worker_statements.llm_call_start(actor, worker_id="w1", job_id=job.id, previous_attempt=1,
+                                           previous_outcome=LlmOutcome.OVERLOADED, previous_error="529", model="offline-writer"),
         lambda: _ledger_row_free(conn, job.id))
     assert started.attempt == 2
 
@@ -140,7 +139,7 @@ async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_
     assert cancelled is not None and cancelled.cancelled
     await _while_waiting_for_job(
         database_url, conn, job.id,
-        lambda actor: worker_store.llm_call_finish(actor, model="m", job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
+        lambda actor: worker_statements.llm_call_finish(actor, model="m", job_id=job.id, attempt=1, outcome=LlmOutcome.SUCCEEDED,
                                             billed=True, input_tokens=1, output_tokens=2,
                                             cost_usd=Decimal("0.001"), error_text=None),
         lambda: _ledger_row_free(conn, job.id))

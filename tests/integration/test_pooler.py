@@ -20,18 +20,19 @@ from psycopg_pool import AsyncConnectionPool
 
 from shared import db
 from shared.queries import QUERIES
-from shared.ratelimit import UNLIMITED, RateLimits, claim_params
+from shared.ratelimit import NO_LIMITS, RateLimits, claim_params
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
+from tests.support import worker_statements
 from tests.support.api_client import api_client, new_key
 from tests.support.database import client_id_of, count, create_key, enqueue, job_rows, story_written
 from tests.support.pgbouncer import PgBouncer
 from tests.support.settings import LATER, SWEEP, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
-from worker import store as worker_store
 from worker.offline import OfflineWriter
 from worker.rows import Failure
+from worker.store import settle_params
 
 
 @contextlib.asynccontextmanager
@@ -81,20 +82,20 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
         worker_id = f"w{number}"
         while True:
             async with pool.connection() as c:
-                settled = await worker_store.job_claim(c, worker_id=worker_id, claim_limit=1,
+                settled = await worker_statements.job_claim(c, worker_id=worker_id, claim_limit=1,
                                                            provider="offline", model="offline-writer")
             if not settled.claimed:
                 return done
             (job,) = settled.claimed
             async with pool.connection() as c:
-                beats = await worker_store.job_heartbeat(c, worker_id=worker_id, progress={job.id: 1})
+                beats = await worker_statements.job_heartbeat(c, worker_id=worker_id, progress={job.id: 1})
                 assert [b.alive for b in beats] == [True]
                 if job.id % 2:
-                    await worker_store.job_fail_running(c, worker_id=worker_id, failures=[Failure(
+                    await worker_statements.job_fail_running(c, worker_id=worker_id, failures=[Failure(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    await worker_store.job_settle(c, worker_id=worker_id, completions=[story_written(job.id)])
+                    await worker_statements.job_settle(c, worker_id=worker_id, completions=[story_written(job.id)])
             done += 1
 
     async with pooled(bouncer, database_name, max_size=8) as pool:
@@ -166,7 +167,7 @@ async def test_sixteen_claimers_through_the_pooler_claim_every_job_once(
         mine: list[int] = []
         while True:
             async with pool.connection() as c:
-                result = await worker_store.job_claim(
+                result = await worker_statements.job_claim(
                     c, worker_id=f"claimer-{number}", claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
             if not result.claimed:
@@ -189,13 +190,13 @@ async def test_a_job_swept_through_the_pooler_is_a_lost_race_for_its_worker(
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as c:
-        (job,) = (await worker_store.job_claim(c, worker_id="w1", claim_limit=1,
+        (job,) = (await worker_statements.job_claim(c, worker_id="w1", claim_limit=1,
                                                    provider="offline", model="offline-writer")).claimed
         swept = await sweeper_store.job_fail_stale(c, now=LATER, **SWEEP)
         assert [s.id for s in swept] == [job.id]
-        (beat,) = await worker_store.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
+        (beat,) = await worker_statements.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
         assert not beat.alive and beat.error_code == "timed_out"
-        settled = await worker_store.job_settle(c, worker_id="w1", completions=[story_written(job.id)])
+        settled = await worker_statements.job_settle(c, worker_id="w1", completions=[story_written(job.id)])
         assert settled.completed_ids == [] and settled.already_completed_ids == []
     (row,) = await job_rows(conn)
     assert row.status == "failed" and row.error_code == "timed_out" and row.story_id is None
@@ -307,18 +308,17 @@ async def test_without_session_settings_the_worker_statements_still_find_jobs_by
     failures = json.dumps([{"job_id": job_id, "attempt": 1, "error_code": "llm_error", "error_text": "x",
                             "call_outcome": "failed", "billed": True, "input_tokens": 0, "output_tokens": 0,
                             "cost_usd": 0} for job_id in running])
-    claim = {**UNLIMITED, "worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m"}
-    settle = {"worker_id": "w", "model": "m",
-              **worker_store.completion_params([story_written(job_id) for job_id in running])}
-    limited = claim_params(RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0,
-                                      input_tokens_capacity=5000.0, output_tokens_rate=1000.0,
-                                      output_tokens_capacity=5000.0), None, default_max_tokens=1000)
+    claim = {"worker_id": "w", "claim_limit": 5, "provider": "p", "model": "m"}
+    limits = RateLimits(requests_rate=1.0, requests_capacity=5.0, input_tokens_rate=1000.0,
+                        input_tokens_capacity=5000.0, output_tokens_rate=1000.0, output_tokens_capacity=5000.0)
+    stories = [story_written(job_id) for job_id in running]
+    limited = claim_params(limits, None, default_max_tokens=1000)
     statements = [
         ("job_heartbeat", {"worker_id": "w", "beats": beats}),
-        ("job_settle", {**settle, "limited": False}),
-        ("job_settle", {**settle, "limited": True}),
-        ("job_claim", claim),
-        ("job_claim_limited", {**claim, **limited}),
+        ("job_settle", settle_params(stories, NO_LIMITS, worker_id="w", model="m")),
+        ("job_settle", settle_params(stories, limits, worker_id="w", model="m")),
+        ("job_claim", {**claim, **claim_params(NO_LIMITS, None, default_max_tokens=1000)}),
+        ("job_claim", {**claim, **limited}),
         ("job_fail_running", {"worker_id": "w", "failures": failures, "model": "m", "limited": True}),
         ("llm_call_start", {**limited, "model": "m", "worker_id": "w", "job_id": running[0], "previous_attempt": 1,
                             "previous_outcome": "rate_limited", "previous_billed": False, "previous_error": "x"}),

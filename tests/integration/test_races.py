@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import threading
-from collections.abc import MutableMapping
+from collections.abc import MutableMapping, Sequence
 from datetime import timedelta
 from typing import Any
 
@@ -13,10 +13,11 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared.ratelimit import ProviderView, RateLimits
+from shared.ratelimit import RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
+from tests.support import worker_statements
 from tests.support.database import (
     client_id_of,
     count,
@@ -28,14 +29,13 @@ from tests.support.database import (
 from tests.support.settings import LATER, SWEEP, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
-from worker import store as worker_store
 from worker.anthropic_writer import AnthropicWriter
-from worker.rows import ClaimResult
-from worker.store import PgWorkerStore
+from worker.rows import Completion
+from worker.store import ClaimAsk, PgWorkerStore, RoundWritten
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:
-    result = await worker_store.job_claim(conn, worker_id=worker_id, claim_limit=1,
+    result = await worker_statements.job_claim(conn, worker_id=worker_id, claim_limit=1,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == 1
     return result.claimed[0].id
@@ -45,12 +45,12 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
     """Ordering A: a completion holds the row while the sweeper passes; the job ends completed."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
-    claimed = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1,
+    claimed = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=1,
                                                provider="offline", model="offline-writer")
     job = claimed.claimed[0]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as worker_conn:
         async with worker_conn.transaction():
-            settled = await worker_store.job_settle(worker_conn, worker_id="w1", completions=[story_written(job.id)])
+            settled = await worker_statements.job_settle(worker_conn, worker_id="w1", completions=[story_written(job.id)])
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
             # (with a clock two hours ahead, so the job looks dead) skips it
@@ -107,7 +107,7 @@ async def test_many_claimers_claim_every_row_exactly_once(database_url: str, con
         mine: list[int] = []
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as c:
             while True:
-                result = await worker_store.job_claim(
+                result = await worker_statements.job_claim(
                     c, worker_id=f"claimer-{number}", claim_limit=1 + number % 3,
                     provider="offline", model="offline-writer")
                 if not result.claimed:
@@ -131,7 +131,7 @@ async def test_guarded_completion_by_another_worker_changes_nothing(conn: psycop
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "owner")
-    result = await worker_store.job_settle(conn, worker_id="intruder", completions=[story_written(job_id)])
+    result = await worker_statements.job_settle(conn, worker_id="intruder", completions=[story_written(job_id)])
     assert result.completed_ids == [] and result.already_completed_ids == []
     (row,) = await job_rows(conn)
     assert row.status == "running" and row.worker_id == "owner"
@@ -144,8 +144,8 @@ async def test_retried_completion_after_ambiguous_commit_is_recognised(conn: psy
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     done = [story_written(job_id)]
-    first = await worker_store.job_settle(conn, worker_id="w1", completions=done)
-    again = await worker_store.job_settle(conn, worker_id="w1", completions=done)
+    first = await worker_statements.job_settle(conn, worker_id="w1", completions=done)
+    again = await worker_statements.job_settle(conn, worker_id="w1", completions=done)
     assert first.completed_ids == [job_id]
     assert again.completed_ids == [] and again.already_completed_ids == [job_id]
     assert await count(conn, "SELECT count(*) FROM stories") == 1
@@ -160,11 +160,11 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
     await enqueue(conn, client, "a fox")
     job_id = await _claim_one(conn, "w1")
     if status == "completed":
-        await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(job_id)])
+        await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(job_id)])
     else:
         from worker.rows import Failure
 
-        await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+        await worker_statements.job_fail_running(conn, worker_id="w1", failures=[Failure(
             job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
             call_outcome=LlmOutcome.FAILED, billed=True)])
     assert await sweeper_store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
@@ -178,12 +178,13 @@ class AnswerLosingStore(PgWorkerStore):
 
     answers_lost = 0
 
-    async def claim(self, claim_limit: int, provider_view: ProviderView | None, limits: RateLimits) -> ClaimResult:
-        claimed = await super().claim(claim_limit, provider_view, limits)
-        if claim_limit and not self.answers_lost:
+    async def settle_and_claim(self, completions: Sequence[Completion], ask: ClaimAsk | None,
+                               limits: RateLimits) -> RoundWritten:
+        written = await super().settle_and_claim(completions, ask, limits)
+        if ask is not None and ask.limit and not self.answers_lost:
             self.answers_lost += 1
             raise psycopg.OperationalError("server closed the connection unexpectedly")
-        return claimed
+        return written
 
 
 @pytest.mark.parametrize("stop_first", [False, True], ids=["running", "stopping"])
@@ -200,7 +201,7 @@ async def test_a_claim_whose_answer_was_lost_is_run_by_its_worker_once(
     await enqueue(conn, client, "a story claimed in the dark")
     writer = OfflineWriter(0)
     store_ = AnswerLosingStore(pool, worker_id="w-lost", provider=writer.provider, model=writer.model,
-                               listen_url=None, connect_timeout_s=5)
+                               default_max_tokens=4000)
     worker = Coordinator(worker_settings(), store_, writer, listen=False)
     lost = await worker.round_once()
     assert lost.database_error is not None and lost.claimed == 0

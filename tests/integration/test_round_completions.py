@@ -9,8 +9,8 @@ from typing import Any
 import psycopg
 
 from shared.status import ErrorCode, LlmOutcome
+from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue, story_written
-from worker import store as worker_store
 from worker.rows import Completion, Failure
 
 # a title and a text with what a JSON or an array literal would have to escape
@@ -23,14 +23,14 @@ async def test_each_completion_of_a_round_is_stored_with_its_own_job(conn: psyco
     client = await client_id_of(conn)
     for n in range(5):
         await enqueue(conn, client, f"story {n}")
-    claimed = (await worker_store.job_claim(conn, worker_id="w1", claim_limit=5,
+    claimed = (await worker_statements.job_claim(conn, worker_id="w1", claim_limit=5,
                                                        provider="offline", model="offline-writer")).claimed
     written = [Completion(job_id=job.id, client_id=client, attempt=1, title=f"Title {job.id} {_ODD}",
                           body=f"Text of job {job.id}. {_ODD} " * (job.id % 3 + 1), model="m", prompt_version="v",
                           input_tokens=10 + job.id, output_tokens=20 + job.id,
                           cost_usd=Decimal(job.id) / 1000, request_id=f"req_{job.id}")
                for job in sorted(claimed, key=lambda job: job.id, reverse=True)]
-    settled = await worker_store.job_settle(conn, worker_id="w1", completions=written)
+    settled = await worker_statements.job_settle(conn, worker_id="w1", completions=written)
     assert sorted(settled.completed_ids) == sorted(job.id for job in claimed)
     cur = await conn.execute(
         "SELECT j.id, s.job_id, s.title, s.body, s.input_tokens, s.output_tokens, s.cost_usd, j.charged_usd, "
@@ -51,12 +51,12 @@ async def test_an_end_sent_by_a_worker_that_does_not_hold_the_job_changes_nothin
     uncharged."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "a fox")
-    (job,) = (await worker_store.job_claim(conn, worker_id="w1", claim_limit=1,
+    (job,) = (await worker_statements.job_claim(conn, worker_id="w1", claim_limit=1,
                                            provider="offline", model="offline-writer")).claimed
-    failed = await worker_store.job_fail_running(conn, worker_id="w2", failures=[Failure(
+    failed = await worker_statements.job_fail_running(conn, worker_id="w2", failures=[Failure(
         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
         call_outcome=LlmOutcome.FAILED, billed=False)])
-    settled = await worker_store.job_settle(conn, worker_id="w2", completions=[story_written(job.id)])
+    settled = await worker_statements.job_settle(conn, worker_id="w2", completions=[story_written(job.id)])
     assert list(failed) == [] and settled.completed_ids == []
     cur = await conn.execute("SELECT status::text, worker_id, charged_usd FROM story_jobs WHERE id = %s", (job.id,))
     assert await cur.fetchone() == ("running", "w1", None)

@@ -43,7 +43,7 @@ async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_fo
     settings = worker_settings(llm_requests_per_minute=600) if limited else worker_settings()
     writer = OfflineWriter(0)
     store = PgWorkerStore(pool, worker_id="w-refused", provider=writer.provider, model=writer.model,
-                          listen_url=None, connect_timeout_s=5)
+                          default_max_tokens=settings.llm_max_tokens)
     await store.ensure_rate_bucket(RateLimits.from_settings(settings) if limited else NO_LIMITS)
     worker = Coordinator(settings, store, writer, listen=False)
     assert (await worker.round_once()).claimed == 1

@@ -13,9 +13,9 @@ from structlog.testing import capture_logs
 from shared.config import SweeperSettings, load
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
+from tests.support import worker_statements
 from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows
 from tests.support.settings import sweeper_settings
-from worker import store as worker_store
 
 
 class FakeClock:
@@ -27,7 +27,7 @@ class FakeClock:
 
 
 async def _claim(conn: psycopg.AsyncConnection[Any], n: int = 1) -> None:
-    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=n,
+    result = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=n,
                                               provider="offline", model="offline-writer")
     assert len(result.claimed) == n
 

@@ -18,10 +18,10 @@ from structlog.testing import capture_logs
 from shared import telemetry
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
+from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue
 from tests.support.settings import sweeper_settings
 from tests.support.tracing import named
-from worker import store as worker_store
 
 
 class FakeClock:
@@ -50,7 +50,7 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
     client = await client_id_of(conn)
     traced = await enqueue(conn, client, "a fox")
     untraced = await enqueue(conn, client, "a crow")
-    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=1, provider="offline",
+    result = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=1, provider="offline",
                                           model="offline-writer")
     assert [job.id for job in result.claimed] == [1]
     admitted = await _store_trace_context(conn, 1, tracer_provider)

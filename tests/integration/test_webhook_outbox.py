@@ -18,9 +18,9 @@ from shared.status import ErrorCode, LlmOutcome
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
+from tests.support import worker_statements
 from tests.support.database import client_id_of, count, enqueue, story_written
 from tests.support.settings import LATER, SWEEP, sweeper_settings
-from worker import store as worker_store
 from worker.delivery import store as delivery_store
 from worker.rows import Failure
 
@@ -39,7 +39,7 @@ async def _events(conn: psycopg.AsyncConnection[Any]) -> list[tuple[int, str, st
 
 
 async def _claim_all(conn: psycopg.AsyncConnection[Any], n: int) -> list[int]:
-    result = await worker_store.job_claim(conn, worker_id="w1", claim_limit=n,
+    result = await worker_statements.job_claim(conn, worker_id="w1", claim_limit=n,
                                               provider="offline", model="offline-writer")
     return [job.id for job in result.claimed]
 
@@ -51,8 +51,8 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
     ids = [await enqueue(conn, client, f"story {n}") for n in range(6)]
     held = await _claim_all(conn, 3)
     assert await _events(conn) == [], "a claim is no end"
-    await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(held[0])])
-    await worker_store.job_fail_running(conn, worker_id="w1", failures=[Failure(
+    await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(held[0])])
+    await worker_statements.job_fail_running(conn, worker_id="w1", failures=[Failure(
         job_id=held[1], attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="boom",
         call_outcome=LlmOutcome.FAILED, billed=True)])
     assert (await api_store.job_cancel(conn, client_id=client, job_id=ids[2])) is not None
@@ -74,7 +74,7 @@ async def test_a_client_without_endpoints_gets_no_event(conn: psycopg.AsyncConne
         await api_store.job_cancel(conn, client_id=client, job_id=job)
     await enqueue(conn, with_endpoint, "completed, not wanted")
     (held,) = await _claim_all(conn, 1)
-    await worker_store.job_settle(conn, worker_id="w1", completions=[story_written(held)])
+    await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(held)])
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'completed'") == 1
     assert await _events(conn) == [(1, "failed", "cancelled")]
 

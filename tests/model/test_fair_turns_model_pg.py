@@ -62,8 +62,8 @@ from shared.console_rows import JobFilter
 from shared.console_store import ConsoleStore
 from shared.story_request import StoryRequest
 from tests.model.machine_pg import PostgresMachine
+from tests.support import worker_statements
 from tests.support.database import client_id_of
-from worker import store as worker_store
 
 CLIENTS = ("a", "b", "c")
 CLAIMERS = ("w1", "w2", "w3")
@@ -141,7 +141,7 @@ class FairTurnsMachine(PostgresMachine):
     def _claim(self, claimer: str, limit: int) -> None:
         """One claim statement; the windows it keeps open count it; then the saturated clients refill."""
         waiting = sum(len(c.pending) for c in self.clients.values())
-        result = self.run(worker_store.job_claim(self.conn, worker_id=claimer, claim_limit=limit,
+        result = self.run(worker_statements.job_claim(self.conn, worker_id=claimer, claim_limit=limit,
                                                  provider="anthropic", model="m"))
         assert len(result.claimed) == min(limit, waiting), (limit, waiting, result.claimed)
         taken = dict.fromkeys(CLIENTS, 0)

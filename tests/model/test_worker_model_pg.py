@@ -17,7 +17,7 @@ from __future__ import annotations
 import itertools
 import os
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -31,15 +31,16 @@ from api import store as api_store
 from api.admission import admission
 from shared import db
 from shared.config import ApiSettings
+from shared.ratelimit import RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
 from tests.model.worker_model import MAX_TOKENS, OTHER_WORKER, JobState, WorkerMachine, World
-from tests.support import postgres_server
+from tests.support import postgres_server, worker_statements
 from tests.support.database import create_key
 from tests.support.money import money_problems
-from worker import store as worker_store
-from worker.store import PgWorkerStore
+from worker.rows import Completion
+from worker.store import ClaimAsk, PgWorkerStore, RoundWritten
 
 WORKER_ID = "w-model"
 _counter = itertools.count()
@@ -59,6 +60,32 @@ class FaultyStore:
 
     def fail_next(self, method: str, error: Exception, *, after_effect: bool) -> None:
         self._faults.setdefault(method, []).append((error, after_effect))
+
+    def _take(self, method: str) -> tuple[Exception, bool] | None:
+        faults = self._faults.get(method)
+        return faults.pop(0) if faults else None
+
+    async def settle_and_claim(self, completions: Sequence[Completion], ask: ClaimAsk | None,
+                               limits: RateLimits) -> RoundWritten:
+        """Faults by part, as the real transaction fails: a refused settle
+        commits nothing; a refused claim is rolled back to its savepoint and
+        the stories commit; a lost answer comes after both committed."""
+        settle_fault = self._take("settle") if completions else None
+        claim_fault = self._take("claim") if ask is not None else None
+        if settle_fault is not None and not settle_fault[1]:
+            raise settle_fault[0]
+        if claim_fault is not None and not claim_fault[1]:
+            if not completions:
+                raise claim_fault[0]
+            written = await self._inner.settle_and_claim(completions, None, limits)
+            if settle_fault is not None:
+                raise settle_fault[0]
+            return RoundWritten(settled=written.settled, claimed=None, claim_refused=claim_fault[0])
+        written = await self._inner.settle_and_claim(completions, ask, limits)
+        for fault in (settle_fault, claim_fault):
+            if fault is not None:
+                raise fault[0]
+        return written
 
     def __getattr__(self, method: str) -> Any:
         real = getattr(self._inner, method)
@@ -133,7 +160,7 @@ class PgWorld:
                                    now=datetime.now(UTC) + timedelta(seconds=1))
 
     async def claim_elsewhere(self) -> int | None:
-        settled = await worker_store.job_claim(self.conn, worker_id=OTHER_WORKER, claim_limit=1, provider="anthropic",
+        settled = await worker_statements.job_claim(self.conn, worker_id=OTHER_WORKER, claim_limit=1, provider="anthropic",
                                                model="model")
         return settled.claimed[0].id if settled.claimed else None
 

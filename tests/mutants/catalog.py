@@ -120,10 +120,10 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="only a pending job is claimed: a job is run by one worker, once",
         tier="integration",
         file="sql/worker.sql",
-        # the unlimited round's scan and the claim's own guard
+        # the claim's scan and its own guard
         edits=(("    WHERE status = 'pending' AND lane = 'interactive'\n    ORDER BY turn, id\n"
-                "    LIMIT (SELECT CASE WHEN coalesce(until",
-                "    WHERE lane = 'interactive'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until"),
+                "    LIMIT (SELECT CASE WHEN coalesce(paused_until",
+                "    WHERE lane = 'interactive'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until"),
                ("WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'",
                 "WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))")),
         tests=("tests/integration/test_races.py",),
@@ -155,17 +155,15 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/model/test_worker_model_pg.py", "tests/integration/test_races.py"),
     ),
     Mutant(
-        # the written stories settled after the claim, in the same try: a
-        # claim the database keeps refusing would keep every paid story held
-        # until the sweeper fails its job
+        # a claim the database refuses rolls the whole round back, stories
+        # included, instead of to its savepoint: a claim the database keeps
+        # refusing would keep every paid story from being settled
         name="claim-before-the-stories-are-settled",
         invariant="a refusal on the claim side never keeps a story that was paid for from being settled",
         tier="integration",
-        file="worker/coordinator.py",
-        edits=(("            if completions:\n                await self._ends.settle(completions, limits, result)\n", ""),
-               ("                    result.claimed += 1\n",
-                "                    result.claimed += 1\n"
-                "            if completions:\n                await self._ends.settle(completions, limits, result)\n")),
+        file="worker/store.py",
+        edits=(('            await conn.execute("ROLLBACK TO SAVEPOINT claim")\n',
+                '            await conn.execute("ROLLBACK")\n            raise\n'),),
         tests=("tests/integration/test_round_refusals.py",),
     ),
     Mutant(
@@ -248,8 +246,8 @@ MUTANTS: tuple[Mutant, ...] = (
                   "claims by their weights",
         tier="model",
         file="sql/worker.sql",
-        edits=(("    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(until",
-                "    ORDER BY id\n    LIMIT (SELECT CASE WHEN coalesce(until"),),
+        edits=(("    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until",
+                "    ORDER BY id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until"),),
         tests=("tests/model/test_fair_turns_model_pg.py",),
     ),
     Mutant(

@@ -15,9 +15,9 @@ from api import store as api_store
 from shared import console_store, keys, webhooks
 from shared.status import ErrorCode, LlmOutcome
 from tests.support import ops_seed as seed
+from tests.support import worker_statements
 from tests.support.database import client_id_of, count, enqueue
 from tests.system.procs import REPO
-from worker import store as worker_store
 from worker.rows import Completion, Failure
 
 pytestmark = pytest.mark.system
@@ -37,14 +37,14 @@ def history(database_url: str) -> dict[str, str]:
             client = await client_id_of(conn, "ops")
             done = await enqueue(conn, client, "a story that gets written")
             failed = await enqueue(conn, client, "a story the provider refuses")
-            claimed = await worker_store.job_claim(conn, worker_id="w-1", claim_limit=2,
+            claimed = await worker_statements.job_claim(conn, worker_id="w-1", claim_limit=2,
                                                        provider="anthropic", model="claude-sonnet-5-5")
             ids = {job.public_id: job.id for job in claimed.claimed}
-            await worker_store.job_settle(conn, worker_id="w-1", completions=[Completion(
+            await worker_statements.job_settle(conn, worker_id="w-1", completions=[Completion(
                 job_id=ids[done], client_id=client, attempt=1, title="T", body="B", model="claude-sonnet-5-5",
                 prompt_version="bedtime-v1", input_tokens=1000, output_tokens=2000, cost_usd=Decimal("0.022"),
                 request_id="req_1")])
-            await worker_store.job_fail_running(conn, worker_id="w-1", failures=[Failure(
+            await worker_statements.job_fail_running(conn, worker_id="w-1", failures=[Failure(
                 job_id=ids[failed], attempt=1, error_code=ErrorCode.LLM_REJECTED, error_text="the provider said no",
                 call_outcome=LlmOutcome.REJECTED, billed=False)])
             waiting = await enqueue(conn, client, "a story still waiting")

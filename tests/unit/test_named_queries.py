@@ -52,7 +52,7 @@ def test_an_included_block_stands_in_for_its_include_line() -> None:
         "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
     )
     assert queries["whole"] == "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
-    assert "include" not in QUERIES["job_settle"] + QUERIES["job_claim"] + QUERIES["job_claim_limited"]
+    assert "include" not in QUERIES["job_settle"] + QUERIES["job_claim"]
 
 
 @pytest.mark.parametrize(("text", "error"), [

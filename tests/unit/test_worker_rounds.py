@@ -110,7 +110,7 @@ async def test_a_round_claims_only_as_many_jobs_as_there_are_free_slots() -> Non
 
 
 async def test_a_written_story_frees_its_slot_for_the_claim_of_the_same_round() -> None:
-    """A round that settles one story claims one more job right after, in a statement of its own."""
+    """A round that settles one story claims one more job right after it, in the same transaction."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
     store.add_pending(3)
     worker = _worker(store, writer, clock)
