@@ -99,7 +99,7 @@ class DraftWriter:
             sent = self._sent[job_id]
             written = lengths.get(job_id)
             if written is None:
-                # no longer ours: the heartbeat stops its call; nothing more is sent
+                # no longer ours: the heartbeat reports it, the round stops its call; nothing more is sent
                 sent.chars, sent.pieces = chars, piece_count
             elif written == chars:
                 sent.chars, sent.pieces = chars, piece_count
