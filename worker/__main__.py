@@ -101,9 +101,11 @@ async def serve(settings: WorkerSettings) -> int:
             finally:
                 deliverer.stop()
                 lane.stop()
-                await asyncio.gather(*helpers, return_exceptions=True)
+                ended = await asyncio.gather(*helpers, return_exceptions=True)
                 await writer.aclose()
                 await batch_provider.aclose()
+            if any(isinstance(end, Exception) for end in ended):
+                return EXIT_CRASHED  # a helper died while the worker stopped (logged as it died)
     return 0 if clean else EXIT_ABANDONED
 
 
