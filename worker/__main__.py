@@ -21,13 +21,15 @@ from worker.coordinator import STATEMENT_TIMEOUT_S, Coordinator, WorkerCrashed, 
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
 from worker.draft_store import PgDraftStore
+from worker.helpers import start_helper
 from worker.store import PgWorkerStore
 from worker.writing import StoryWriter
 
 log = structlog.get_logger()
 
 # exit codes: 0 everything held was recorded; 1 shutdown left jobs to the
-# sweeper; 70 a helper task died (logged where it happened)
+# sweeper; 70 a helper task died (logged where it happened; the policy:
+# worker/helpers.py)
 EXIT_ABANDONED = 1
 EXIT_CRASHED = 70
 # the longest a draft write may take: it holds its jobs' rows meanwhile
@@ -88,32 +90,23 @@ async def serve(settings: WorkerSettings) -> int:
                 lane.stop()
 
             process.on_stop_signal(stop)
-            helpers = [asyncio.create_task(deliverer.run(), name="deliverer"),
-                       asyncio.create_task(lane.run(), name="batch lane")]
-
-            def helper_ended(task: asyncio.Task[None]) -> None:
-                # a helper dying of a bug stops the worker too: a helper never dies silently
-                if not task.cancelled() and task.exception() is not None:
-                    coordinator.stop()
-
-            for task in helpers:
-                task.add_done_callback(helper_ended)
+            # crash-only, as every helper (worker/helpers.py): one that dies crashes the worker
+            helpers = [start_helper(deliverer.run(), "deliverer", coordinator.inbox),
+                       start_helper(lane.run(), "batch lane", coordinator.inbox)]
             try:
                 clean = await coordinator.run()
             except WorkerCrashed:
+                for task in helpers:
+                    task.cancel()
                 return EXIT_CRASHED
             finally:
                 deliverer.stop()
                 lane.stop()
-                for task in helpers:
-                    with contextlib.suppress(Exception):
-                        await task
+                ended = await asyncio.gather(*helpers, return_exceptions=True)
                 await writer.aclose()
                 await batch_provider.aclose()
-            for task in helpers:
-                if task.exception() is not None:
-                    log.error("worker.helper_crashed", task=task.get_name(), exc_info=task.exception())
-                    return EXIT_CRASHED
+            if any(isinstance(end, Exception) for end in ended):
+                return EXIT_CRASHED  # a helper died while the worker stopped (logged as it died)
     return 0 if clean else EXIT_ABANDONED
 
 

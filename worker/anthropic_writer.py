@@ -14,7 +14,8 @@ Everything else fails the job: a provider 4xx as ``llm_rejected`` (nothing was
 billed; retrying cannot help), a timeout, a dropped stream or a 5xx as
 ``llm_error`` (it may have been billed). Retries use stamina (jittered
 exponential backoff, ``retry-after`` honoured, bounded attempts and deadline),
-and each one gets its own ledger row before it is sent.
+and each one gets its own ledger row before it is sent. What each error of
+the SDK means for the bill is decided in worker/anthropic_errors.py.
 
 What was sent is said on the JobCall as it happens (sending, then refused,
 accepted or nothing, then finished), never inferred from an exception, and
@@ -37,9 +38,17 @@ from opentelemetry.trace import TracerProvider
 
 from shared import prompt, telemetry
 from shared.config import WorkerSettings
-from shared.provider_numbers import header_number, token_count
+from shared.provider_numbers import token_count
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
+from worker.anthropic_errors import (
+    NotBilled,
+    Refused,
+    classify_before_stream,
+    describe,
+    request_id,
+    retry_wait,
+)
 from worker.writing import Draft, JobCall, WriteFailed
 
 log = structlog.get_logger()
@@ -47,117 +56,10 @@ log = structlog.get_logger()
 # a streamed answer's progress is counted in tokens; while streaming only text
 # arrives, so it is estimated from characters until the final usage comes
 _CHARS_PER_TOKEN = 4
-# Retry-After is honoured up to this; beyond it the deadline decides
-_MAX_RETRY_AFTER_S = 60.0
 # how long a 429 that says nothing of when to come back holds every worker
 _DEFAULT_429_PAUSE_S = 1.0
 # no prompt of ours comes near this many input tokens: a larger count is absurd
 _INPUT_TOKENS_MAX = 1_000_000
-
-
-class Refused(WriteFailed):
-    """A final refusal before any generation (a 4xx, or a 429 that says not
-    to retry): the job fails, and nothing was billed."""
-
-
-class NotBilled(Exception):
-    """The provider certainly did not bill this request: safe to retry."""
-
-    def __init__(self, outcome: LlmOutcome, message: str, retry_after_s: float | None = None) -> None:
-        super().__init__(message)
-        self.outcome = outcome
-        self.message = message
-        self.retry_after_s = retry_after_s
-
-
-def _retry_after_s(response: httpx2.Response) -> float | None:
-    """The answer's retry-after, in seconds, when it is a usable number (an
-    HTTP date or ``nan`` is not: then the backoff decides)."""
-    for header, scale in (("retry-after-ms", 0.001), ("retry-after", 1.0)):
-        value = header_number(response.headers.get(header), what=header)
-        if value is not None:
-            return min(value * scale, _MAX_RETRY_AFTER_S)
-    return None
-
-
-def _classify_before_stream(exc: anthropic.APIError) -> Exception:
-    """An error raised before any event arrived: NotBilled if certainly
-    unbilled and worth retrying, else the WriteFailed that fails the job."""
-    classified = _classify_status(exc)
-    if (
-        isinstance(classified, NotBilled)
-        and isinstance(exc, anthropic.APIStatusError)
-        and exc.response.headers.get("x-should-retry", "").strip().lower() == "false"
-    ):
-        return Refused(
-            ErrorCode.LLM_REJECTED,
-            f"the LLM provider refused the request ({exc.status_code}) and asked not to retry it: "
-            f"{_provider_message(exc)}",
-            outcome=classified.outcome,
-        )
-    return classified
-
-
-def _classify_status(exc: anthropic.APIError) -> Exception:
-    if isinstance(exc, anthropic.RateLimitError):
-        return NotBilled(LlmOutcome.RATE_LIMITED, "429 rate limited", _retry_after_s(exc.response))
-    if isinstance(exc, anthropic.APIStatusError) and exc.status_code == 529:
-        return NotBilled(LlmOutcome.OVERLOADED, "529 overloaded", _retry_after_s(exc.response))
-    if isinstance(exc, anthropic.APIConnectionError) and isinstance(
-        exc.__cause__, (httpx2.ConnectError, httpx2.ConnectTimeout)
-    ):
-        return NotBilled(LlmOutcome.CONNECT_FAILED, f"could not connect: {exc.__cause__}")
-    if isinstance(exc, anthropic.APIStatusError) and 400 <= exc.status_code < 500:
-        return Refused(
-            ErrorCode.LLM_REJECTED,
-            f"the LLM provider rejected the request ({exc.status_code}): {_provider_message(exc)}",
-            outcome=LlmOutcome.REJECTED,
-        )
-    return WriteFailed(
-        ErrorCode.LLM_ERROR,
-        f"the LLM call failed and was not retried, as it may have been billed: {_describe(exc)}",
-        outcome=LlmOutcome.FAILED,
-    )
-
-
-def _provider_message(exc: anthropic.APIStatusError) -> str:
-    body = exc.body
-    if isinstance(body, dict):
-        error = body.get("error")
-        message = error.get("message") if isinstance(error, dict) else None
-        if isinstance(message, str):
-            return message[:500]
-    return exc.message[:500]
-
-
-def _describe(exc: BaseException) -> str:
-    if isinstance(exc, anthropic.APITimeoutError):
-        return "timed out waiting for the provider"
-    if isinstance(exc, anthropic.APIStatusError):
-        return f"provider answered {exc.status_code}: {_provider_message(exc)}"
-    if isinstance(exc, anthropic.APIConnectionError):
-        return f"connection to the provider failed ({type(exc.__cause__).__name__})"
-    if isinstance(exc, httpx2.TimeoutException):
-        return f"no data from the provider for LLM_READ_TIMEOUT_S ({type(exc).__name__})"
-    if isinstance(exc, httpx2.HTTPError):
-        return f"the connection to the provider broke ({type(exc).__name__})"
-    return f"{type(exc).__name__}: {exc}"[:500]
-
-
-def _backoff(exc: Exception) -> bool | float:
-    """stamina hook: retry NotBilled only, after the provider's Retry-After if
-    it sent one, else after stamina's jittered exponential backoff."""
-    if not isinstance(exc, NotBilled):
-        return False
-    if exc.retry_after_s is not None:
-        return max(exc.retry_after_s, 0.01)
-    return True
-
-
-def _request_id(exc: anthropic.APIError) -> str | None:
-    if isinstance(exc, anthropic.APIStatusError):
-        return exc.request_id or exc.response.headers.get("request-id")
-    return None
 
 
 def sdk_tracing(tracer_provider: TracerProvider | None = None) -> OpenTelemetryOptions | Literal[False]:
@@ -200,7 +102,7 @@ class AnthropicWriter:
         try:
             async with asyncio.timeout(self._settings.llm_timeout_s):
                 async for attempt in stamina.retry_context(
-                    on=_backoff,
+                    on=retry_wait,
                     attempts=self._settings.llm_retry_attempts,
                     timeout=self._settings.llm_retry_deadline_s,
                     wait_initial=0.5,
@@ -255,11 +157,11 @@ class AnthropicWriter:
         except anthropic.APIError as exc:
             if isinstance(exc, anthropic.APIStatusError):
                 call.provider_said(exc.response.headers)
-            classified = _classify_before_stream(exc)
+            classified = classify_before_stream(exc)
             if isinstance(classified, (NotBilled, Refused)):
-                call.refused(classified.outcome, _request_id(exc))
+                call.refused(classified.outcome, request_id(exc))
             else:
-                call.answered_with_error(_request_id(exc))
+                call.answered_with_error(request_id(exc))
             raise classified from None
         call.accepted(stream.request_id)
         call.provider_said(stream.response.headers)
@@ -281,7 +183,7 @@ class AnthropicWriter:
             # dropped connection) through as they are
             raise WriteFailed(
                 ErrorCode.LLM_ERROR,
-                f"the LLM stream broke after it started, so it was not retried: {_describe(exc)}",
+                f"the LLM stream broke after it started, so it was not retried: {describe(exc)}",
                 outcome=LlmOutcome.FAILED,
             ) from None
         finally:

@@ -1,6 +1,7 @@
 """Claiming, for the round: when the next claim is due and how many jobs it
-takes, the rate limits and what the shared limiter answered, and the search
-for the jobs of a claim whose answer was lost (adoption).
+takes, the claim sent with the round's written stories (one transaction),
+the rate limits and what the shared limiter answered, and the search for the
+jobs of a claim whose answer was lost (adoption).
 
 The round owns the Claimer and is the only caller of its methods; the
 limits it holds (configured, or learned from the provider's headers when
@@ -21,6 +22,8 @@ from shared import db
 from shared.config import WorkerSettings
 from shared.ratelimit import KINDS, LimiterState, ProviderView, RateLimits
 from worker import metrics
+from worker.ends import Counts, EndWriter
+from worker.held import HeldJob
 from worker.rows import ClaimedJob, ClaimResult
 from worker.store import ClaimAsk, WorkerStore
 
@@ -134,6 +137,34 @@ class Claimer:
         return True
 
     # -- the statements ----------------------------------------------------------------
+
+    async def settle_and_claim(self, ends: EndWriter, completions: list[HeldJob], claim_limit: int,
+                               counts: Counts) -> list[ClaimedJob]:
+        """The round's written stories and its claim, one transaction (with
+        news of the provider's headers, a claim of none tells the shared
+        bucket): the stories' ends taken by ``ends``, the claimed jobs
+        answered. Raises a database error after the bookkeeping of what it
+        means: for the stories, and for a claim that may have committed
+        unanswered."""
+        ask = self.ask(claim_limit) if claim_limit or self.has_news else None
+        try:
+            written = await self._store.settle_and_claim(ends.stories(completions), ask, self.limits)
+        except db.DB_ERRORS as exc:
+            if ask is not None:
+                self.unanswered(ask, exc)
+            if not completions:
+                raise
+            # raises again unless the one story written alone was refused for
+            # good: it is then rewritten as a failure the next round
+            ends.settle_refused(exc, completions, counts)
+            return []
+        if written.settled is not None:
+            ends.settled(completions, written.settled, counts)
+        if written.claim_refused is not None:
+            raise written.claim_refused
+        if ask is None or written.claimed is None:
+            return []
+        return self.answered(ask, written.claimed)
 
     def ask(self, claim_limit: int) -> ClaimAsk:
         """The round's claim: claim_limit jobs (none: it only tells the

@@ -1,24 +1,24 @@
 """The worker's coordinator: the one loop that owns the jobs this process holds.
 
 Each round drains the inbox (worker/inbox.py), where every other task
-reports what it saw (a job's task finished, a job found no longer ours, the
-provider's rate limit headers, a NOTIFY, SIGTERM, a helper that died), then
-decides and writes, alone: only the round changes the held set, and what it
-did is what it returns. Its parts, one concern each: the held set
-(worker/held.py), the executor of one job's call (worker/executor.py), the
-end writer and its refusal policy (worker/ends.py), the claimer with the
-rate limits and adoption (worker/claimer.py); the heartbeat and the
-listener only report. A round writes the ends that are due, then settles
-written stories and claims for the free slots: two statements, each its own
-transaction, so a claim's refusal never touches a story that was paid for.
+reports what it saw (a job's task finished, with its outcome; a job found
+no longer ours; the provider's rate limit headers; a NOTIFY; SIGTERM; a
+helper that died), then decides and writes, alone, on those reports only:
+only the round changes the held set or stops a job, and what it did is what
+it returns. Its parts, one concern each: the held set (worker/held.py), the
+executor of one job's call (worker/executor.py), the end writer and its
+refusal policy (worker/ends.py), the claimer with the rate limits and
+adoption (worker/claimer.py), the shutdown (worker/shutdown.py); the
+heartbeat, the draft writer and the listener only report or write their
+own. A round writes the ends that are due, then settles written stories and
+claims for the free slots: two statements, each its own transaction, so a
+claim's refusal never touches a story that was paid for.
 
 Every database error is logged once per episode and waited out with the
 worker's one backoff (worker/backoff.py), never fatal; a helper task that
-dies of anything else takes the worker down (``WorkerCrashed``).
-Crash-only: killed at any line, a held job stays ``running`` until the
-sweeper fails it, and nobody calls the LLM for it again. On SIGTERM the
-worker stops claiming, lets held jobs finish within WORKER_SHUTDOWN_GRACE_S,
-fails what is left as ``interrupted`` (its stream stopped), and returns.
+dies of anything else crashes the worker (``WorkerCrashed``; the policy and
+why: worker/helpers.py). Killed at any line, a held job stays ``running``
+until the sweeper fails it, and nobody calls the LLM for it again.
 """
 
 from __future__ import annotations
@@ -28,9 +28,8 @@ import os
 import secrets
 import socket
 import time
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
 
 import structlog
 from opentelemetry.trace import Tracer
@@ -42,43 +41,27 @@ from worker.backoff import Backoff
 from worker.claimer import STATEMENT_TIMEOUT_S, Claimer
 from worker.drafts import DraftStore, DraftWriter
 from worker.ends import EndWriter
-from worker.executor import LedgerHooks, execute
+from worker.executor import LedgerHooks, start
 from worker.heartbeat import Heartbeat
-from worker.held import SHUTDOWN, HeldJob, HeldJobs
+from worker.held import SHUTDOWN, HeldJobs
+from worker.helpers import WorkerCrashed, start_helper
 from worker.inbox import Finished, Gone, Heard, HelperDied, Inbox, Notified, Report, StopAsked
 from worker.listener import listen
 from worker.rows import ClaimedJob
+from worker.shutdown import SHUTDOWN_FLUSH_S, Shutdown
 from worker.store import WorkerStore
-from worker.writing import CallRecord, StoryWriter, job_call
+from worker.writing import StoryWriter, job_call
 
 __all__ = ["SHUTDOWN", "SHUTDOWN_FLUSH_S", "STATEMENT_TIMEOUT_S", "Coordinator", "RoundResult", "WorkerCrashed",
            "new_worker_id"]
 
 log = structlog.get_logger()
 
-# after the grace period, how long shutdown still tries to record the
-# interrupted jobs before it gives up and leaves them to the sweeper
-SHUTDOWN_FLUSH_S = 10.0
-
 
 def new_worker_id() -> str:
     """Unique per process start: a restarted pod with the same hostname is a
     new worker, and never mistakes its predecessor's jobs for its own."""
     return f"{socket.gethostname()}-{os.getpid()}-{secrets.token_hex(4)}"
-
-
-class WorkerCrashed(RuntimeError):
-    """A helper task (heartbeat, listener) died of something other than a
-    database error; it was logged where it happened."""
-
-
-@dataclass
-class Shutdown:
-    """Asked by SIGTERM: no more claims, held jobs finish within the grace."""
-
-    grace_ends_at: float
-    give_up_at: float
-    streams_stopped: bool = False
 
 
 @dataclass
@@ -101,19 +84,11 @@ class RoundResult:
 
 
 class Coordinator:
-    def __init__(
-        self,
-        settings: WorkerSettings,
-        store: WorkerStore,
-        writer: StoryWriter,
-        *,
-        listen: bool = True,
-        clock: Callable[[], float] = time.monotonic,
-        sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
-        statement_timeout_s: float = STATEMENT_TIMEOUT_S,
-        tracer: Tracer | None = None,
-        drafts: DraftStore | None = None,
-    ) -> None:
+    def __init__(self, settings: WorkerSettings, store: WorkerStore, writer: StoryWriter, *, listen: bool = True,
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep,
+                 statement_timeout_s: float = STATEMENT_TIMEOUT_S, tracer: Tracer | None = None,
+                 drafts: DraftStore | None = None) -> None:
         self.settings = settings
         # traces on: each job's run is a span in its trace (worker/executor.py)
         self._tracer = tracer
@@ -155,7 +130,7 @@ class Coordinator:
 
     async def heartbeat_once(self) -> list[int]:
         """One heartbeat now (see worker/heartbeat.py): the ids of the jobs
-        whose stream it stopped."""
+        it reported no longer ours, whose streams the next round stops."""
         return await self._heartbeat.once()
 
     async def drafts_once(self) -> int:
@@ -170,12 +145,12 @@ class Coordinator:
         metrics.WORKER_SLOTS.set(self.settings.worker_concurrency)
         log.info("worker.started", concurrency=self.settings.worker_concurrency,
                  provider=self._writer.provider, model=self._writer.model, listen=self._listen)
-        helpers = [self._helper(self._heartbeat.run(), "heartbeat")]
+        helpers = [start_helper(self._heartbeat.run(), "heartbeat", self.inbox)]
         if self._drafts is not None:
-            helpers.append(self._helper(self._drafts.run(), "drafts"))
+            helpers.append(start_helper(self._drafts.run(), "drafts", self.inbox))
         if self._listen:
-            helpers.append(self._helper(listen(self.store, self.inbox, clock=self._clock, sleep=self._sleep),
-                                        "listener"))
+            helpers.append(start_helper(listen(self.store, self.inbox, clock=self._clock, sleep=self._sleep),
+                                        "listener", self.inbox))
         try:
             while True:
                 result = await self.round_once()
@@ -192,9 +167,10 @@ class Coordinator:
     # -- the round --------------------------------------------------------------------
 
     async def round_once(self) -> RoundResult:
-        """One round: take in the reports, stop streams past the shutdown
-        grace, collect finished calls, write their ends, adopt the claims of
-        a lost answer, settle written stories and claim for free slots.
+        """One round: take in the reports (the outcomes of finished calls,
+        the jobs found gone), stop streams past the shutdown grace, write
+        the ends due, adopt the claims of a lost answer, settle written
+        stories and claim for free slots.
         Never raises for a database error: the result carries it, with the
         backoff to wait. Raises WorkerCrashed when a helper task died."""
         self._take_reports()
@@ -203,16 +179,9 @@ class Coordinator:
         now = self._clock()
         result = RoundResult()
         shutdown = self._shutdown
-        if shutdown is not None:
-            if now >= shutdown.grace_ends_at and not shutdown.streams_stopped:
-                shutdown.streams_stopped = True
-                self.held.stop_all(SHUTDOWN)
-            if now >= shutdown.give_up_at:
-                log.error("worker.shutdown_abandoned", job_ids=[h.public_id for h in self.held],
-                          detail="could not record these jobs; the sweeper will fail them")
-                result.finished, result.clean = True, False
-                return result
-        self.held.collect(now, _count_call)
+        if shutdown is not None and shutdown.due(now, self.held):
+            result.finished, result.clean = True, False
+            return result
         self._ends.give_up_refused(result)
         failures, closes, completions = self._ends.due(now)
         adopting = self._claimer.adopting(now)
@@ -236,7 +205,9 @@ class Coordinator:
                     result.adopted += 1
             claim_limit = self._claim_limit()  # adopted jobs took slots
             if completions or claim_limit:
-                await self._settle_and_claim(completions, claim_limit, result)
+                for job in await self._claimer.settle_and_claim(self._ends, completions, claim_limit, result):
+                    self._hold(job)
+                    result.claimed += 1
         except db.DB_ERRORS as exc:
             self._errors.failed(exc, held=len(self.held), unsaved_ends=self.held.ends_waiting())
             result.database_error = db.describe(exc)
@@ -247,33 +218,6 @@ class Coordinator:
         metrics.WORKER_BUSY.set(len(self.held))
         return result
 
-    async def _settle_and_claim(self, completions: list[HeldJob], claim_limit: int, result: RoundResult) -> None:
-        """The written stories and the claim, one transaction (with news of
-        the provider's headers, a claim of none tells the shared bucket).
-        Raises a database error after the bookkeeping of what it means: for
-        the stories, and for a claim that may have committed unanswered."""
-        claimer, ends = self._claimer, self._ends
-        ask = claimer.ask(claim_limit) if claim_limit or claimer.has_news else None
-        try:
-            written = await self.store.settle_and_claim(ends.stories(completions), ask, claimer.limits)
-        except db.DB_ERRORS as exc:
-            if ask is not None:
-                claimer.unanswered(ask, exc)
-            if not completions:
-                raise
-            # raises again unless the one story written alone was refused for
-            # good: it is then rewritten as a failure the next round
-            ends.settle_refused(exc, completions, result)
-            return
-        if written.settled is not None:
-            ends.settled(completions, written.settled, result)
-        if written.claim_refused is not None:
-            raise written.claim_refused
-        if ask is not None and written.claimed is not None:
-            for job in claimer.answered(ask, written.claimed):
-                self._hold(job)
-                result.claimed += 1
-
     def _take_reports(self) -> None:
         """What the other tasks reported since the last round: the round
         alone turns it into changes."""
@@ -282,8 +226,8 @@ class Coordinator:
 
     def _take(self, report: Report) -> None:
         if isinstance(report, Finished):
-            return  # read from the task itself by HeldJobs.collect
-        if isinstance(report, Gone):
+            self.held.finished(report, self._clock(), metrics.count_call)
+        elif isinstance(report, Gone):
             self.held.found_gone(report.job_id, report.reason)
         elif isinstance(report, Heard):
             self._claimer.heard(report.view)
@@ -291,9 +235,8 @@ class Coordinator:
             self._claimer.notified()
         elif isinstance(report, StopAsked):
             if self._shutdown is None:
-                now = self._clock()
                 grace = self.settings.worker_shutdown_grace_s
-                self._shutdown = Shutdown(grace_ends_at=now + grace, give_up_at=now + grace + SHUTDOWN_FLUSH_S)
+                self._shutdown = Shutdown(self._clock(), grace)
                 log.info("worker.stopping", held=len(self.held), grace_s=grace)
         elif isinstance(report, HelperDied):
             self._crashed = report.task
@@ -315,11 +258,9 @@ class Coordinator:
         self.claims += 1
         if self._shutdown is not None and self._shutdown.streams_stopped:
             held.stop.set(SHUTDOWN)
-        held.task = asyncio.create_task(execute(job, self._writer, call, held.stop, tracer=self._tracer),
-                                        name=f"job-{job.id}")
-        held.task.add_done_callback(lambda _: self.inbox.put(Finished(job.id)))
+        held.task = start(job, self._writer, call, held.stop, self.inbox, tracer=self._tracer)
 
-    # -- waiting and helpers ----------------------------------------------------------
+    # -- waiting ----------------------------------------------------------------
 
     def _idle_wait_s(self, now: float) -> float:
         """Until the next deadline: the claim (if a slot is free to claim
@@ -329,37 +270,27 @@ class Coordinator:
         claiming = self._shutdown is None and self.held.free_slots(self.settings.worker_concurrency) > 0
         deadlines = self._claimer.deadlines(claiming=claiming) + self.held.retry_deadlines()
         if self._shutdown is not None:
-            deadlines.append(self._shutdown.give_up_at)
-            if not self._shutdown.streams_stopped:
-                deadlines.append(self._shutdown.grace_ends_at)
+            deadlines += self._shutdown.deadlines()
         future = [deadline - now for deadline in deadlines if deadline > now]
         return min(future, default=self.settings.worker_poll_interval_s)
 
     async def _pause(self, result: RoundResult) -> None:
         if result.database_error is not None:
-            # the whole backoff: a job finishing must not hammer a database that is down
-            await self._sleep(result.wait_s)
-            return
-        if result.wait_s > 0:
+            await self._wait_out(result.wait_s)
+        elif result.wait_s > 0:
             await self.inbox.wait(result.wait_s)
 
-    def _helper(self, work: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.create_task(work, name=name)
-        task.add_done_callback(self._helper_done)
-        return task
-
-    def _helper_done(self, task: asyncio.Task[None]) -> None:
-        if task.cancelled():
-            return
-        exc = task.exception()
-        log.error("worker.task_crashed", task=task.get_name(), error=repr(exc),
-                  detail="the worker stops: it must not hold jobs it cannot heartbeat", exc_info=exc)
-        self.inbox.put(HelperDied(task.get_name()))
-
-
-def _count_call(record: CallRecord) -> None:
-    metrics.LLM_REQUESTS_BY_OUTCOME[record.outcome].inc()
-    if record.billed:
-        metrics.INPUT_TOKENS.inc(record.input_tokens)
-        metrics.OUTPUT_TOKENS.inc(record.output_tokens)
-        metrics.LLM_COST.inc(float(record.cost_usd))
+    async def _wait_out(self, backoff_s: float) -> None:
+        """The whole backoff after a database error: a job finishing must not
+        hammer a database that is down. The reports are still taken as they
+        come (nothing is written), so that a stop the heartbeat asks for is
+        not held up by a backoff of the round's."""
+        backoff = asyncio.ensure_future(self._sleep(backoff_s))
+        try:
+            while not backoff.done():
+                report = asyncio.ensure_future(self.inbox.wait(backoff_s))
+                await asyncio.wait({backoff, report}, return_when=asyncio.FIRST_COMPLETED)
+                report.cancel()
+                self._take_reports()
+        finally:
+            backoff.cancel()

@@ -7,10 +7,11 @@ with none the statement is not sent at all.
 Drafts are best effort, the story is not: this task reads what the held
 jobs' calls streamed (their StreamedText) and writes nothing any other task
 reads, so a draft write that fails or waits never fails, stops or delays a
-job. It runs on a pool of its own (worker/draft_store.py); a
-database error is logged once per episode, with the jobs the write was for,
-and the next interval sends what this one could not. Anything else ends the
-task, and the worker with it, as for every helper.
+job. It runs on a pool of its own (worker/draft_store.py) and on
+the worker's one periodic runner (worker/helpers.py): a database error is
+logged once per episode, with the jobs the write was for, and the next
+interval sends what this one could not. Anything else ends the task, and
+the worker with it, as for every helper.
 
 What it keeps per job, its own: how long the draft is as the database last
 answered, and how many of the text's pieces that was. The answer is the
@@ -30,6 +31,7 @@ import structlog
 from shared import db
 from worker import metrics
 from worker.held import HeldJobs
+from worker.helpers import every
 from worker.rows import DraftPiece
 
 log = structlog.get_logger()
@@ -97,7 +99,7 @@ class DraftWriter:
             sent = self._sent[job_id]
             written = lengths.get(job_id)
             if written is None:
-                # no longer ours: the heartbeat stops its call; nothing more is sent
+                # no longer ours: the heartbeat reports it, the round stops its call; nothing more is sent
                 sent.chars, sent.pieces = chars, piece_count
             elif written == chars:
                 sent.chars, sent.pieces = chars, piece_count
@@ -108,12 +110,5 @@ class DraftWriter:
         return len(pieces)
 
     async def run(self) -> None:
-        errors = db.ErrorEpisode("worker", clock=self._clock, task="drafts")
-        while True:
-            await self._sleep(self._interval_s)
-            try:
-                await self.once()
-            except db.DB_ERRORS as exc:
-                errors.failed(exc, job_ids=sorted(self._held.texts()))
-                continue
-            errors.succeeded()
+        await every(self._interval_s, self.once, db.ErrorEpisode("worker", clock=self._clock, task="drafts"),
+                    sleep=self._sleep, context=lambda: {"job_ids": sorted(self._held.texts())})

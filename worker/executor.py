@@ -2,14 +2,15 @@
 
 The executor runs in the job's own task. It asks the writer for the story,
 writes the ledger row of each retry before the retry is sent (through
-``LedgerHooks``), and ends by returning one Outcome to the coordinator. It
-never touches the coordinator's held set: whether the job is completed,
-failed or let go, and what is logged and counted about it, is decided by the
-round that collects the outcome.
+``LedgerHooks``), and ends by returning one Outcome (worker/outcomes.py),
+which the task's ``Finished`` report carries to the round. It never touches
+the coordinator's held set: whether the job is completed, failed or let go,
+and what is logged and counted about it, is decided by the round that takes
+the report.
 
 A call is stopped through the job's StopSignal, which the executor owns:
-the round sets it when the shutdown grace is over, the heartbeat when the
-job is no longer ours. The writer then runs in a task of the executor's
+the round sets it when the shutdown grace is over, or when the heartbeat
+reported the job no longer ours. The writer then runs in a task of the executor's
 own, which the signal cancels; the executor returns ``Stopped`` with what
 its JobCall says was sent. Nobody else cancels a job's task.
 """
@@ -31,10 +32,11 @@ from shared.story_request import StoryRequest
 from shared.text import storable
 from worker import metrics
 from worker.backoff import Backoff
-from worker.inbox import Heard, Inbox
+from worker.inbox import Finished, Heard, Inbox
+from worker.outcomes import Completed, Failed, Lost, Outcome, Stopped
 from worker.rows import ClaimedJob, Draft, RetryStart
 from worker.store import WorkerStore
-from worker.writing import CallRecord, JobCall, LostOwnership, StoryWriter, WriteFailed
+from worker.writing import JobCall, LostOwnership, StoryWriter, WriteFailed
 
 log = structlog.get_logger()
 
@@ -63,37 +65,6 @@ class StopSignal:
     def _stops(self, writing: asyncio.Task[Draft]) -> None:
         """The executor's writing task, cancelled when the signal is set."""
         self._stop_writing = writing.cancel
-
-
-class Completed(msgspec.Struct, frozen=True):
-    draft: Draft
-    call: CallRecord
-
-
-class Failed(msgspec.Struct, frozen=True):
-    error_code: ErrorCode
-    message: str
-    call: CallRecord
-
-
-class Stopped(msgspec.Struct, frozen=True):
-    """The call was stopped (``reason``: the shutdown, or what ended the
-    job elsewhere); ``call`` is where it stood."""
-
-    call: CallRecord
-    reason: str
-
-
-class Lost(msgspec.Struct, frozen=True):
-    """The job was ended elsewhere before a retry could be sent: nothing
-    more was sent; ``call`` is the refused attempt, whose row (and the
-    job's charge) still says what whoever ended the job assumed."""
-
-    reason: str
-    call: CallRecord
-
-
-Outcome = Completed | Failed | Stopped | Lost
 
 
 async def execute(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal, *,
@@ -167,11 +138,28 @@ def _describe(span: Span, outcome: Outcome) -> None:
         span.set_attribute("storyjobs.job.stopped", outcome.reason)
 
 
+def start(job: ClaimedJob, writer: StoryWriter, call: JobCall, stop: StopSignal, inbox: Inbox, *,
+          tracer: Tracer | None = None) -> asyncio.Task[Outcome]:
+    """The job's call in a task of its own, which reports its outcome to the
+    round when it ends (``Finished``): the round acts on that report alone."""
+    task = asyncio.create_task(execute(job, writer, call, stop, tracer=tracer), name=f"job-{job.id}")
+    task.add_done_callback(lambda done: inbox.put(Finished(job.id, outcome_of(done, call, stop))))
+    return task
+
+
 def outcome_of(task: asyncio.Task[Outcome], call: JobCall, stop: StopSignal) -> Outcome:
-    """A finished task's outcome; one cancelled (the process is ending)
-    returns none: where its call stood."""
+    """A finished task's outcome, for its ``Finished`` report. One cancelled
+    (the process is ending) returns none: where its call stood. One that
+    raised (a defect outside the writer's call, which ``_run`` already
+    turns into a failure) fails its job with what was sent, as ``_run``
+    does: a job must not be stranded by a report that never came."""
     if task.cancelled():
         return Stopped(call.record(LlmOutcome.STOPPED), stop.reason or "shutdown")
+    exc = task.exception()
+    if exc is not None:
+        log.error("job.unexpected_error", error=type(exc).__name__, exc_info=exc)
+        return Failed(ErrorCode.INTERNAL_ERROR, f"the worker failed unexpectedly: {type(exc).__name__}",
+                      call.record(LlmOutcome.FAILED))
     return task.result()
 
 

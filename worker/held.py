@@ -2,13 +2,13 @@
 written, and every change to them.
 
 Only the round (worker/coordinator.py) changes the held set, through the
-methods below, all synchronous: a job is held when claimed or adopted, gets
-the end its task's outcome calls for (a completion, a failure, or a stopped
-call's ledger row), and leaves once that end is written. Two things reach a
-held job from elsewhere, and neither writes the set: a job's task returns
-its outcome (read here once the task is done), and the heartbeat may set a
-job's StopSignal, which its executor owns, so that a stream nobody will see
-stops at once (``signal_stop``).
+methods below, all synchronous, and on reports alone: a job is held when
+claimed or adopted, gets the end the outcome its task reported calls for
+(``Finished``: a completion, a failure, or a stopped call's ledger row), and
+leaves once that end is written. The round also sets a job's StopSignal,
+which its executor owns (``signal_stop``), at the end of the shutdown's
+grace or when the heartbeat reported the job no longer ours, so that a
+stream nobody will see stops at once.
 """
 
 from __future__ import annotations
@@ -24,7 +24,9 @@ from shared.provider_numbers import INT32_MAX
 from shared.status import ErrorCode, LlmOutcome
 from shared.text import storable, storable_or_none
 from worker import metrics
-from worker.executor import Completed, Failed, Lost, Outcome, Stopped, StopSignal, outcome_of
+from worker.executor import StopSignal
+from worker.inbox import Finished
+from worker.outcomes import Completed, Failed, Lost, Outcome, Stopped
 from worker.rows import ClaimedJob, Completion, Failure
 from worker.writing import CallRecord, JobCall, StreamedText
 
@@ -53,7 +55,7 @@ class HeldJob:
     def __init__(self, job: ClaimedJob, call: JobCall, claimed_at: float) -> None:
         self.job = job
         self.call = call
-        # set by the round (shutdown) or the heartbeat (gone): the executor stops
+        # set by the round (shutdown, or the heartbeat's report): the executor stops
         self.stop = StopSignal()
         self.task: asyncio.Task[Outcome] | None = None
         self.claimed_at = claimed_at
@@ -141,15 +143,15 @@ class HeldJobs:
         for job_id in self.ids:
             self.signal_stop(job_id, reason)
 
-    def collect(self, now: float, count_call: Callable[[CallRecord], None]) -> None:
-        """Turns each finished call's outcome into the end its job needs written."""
-        for held in self:
-            if held.end is not None or held.task is None or not held.task.done():
-                continue
-            outcome = outcome_of(held.task, held.call, held.stop)
-            metrics.JOB_RUN.observe(now - held.claimed_at)
-            count_call(outcome.call)
-            held.end = _end_of(held, outcome)
+    def finished(self, report: Finished, now: float, count_call: Callable[[CallRecord], None]) -> None:
+        """Turns a finished call's outcome, as its task reported it, into the
+        end its job needs written."""
+        held = self._jobs.get(report.job_id)
+        if held is None or held.end is not None:
+            return
+        metrics.JOB_RUN.observe(now - held.claimed_at)
+        count_call(report.outcome.call)
+        held.end = _end_of(held, report.outcome)
 
     def due(self, kind: type[Completion] | type[Failure] | type[Close], now: float, *, one: bool) -> list[HeldJob]:
         """The held jobs whose end of this kind can be written now, in id

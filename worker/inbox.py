@@ -2,9 +2,10 @@
 report into.
 
 The round (worker/coordinator.py) is the one writer of everything the
-coordinator holds. Job tasks, the heartbeat, the listener, the provider's
-headers and the stop signal only put a report here; the round drains the
-inbox at its start and decides. A report wakes a round that is waiting.
+coordinator holds. Job tasks (with their outcome), the heartbeat, the
+listener, the provider's headers, the stop signal and a helper's death only
+put a report here; the round drains the inbox at its start and decides on
+the reports alone. A report wakes a round that is waiting.
 """
 
 from __future__ import annotations
@@ -14,12 +15,15 @@ import asyncio
 import msgspec
 
 from shared.ratelimit import ProviderView
+from worker.outcomes import Outcome
 
 
 class Finished(msgspec.Struct, frozen=True):
-    """A job's task returned its outcome (the task holds it)."""
+    """A job's task ended: how its call ended, all the round needs to know
+    what to write for the job."""
 
     job_id: int
+    outcome: Outcome
 
 
 class Gone(msgspec.Struct, frozen=True):
@@ -45,7 +49,7 @@ class StopAsked(msgspec.Struct, frozen=True):
 
 class HelperDied(msgspec.Struct, frozen=True):
     """A helper task died of something other than a database error (logged
-    where it happened)."""
+    where it happened): the worker crashes (worker/helpers.py)."""
 
     task: str
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 from prometheus_client import Counter, Gauge, Histogram
 
 from shared.status import JobStatus, LlmOutcome
+from worker.writing import CallRecord
 
 JOB_TRANSITIONS = Counter(
     "storyjobs_job_transitions_total", "Job status changes made by this worker, by new status.", ["to"]
@@ -77,3 +78,13 @@ DRAFT_WRITES_BY_OUTCOME = Counter(
 )
 DRAFT_WRITES = DRAFT_WRITES_BY_OUTCOME.labels(outcome="written")
 DRAFT_WRITES_FAILED = DRAFT_WRITES_BY_OUTCOME.labels(outcome="failed")
+
+
+def count_call(record: CallRecord) -> None:
+    """What one job's call cost and how it ended, counted once when the
+    round takes its outcome."""
+    LLM_REQUESTS_BY_OUTCOME[record.outcome].inc()
+    if record.billed:
+        INPUT_TOKENS.inc(record.input_tokens)
+        OUTPUT_TOKENS.inc(record.output_tokens)
+        LLM_COST.inc(float(record.cost_usd))

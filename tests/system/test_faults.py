@@ -94,7 +94,7 @@ def test_every_fault_in_one_run_leaves_every_process_alive_and_nothing_billed_tw
 
         # 3. a cancel while a 429's retry-after is waited out: 3 s, so the cancel
         # lands within it on a slow machine too; the retry's own check or the
-        # heartbeat then stops the job, and no second request is sent either way
+        # heartbeat's report then stops the job, and no second request is sent either way
         # (tests/integration/test_faults.py takes the retry's check alone)
         fake.queue_for("story cancelled in a retry wait", Plan(status=429, retry_after_ms=3000))
         retried = post("story cancelled in a retry wait")

@@ -1,7 +1,8 @@
 """The held set's transitions, one at a time and without a database: a job
-is held, its task's outcome becomes the end it needs written, and it leaves
-only when released. What the heartbeat may do (stop a call) and what it may
-not (end a job, change the set) is checked here too."""
+is held, the outcome its task reported (``Finished``) becomes the end it
+needs written, and it leaves only when released. What a stop may reach (a
+call under way) and what taking a report may not do (end a job, change the
+set) is checked here too."""
 
 from __future__ import annotations
 
@@ -13,8 +14,10 @@ from decimal import Decimal
 import pytest
 
 from shared.status import ErrorCode, LlmOutcome
-from worker.executor import Completed, Failed, Lost, Outcome, Stopped
+from worker.executor import outcome_of
 from worker.held import SHUTDOWN, Close, HeldJob, HeldJobs
+from worker.inbox import Finished
+from worker.outcomes import Completed, Failed, Lost, Outcome, Stopped
 from worker.rows import ClaimedJob, Completion, Draft, Failure, RetryStart
 from worker.writing import FREE, CallRecord, JobCall
 
@@ -42,12 +45,20 @@ def _held(jobs: HeldJobs, job_id: int) -> HeldJob:
     return jobs.hold(_job(job_id), JobCall(FREE, NoHooks(), model="m", max_tokens=100), now=10.0)
 
 
-async def _finish(held: HeldJob, outcome: Outcome) -> None:
+async def _finish(held: HeldJob, outcome: Outcome) -> Finished:
+    """Gives the held job a task that returns ``outcome``: the report its task's end posts."""
     async def returns() -> Outcome:
         return outcome
 
     held.task = asyncio.create_task(returns())
     await held.task
+    return Finished(held.job.id, outcome_of(held.task, held.call, held.stop))
+
+
+def _take(jobs: HeldJobs, reports: list[Finished], counted: list[CallRecord] | None = None) -> None:
+    """What the round does with the reports: each becomes its job's end."""
+    for report in reports:
+        jobs.finished(report, 20.0, (counted if counted is not None else []).append)
 
 
 async def _running(held: HeldJob) -> asyncio.Event:
@@ -68,10 +79,6 @@ _DRAFT = Draft(title="T\x00", body="B", model="m", prompt_version="v1", input_to
                cost_usd=Decimal("0.01"))
 
 
-def _counted() -> list[CallRecord]:
-    return []
-
-
 async def test_each_outcome_becomes_the_end_its_job_needs_written() -> None:
     """A story becomes a completion (made storable), a failure a failure, a call stopped at shutdown a
     failure as interrupted, a call stopped or lost for a job no longer ours a close of its ledger row."""
@@ -83,10 +90,10 @@ async def test_each_outcome_becomes_the_end_its_job_needs_written() -> None:
         4: Stopped(CallRecord(1, LlmOutcome.STOPPED, True, 3, 100, Decimal("0.02")), "cancelled"),
         5: Lost("ended elsewhere while a retry waited", CallRecord(1, LlmOutcome.NOT_SENT, False, 0, 0, Decimal(0))),
     }
-    for job_id, outcome in outcomes.items():
-        await _finish(_held(jobs, job_id), outcome)
+    reports = [await _finish(_held(jobs, job_id), outcome) for job_id, outcome in outcomes.items()]
     counted: list[CallRecord] = []
-    jobs.collect(20.0, counted.append)
+    _take(jobs, reports, counted)
+    _take(jobs, reports, counted)  # a report taken twice changes nothing
     ends = {held.job.id: held.end for held in jobs}
     completion, failure, interrupted, stopped, lost = (ends[n] for n in range(1, 6))
     assert isinstance(completion, Completion) and completion.title == "T" and completion.attempt == 1
@@ -94,7 +101,7 @@ async def test_each_outcome_becomes_the_end_its_job_needs_written() -> None:
     assert isinstance(interrupted, Failure) and interrupted.error_code is ErrorCode.INTERRUPTED and interrupted.billed
     assert stopped == Close(outcomes[4].call, "cancelled")
     assert lost == Close(outcomes[5].call, "ended elsewhere")
-    assert len(counted) == 5 and len(jobs) == 5, "collecting ends nothing: a job leaves only when released"
+    assert len(counted) == 5 and len(jobs) == 5, "taking a report ends nothing: a job leaves only when released"
 
 
 async def test_a_job_leaves_the_set_only_when_released() -> None:
@@ -112,9 +119,8 @@ async def test_a_story_waiting_to_be_settled_frees_its_slot_for_the_claim() -> N
     waiting to be written still takes one."""
     jobs = HeldJobs()
     await _running(_held(jobs, 1))
-    await _finish(_held(jobs, 2), Completed(_DRAFT, _SENT))
-    await _finish(_held(jobs, 3), Failed(ErrorCode.LLM_ERROR, "x", _SENT))
-    jobs.collect(20.0, _counted().append)
+    _take(jobs, [await _finish(_held(jobs, 2), Completed(_DRAFT, _SENT)),
+                 await _finish(_held(jobs, 3), Failed(ErrorCode.LLM_ERROR, "x", _SENT))])
     assert jobs.free_slots(3) == 1
     assert jobs.free_slots(1) == 0
 
@@ -123,9 +129,7 @@ async def test_ends_are_due_in_id_order_and_one_at_a_time_while_a_batch_is_taken
     """Due ends of a kind come in job id order; with ``one`` only the first; an end waiting out a refusal
     is not due before its retry time."""
     jobs = HeldJobs()
-    for job_id in (3, 1, 2):
-        await _finish(_held(jobs, job_id), Completed(_DRAFT, _SENT))
-    jobs.collect(20.0, _counted().append)
+    _take(jobs, [await _finish(_held(jobs, job_id), Completed(_DRAFT, _SENT)) for job_id in (3, 1, 2)])
     assert [h.job.id for h in jobs.due(Completion, 20.0, one=False)] == [1, 2, 3]
     assert [h.job.id for h in jobs.due(Completion, 20.0, one=True)] == [1]
     assert jobs.due(Failure, 20.0, one=False) == []
@@ -155,10 +159,10 @@ async def test_a_job_found_gone_while_its_end_waits_may_be_given_up() -> None:
     still under way, without marking it."""
     jobs = HeldJobs()
     waiting = _held(jobs, 1)
-    await _finish(waiting, Failed(ErrorCode.LLM_ERROR, "x", _SENT))
+    finished = await _finish(waiting, Failed(ErrorCode.LLM_ERROR, "x", _SENT))
     running = _held(jobs, 2)
     release = await _running(running)
-    jobs.collect(20.0, _counted().append)
+    _take(jobs, [finished])
     jobs.found_gone(1, "timed_out")
     jobs.found_gone(2, "cancelled")
     jobs.found_gone(3, "cancelled")  # not held: nothing to do
@@ -200,3 +204,22 @@ async def test_a_stopped_executor_returns_what_its_call_sent(stopped_first: bool
         assert (outcome.call.outcome, outcome.call.billed) == (LlmOutcome.NOT_SENT, False)
     else:
         assert (outcome.call.outcome, outcome.call.billed) == (LlmOutcome.STOPPED, True)
+
+
+async def test_a_task_that_raised_reports_its_job_failed_with_what_was_sent() -> None:
+    """A job's task that raised (a defect outside the writer's call) still reports an outcome: its job
+    fails as internal_error with what its call sent, so that no job waits for a report that never comes."""
+    jobs = HeldJobs()
+    held = _held(jobs, 1)
+
+    async def raises() -> Outcome:
+        raise RuntimeError("a bug")
+
+    held.task = asyncio.create_task(raises())
+    with pytest.raises(RuntimeError):
+        await held.task
+    outcome = outcome_of(held.task, held.call, held.stop)
+    assert isinstance(outcome, Failed) and outcome.error_code is ErrorCode.INTERNAL_ERROR
+    assert (outcome.call.outcome, outcome.call.billed) == (LlmOutcome.NOT_SENT, False)
+    _take(jobs, [Finished(1, outcome)])
+    assert isinstance(held.end, Failure) and held.end.error_code is ErrorCode.INTERNAL_ERROR

@@ -21,6 +21,7 @@ from shared.story_request import StoryRequest
 from tests.fakes.recording_worker_store import RecordingStore
 from worker.backoff import MAX_S as BACKOFF_MAX_S
 from worker.coordinator import SHUTDOWN_FLUSH_S, Coordinator, WorkerCrashed
+from worker.helpers import start_helper
 from worker.rows import Draft
 from worker.writing import FREE, JobCall
 
@@ -341,8 +342,9 @@ async def test_a_retry_refused_for_a_job_no_longer_ours_sends_nothing() -> None:
 
 
 async def test_a_heartbeat_that_finds_a_job_gone_stops_its_stream_and_records_what_it_cost() -> None:
-    """A job failed elsewhere is found by the next heartbeat: its stream is stopped, its call closed as
-    stopped (billed), and the job let go without a completion."""
+    """A job failed elsewhere is found by the next heartbeat and reported: the round stops its stream (the
+    heartbeat stops nothing itself), its call is closed as stopped (billed), and the job let go without a
+    completion."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
     store.add_pending(1)
     worker = _worker(store, writer, clock)
@@ -350,6 +352,10 @@ async def test_a_heartbeat_that_finds_a_job_gone_stops_its_stream_and_records_wh
     await _let_tasks_run()
     store.end_elsewhere(1, ErrorCode.INTERRUPTED)
     assert await worker.heartbeat_once() == [1]
+    [held] = worker.held
+    assert not held.stop.is_set, "the heartbeat only reports"
+    await worker.round_once()
+    assert held.stop.reason == "interrupted"
     await _let_tasks_run()
     assert (await worker.round_once()).let_go == 1
     assert store.named("call_finish") == [(1, 1, LlmOutcome.STOPPED, True)]
@@ -366,6 +372,57 @@ async def test_a_helper_task_that_dies_takes_the_worker_down() -> None:
     with capture_logs() as logs, pytest.raises(WorkerCrashed):
         await asyncio.wait_for(worker.run(), 10)
     assert [e["task"] for e in logs if e["event"] == "worker.task_crashed"] == ["heartbeat"]
+
+
+@pytest.mark.parametrize("name", ["deliverer", "batch lane"])
+async def test_any_helper_that_dies_crashes_the_worker_as_the_heartbeat_does(name: str) -> None:
+    """One policy for every helper (worker/helpers.py): the deliverer or the batch lane dying of a bug
+    crashes the worker (WorkerCrashed, no gentle stop), as the heartbeat does; a helper that returned once
+    stopped did not die."""
+    worker = Coordinator(_settings(), RecordingStore(), GatedWriter(), listen=False, clock=FakeClock(),
+                         sleep=_no_wait)
+
+    async def returns() -> None:
+        return None
+
+    async def dies() -> None:
+        raise RuntimeError("a bug")
+
+    start_helper(returns(), "stopped", worker.inbox)
+    start_helper(dies(), name, worker.inbox)
+    with capture_logs() as logs, pytest.raises(WorkerCrashed):
+        await asyncio.wait_for(worker.run(), 10)
+    assert [e["task"] for e in logs if e["event"] == "worker.task_crashed"] == [name]
+    assert "worker.stopping" not in [e["event"] for e in logs]
+
+
+async def test_a_job_found_gone_is_stopped_at_once_also_while_the_round_waits_out_a_database_error() -> None:
+    """The round's backoff after a database error writes nothing, but takes the reports as they come: a
+    stop the heartbeat reports is not held up by the backoff."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    backoffs: list[float] = []
+
+    async def a_long_backoff(seconds: float) -> None:
+        backoffs.append(seconds)
+        await asyncio.Event().wait()
+
+    worker = Coordinator(_settings(), store, writer, listen=False, clock=clock, sleep=a_long_backoff)
+    assert (await worker.round_once()).claimed == 1
+    await _let_tasks_run()
+    [held] = worker.held
+    clock.now += 60.0
+    store.fail_next("claim", psycopg.OperationalError("connection lost"))
+    running = asyncio.create_task(worker.run())
+    while not any(b > 0 for b in backoffs):
+        await asyncio.sleep(0)
+    store.end_elsewhere(1)
+    assert await worker.heartbeat_once() == [1]
+    await _let_tasks_run()
+    assert held.stop.is_set and held.task is not None and held.task.done()
+    running.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await running
 
 
 async def test_heartbeat_database_errors_are_survived() -> None:
@@ -409,6 +466,7 @@ async def test_a_job_found_gone_before_its_task_ran_is_let_go_and_nothing_is_sen
     store.end_elsewhere(1)
     with capture_logs() as logs:
         assert await worker.heartbeat_once() == [1]  # before the job's task took a step
+        await worker.round_once()  # takes the report: the job's stop is set before its first step
         await _let_tasks_run()
         await worker.round_once()
     assert writer.sent == [] and worker.held_job_ids == []
@@ -528,7 +586,7 @@ async def test_an_end_refused_in_every_form_is_given_up_only_once_the_job_is_no_
         clock.now += 60.0
     assert worker.held_job_ids == [1] and [h.refusals for h in worker.held] >= [3]
     store.end_elsewhere(1, ErrorCode.TIMED_OUT)
-    assert await worker.heartbeat_once() == []
+    assert await worker.heartbeat_once() == [1]
     assert (await worker.round_once()).let_go == 1 and worker.held_job_ids == []
 
 
