@@ -75,7 +75,8 @@ from tests.support.settings import SWEEP, worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.collector import result_record
 from worker.batch.lane import BatchLane
-from worker.batch.provider import BatchError, BatchItemResult
+from worker.batch.provider import BatchError
+from worker.batch.provider_structs import BatchItemResult
 from worker.batch.rows import BatchItemRow
 from worker.batch.store import BatchStore
 from worker.batch.tick import TickResult

@@ -26,13 +26,12 @@ from shared.text import storable
 from worker.batch import metrics
 from worker.batch.provider import (
     BatchError,
-    BatchItemResult,
     BatchNotFound,
     BatchProvider,
     BatchRefused,
-    ResultKind,
     ResultsInterrupted,
 )
+from worker.batch.provider_structs import BatchItemResult, ResultKind
 from worker.batch.rows import BatchItemRow, Lease, LiveBatch, ResultRecord
 from worker.batch.store import BatchStore
 from worker.batch.tick import TickResult, links

@@ -20,7 +20,8 @@ import structlog
 
 from shared.config import WorkerSettings
 from worker.batch import metrics
-from worker.batch.provider import BatchError, BatchInfo, BatchProvider, walk
+from worker.batch.provider import BatchError, BatchProvider, walk
+from worker.batch.provider_structs import BatchInfo
 from worker.batch.rows import Lease, LiveBatch
 from worker.batch.store import BatchStore
 from worker.batch.submitter import adopt

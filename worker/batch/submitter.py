@@ -21,13 +21,8 @@ from opentelemetry.trace import Tracer
 from shared.config import WorkerSettings
 from shared.text import storable
 from worker.batch import metrics
-from worker.batch.provider import (
-    BatchCreateUnknown,
-    BatchInfo,
-    BatchNotCreated,
-    BatchProvider,
-    BatchRequest,
-)
+from worker.batch.provider import BatchCreateUnknown, BatchNotCreated, BatchProvider
+from worker.batch.provider_structs import BatchInfo, BatchRequest
 from worker.batch.rows import Intent, Lease
 from worker.batch.store import BatchStore
 from worker.batch.tick import TickResult, links
