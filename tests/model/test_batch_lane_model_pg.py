@@ -73,10 +73,13 @@ from tests.support.database import cancel_pending_in_bulk, client_id_of, enqueue
 from tests.support.money import money_problems
 from tests.support.settings import SWEEP, worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
-from worker.batch.lane import BatchLane, TickResult
-from worker.batch.provider import BatchError, BatchItemResult
+from worker.batch.collector import result_record
+from worker.batch.lane import BatchLane
+from worker.batch.provider import BatchError
+from worker.batch.provider_structs import BatchItemResult
 from worker.batch.rows import BatchItemRow
 from worker.batch.store import BatchStore
+from worker.batch.tick import TickResult
 
 MAX_ATTEMPTS = 2
 GRACE_S = 5.0
@@ -394,7 +397,8 @@ class BatchLaneMachine(PostgresMachine):
                 results.append(result)
         except BatchError:
             pass  # what was read is ingested, as the lane does
-        records = [lane._record(r, items[r.custom_id]) for r in results if r.custom_id in items]
+        records = [result_record(r, items[r.custom_id], default_max_tokens=lane.settings.llm_max_tokens)
+                   for r in results if r.custom_id in items]
         if records and lane.lease is not None:
             await BatchStore(self.pool).ingest(lane.lease, owner, records, max_attempts=MAX_ATTEMPTS)
 

@@ -362,7 +362,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="batch-reconcile-adopts-any-size",
         invariant="a lost create is reconciled only to a batch of its own size: never another's, never a stray",
         tier="integration",
-        file="worker/batch/lane.py",
+        file="worker/batch/reconciler.py",
         edits=(("\n                        and b.counts.total == intent.request_count]", "]"),),
         tests=("tests/integration/test_batch_lane.py::"
                "test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch_of_another_size",

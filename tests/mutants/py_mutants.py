@@ -27,8 +27,10 @@ from cosmic_ray.mutating import mutate_code
 # the modules the issue names: what decides money, ownership and delivery
 MODULES: tuple[str, ...] = (
     "worker/ends.py", "worker/claimer.py", "worker/held.py",
-    "worker/batch/anthropic_batches.py", "worker/batch/lane.py", "worker/batch/offline_batches.py",
-    "worker/batch/provider.py", "worker/batch/rows.py", "worker/batch/store.py",
+    "worker/batch/anthropic_batches.py", "worker/batch/anthropic_reading.py", "worker/batch/collector.py",
+    "worker/batch/lane.py", "worker/batch/offline_batches.py", "worker/batch/provider.py",
+    "worker/batch/provider_structs.py", "worker/batch/reconciler.py", "worker/batch/rows.py",
+    "worker/batch/store.py", "worker/batch/submitter.py",
     "worker/delivery/loop.py", "worker/delivery/rows.py", "worker/delivery/send.py",
     "worker/delivery/store.py",
     "api/admission.py", "api/jobs.py",

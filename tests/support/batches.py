@@ -14,7 +14,7 @@ import pytest
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_batches import FakeBatches
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
-from worker.batch.provider import BatchRequest
+from worker.batch.provider_structs import BatchRequest
 
 T = TypeVar("T")
 

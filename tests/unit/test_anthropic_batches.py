@@ -22,19 +22,22 @@ from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock, batch_requests, collect
 from tests.support.settings import worker_settings
 from worker.anthropic_writer import AnthropicWriter
-from worker.batch.anthropic_batches import AnthropicBatches, batch_info
+from worker.batch.anthropic_batches import AnthropicBatches
+from worker.batch.anthropic_reading import batch_info
 from worker.batch.provider import (
-    BATCH_LIFETIME,
     BatchCreateUnknown,
-    BatchItemResult,
     BatchNotCreated,
     BatchNotFound,
-    BatchRequest,
-    BatchState,
     BatchUnavailable,
-    ResultKind,
     ResultsInterrupted,
     walk,
+)
+from worker.batch.provider_structs import (
+    BATCH_LIFETIME,
+    BatchItemResult,
+    BatchRequest,
+    BatchState,
+    ResultKind,
 )
 from worker.rows import RetryStart
 from worker.writing import JobCall

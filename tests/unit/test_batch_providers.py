@@ -14,16 +14,8 @@ from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.support.batches import SettableClock, batch_requests, collect
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.offline_batches import OfflineBatches
-from worker.batch.provider import (
-    BATCH_LIFETIME,
-    BatchNotEnded,
-    BatchNotFound,
-    BatchProvider,
-    BatchRefused,
-    BatchState,
-    ResultKind,
-    walk,
-)
+from worker.batch.provider import BatchNotEnded, BatchNotFound, BatchProvider, BatchRefused, walk
+from worker.batch.provider_structs import BATCH_LIFETIME, BatchState, ResultKind
 
 _OFFLINE_DELAY_S = 60.0
 

@@ -1,4 +1,4 @@
-"""A job's request as one request of a batch (worker/batch/provider.py):
+"""A job's request as one request of a batch (worker/batch/provider_structs.py):
 what is refused before anything is sent, and what is charged for a result."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from shared import prompt
 from shared.story_request import StoryRequest
 from tests.support.batches import batch_requests
-from worker.batch.provider import (
+from worker.batch.provider_structs import (
     MAX_REQUESTS,
     BatchItemResult,
     BatchRequest,

@@ -9,7 +9,8 @@ import pytest
 
 from tests.support.batches import SettableClock, batch_requests, collect
 from worker.batch.offline_batches import OfflineBatches
-from worker.batch.provider import BatchNotFound, BatchState, ResultKind
+from worker.batch.provider import BatchNotFound
+from worker.batch.provider_structs import BatchState, ResultKind
 from worker.offline import OfflineWriter
 
 

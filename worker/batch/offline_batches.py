@@ -22,16 +22,14 @@ from datetime import UTC, datetime, timedelta
 
 from shared import prompt
 from shared.config import WorkerSettings
-from worker.batch.provider import (
+from worker.batch.provider import BatchNotEnded, BatchNotFound, BatchRefused
+from worker.batch.provider_structs import (
     BATCH_LIFETIME,
     LIST_LIMIT_MAX,
     BatchCounts,
     BatchInfo,
     BatchItemResult,
-    BatchNotEnded,
-    BatchNotFound,
     BatchPage,
-    BatchRefused,
     BatchRequest,
     BatchState,
     ResultKind,

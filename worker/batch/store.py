@@ -42,20 +42,6 @@ class BatchStore:
     def __init__(self, pool: AsyncConnectionPool) -> None:
         self._pool = pool
 
-    async def _one(self, row_type: type[Any], name: str, params: dict[str, Any]) -> Any:
-        async with self._pool.connection() as conn:
-            answer = await fetch_one(conn, row_type, name, params)
-        assert answer is not None
-        return answer
-
-    async def _scalars(self, name: str, params: dict[str, Any]) -> list[Any]:
-        async with self._pool.connection() as conn:
-            return await fetch_scalars(conn, name, params)
-
-    async def _execute(self, name: str, params: dict[str, Any]) -> None:
-        async with self._pool.connection() as conn:
-            await conn.execute(Q[name], params)
-
     # -- the lease ----------------------------------------------------------------------
 
     async def lease_take(self, holder: str, lease_s: float) -> LeaseTaken | None:
@@ -64,12 +50,12 @@ class BatchStore:
             return await fetch_one(conn, LeaseTaken, "batch_lease_take", {"holder": holder, "lease_s": lease_s})
 
     async def lease_release(self, lease: Lease) -> None:
-        await self._execute("batch_lease_release", _fence(lease))
+        await _execute(self._pool, "batch_lease_release", _fence(lease))
 
     # -- submitting ---------------------------------------------------------------------
 
     async def ready_summary(self, max_requests: int) -> ReadySummary:
-        answer: ReadySummary = await self._one(ReadySummary, "batch_ready_summary", {"max_requests": max_requests})
+        answer: ReadySummary = await _one(self._pool, ReadySummary, "batch_ready_summary", {"max_requests": max_requests})
         return answer
 
     async def intent_create(self, lease: Lease, lease_s: float, *, max_requests: int, model: str,
@@ -93,21 +79,21 @@ class BatchStore:
         return Intent(id=batch_id, fence_at=fence_at, items=_items_decoder.decode(items_row[0]))
 
     async def items_drop(self, lease: Lease, batch_id: int, job_ids: Sequence[int], error_text: str) -> list[int]:
-        return [int(v) for v in await self._scalars("batch_items_drop", {
+        return [int(v) for v in await _scalars(self._pool, "batch_items_drop", {
             **_fence(lease), "batch_id": batch_id, "job_ids": list(job_ids), "error_text": error_text})]
 
     async def sent(self, lease: Lease, batch_id: int, provider_batch_id: str, expires_at: datetime,
                    processing_status: str) -> SentAnswer:
         """The intent adopted as the provider's batch; a provider batch id a
         row already records is answered, not raised."""
-        answer: SentAnswer = await self._one(SentAnswer, "batch_sent", {
+        answer: SentAnswer = await _one(self._pool, SentAnswer, "batch_sent", {
             **_fence(lease), "batch_id": batch_id, "provider_batch_id": provider_batch_id,
             "expires_at": expires_at, "processing_status": processing_status})
         return answer
 
     async def refused(self, lease: Lease, batch_id: int, *, outcome: str, error_code: str, error_text: str,
                       max_attempts: int) -> RefusedAnswer:
-        answer: RefusedAnswer = await self._one(RefusedAnswer, "batch_refused", {
+        answer: RefusedAnswer = await _one(self._pool, RefusedAnswer, "batch_refused", {
             **_fence(lease), "batch_id": batch_id, "outcome": outcome, "error_code": error_code,
             "error_text": error_text, "max_attempts": max_attempts})
         return answer
@@ -115,13 +101,13 @@ class BatchStore:
     # -- reconciling ----------------------------------------------------------------------
 
     async def lost(self, lease: Lease, batch_id: int) -> LostAnswer:
-        answer: LostAnswer = await self._one(LostAnswer, "batch_lost", {**_fence(lease), "batch_id": batch_id})
+        answer: LostAnswer = await _one(self._pool, LostAnswer, "batch_lost", {**_fence(lease), "batch_id": batch_id})
         return answer
 
     async def stray_record(self, lease: Lease, provider_batch_id: str, *, model: str, request_count: int,
                            created_at: datetime, expires_at: datetime, processing_status: str,
                            lost_batch_id: int) -> int | None:
-        found = await self._scalars("batch_stray_record", {
+        found = await _scalars(self._pool, "batch_stray_record", {
             **_fence(lease), "provider_batch_id": provider_batch_id, "model": model, "request_count": request_count,
             "created_at": created_at, "expires_at": expires_at, "processing_status": processing_status,
             "lost_batch_id": lost_batch_id})
@@ -132,18 +118,18 @@ class BatchStore:
             return await fetch_all(conn, LiveBatch, "batch_live_list", {})
 
     async def known(self, provider_batch_ids: Sequence[str]) -> set[str]:
-        return {str(v) for v in await self._scalars("batch_known", {"provider_batch_ids": list(provider_batch_ids)})}
+        return {str(v) for v in await _scalars(self._pool, "batch_known", {"provider_batch_ids": list(provider_batch_ids)})}
 
     # -- collecting ---------------------------------------------------------------------
 
     async def seen(self, lease: Lease, batch_id: int, *, processing_status: str, request_counts: dict[str, int],
                    expires_at: datetime | None) -> None:
-        await self._execute("batch_seen", {
+        await _execute(self._pool, "batch_seen", {
             **_fence(lease), "batch_id": batch_id, "processing_status": processing_status,
             "request_counts": jsonb(request_counts), "expires_at": expires_at})
 
     async def cancel_asked(self, lease: Lease, batch_id: int) -> None:
-        await self._execute("batch_cancel_asked", {**_fence(lease), "batch_id": batch_id})
+        await _execute(self._pool, "batch_cancel_asked", {**_fence(lease), "batch_id": batch_id})
 
     async def items_of(self, batch_id: int) -> list[BatchItemRow]:
         async with self._pool.connection() as conn:
@@ -153,18 +139,36 @@ class BatchStore:
                      free: bool = False) -> IngestAnswer:
         """A chunk of results of the batch whose items they are, in one
         transaction; idempotent. ``free``: the provider bills nothing (offline)."""
-        answer: IngestAnswer = await self._one(IngestAnswer, "batch_results_ingest", {
+        answer: IngestAnswer = await _one(self._pool, IngestAnswer, "batch_results_ingest", {
             **_fence(lease), "batch_id": batch_id, "results": jsonb(list(results)), "max_attempts": max_attempts,
             "free": free})
         return answer
 
     async def results_read(self, lease: Lease, batch_id: int) -> bool:
-        return bool(await self._scalars("batch_results_read", {**_fence(lease), "batch_id": batch_id}))
+        return bool(await _scalars(self._pool, "batch_results_read", {**_fence(lease), "batch_id": batch_id}))
 
     async def stray_read(self, lease: Lease, batch_id: int) -> bool:
-        return bool(await self._scalars("batch_stray_read", {**_fence(lease), "batch_id": batch_id}))
+        return bool(await _scalars(self._pool, "batch_stray_read", {**_fence(lease), "batch_id": batch_id}))
 
 
 def _fence(lease: Lease) -> dict[str, Any]:
     """The lease a statement checks before it changes anything."""
     return {"holder": lease.holder, "token": lease.token}
+
+
+async def _one(pool: AsyncConnectionPool, row_type: type[Any], name: str, params: dict[str, Any]) -> Any:
+    """The one row a statement always answers."""
+    async with pool.connection() as conn:
+        answer = await fetch_one(conn, row_type, name, params)
+    assert answer is not None
+    return answer
+
+
+async def _scalars(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> list[Any]:
+    async with pool.connection() as conn:
+        return await fetch_scalars(conn, name, params)
+
+
+async def _execute(pool: AsyncConnectionPool, name: str, params: dict[str, Any]) -> None:
+    async with pool.connection() as conn:
+        await conn.execute(Q[name], params)
