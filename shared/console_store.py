@@ -131,14 +131,12 @@ class ConsoleStore:
     async def job_id_bounds(self, *, created_after: datetime | None, created_before: datetime | None) -> JobIdBounds:
         return await job_id_bounds(self.conn, created_after=created_after, created_before=created_before)
 
-    async def ops_job_list(self, *, before_id: int, floor_id: int, filters: JobFilter, limit: int) -> list[OpsJobRow]:
-        return await ops_job_list(self.conn, before_id=before_id, floor_id=floor_id, filters=filters, limit=limit)
-
-    async def ops_job_list_live(
-        self, *, filters: JobFilter, before_created_at: datetime | None, before_id: int | None, limit: int
+    async def ops_job_list(
+        self, *, filters: JobFilter, live: bool, before_id: int | None, limit: int, floor_id: int | None = None,
+        before_created_at: datetime | None = None,
     ) -> list[OpsJobRow]:
-        return await ops_job_list_live(self.conn, filters=filters, before_created_at=before_created_at,
-                                       before_id=before_id, limit=limit)
+        return await ops_job_list(self.conn, filters=filters, live=live, before_id=before_id, limit=limit,
+                                  floor_id=floor_id, before_created_at=before_created_at)
 
     async def ops_job_get(self, *, job_id: uuid.UUID) -> OpsJobDetail | None:
         return await ops_job_get(self.conn, job_id=job_id)
@@ -245,21 +243,16 @@ def _filter_params(filters: JobFilter) -> dict[str, Any]:
 
 
 async def ops_job_list(
-    conn: Conn, *, before_id: int, floor_id: int, filters: JobFilter, limit: int
+    conn: Conn, *, filters: JobFilter, live: bool, before_id: int | None, limit: int, floor_id: int | None = None,
+    before_created_at: datetime | None = None,
 ) -> list[OpsJobRow]:
-    """Jobs matching filters with floor_id <= id < before_id, newest first."""
-    params = {**_filter_params(filters), "before_id": before_id, "floor_id": floor_id, "limit": limit}
+    """Jobs matching filters, newest first. History (not ``live``): by id,
+    floor_id <= id < before_id. ``live``: jobs of one live status
+    (filters.status) by (created_at, id) below (before_created_at,
+    before_id); None: from the newest."""
+    params = {**_filter_params(filters), "live": live, "before_id": before_id, "floor_id": floor_id,
+              "before_created_at": before_created_at, "limit": limit}
     return await fetch_all(conn, OpsJobRow, "ops_job_list", params)
-
-
-async def ops_job_list_live(
-    conn: Conn, *, filters: JobFilter, before_created_at: datetime | None, before_id: int | None, limit: int
-) -> list[OpsJobRow]:
-    """Jobs of one live status (filters.status) below (before_created_at,
-    before_id), newest first; None: from the newest."""
-    params = {**_filter_params(filters), "before_created_at": before_created_at, "before_id": before_id,
-              "limit": limit}
-    return await fetch_all(conn, OpsJobRow, "ops_job_list_live", params)
 
 
 async def ops_job_get(conn: Conn, *, job_id: uuid.UUID) -> OpsJobDetail | None:

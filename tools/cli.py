@@ -150,8 +150,8 @@ def _when(value: Any) -> str:
 async def cmd_jobs_list(args: argparse.Namespace) -> int:
     async with _console() as console:
         # the console's jobs list, over every id
-        rows = await console.ops_job_list(before_id=_NO_ID_ABOVE, floor_id=0,
-                                                filters=JobFilter(status=args.status), limit=args.limit)
+        rows = await console.ops_job_list(filters=JobFilter(status=args.status), live=False,
+                                          before_id=_NO_ID_ABOVE, floor_id=0, limit=args.limit)
     _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'LANE':<11} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
         _out(f"{row.public_id!s:<36}  {row.status:<9} {row.lane:<11} {row.error_code or '-':<14} "

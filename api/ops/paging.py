@@ -38,8 +38,8 @@ async def job_page(store: ConsoleStore, filters: JobFilter, live: bool, cursor: 
 
 
 async def _live_page(store: ConsoleStore, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
-    rows = await store.ops_job_list_live(
-        filters=filters, before_created_at=cursor.at if cursor else None,
+    rows = await store.ops_job_list(
+        filters=filters, live=True, before_created_at=cursor.at if cursor else None,
         before_id=cursor.id if cursor else None, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
     next_cursor = Position(id=page[-1].id, at=page[-1].created_at).token() if more else None
@@ -53,7 +53,7 @@ async def _history_page(store: ConsoleStore, filters: JobFilter, cursor: Positio
     floor = max(bounds.lo_id, before - SCAN_IDS)
     if before <= floor:
         return JobPage(jobs=[], next_cursor=None)
-    rows = await store.ops_job_list(before_id=before, floor_id=floor, filters=filters, limit=limit)
+    rows = await store.ops_job_list(filters=filters, live=False, before_id=before, floor_id=floor, limit=limit)
     if len(rows) == limit:
         next_id: int | None = rows[-1].id
     else:
