@@ -1,6 +1,7 @@
 -- What operators read and do, from the console at /ops/ (api/ops/,
 -- its webhooks screen in api/ops/webhooks.py) and from the `storyjobs` command
--- (tools/cli.py): both run these through shared/console_store.py. The
+-- (tools/cli.py): both run these through shared/console_store.py (a
+-- method per query, named as it, in shared/console_*.py). The
 -- conventions are in common.sql.
 --
 -- The console reads history without an index of its own: every index on
