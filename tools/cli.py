@@ -29,7 +29,8 @@ import msgspec
 import psycopg
 
 from shared import db, keys, migrate, store, webhooks
-from shared.config import ApiSettings, BaseSettings, ConfigError, load
+from shared.config import ApiSettings, BaseSettings, ConfigError
+from shared.config_load import load
 from shared.console_rows import JobFilter
 from shared.console_stats import finished_since, snapshot_warning
 from shared.console_store import ConsoleStore

@@ -26,7 +26,8 @@ import httpx
 from psycopg import AsyncConnection
 
 from shared import db, keys, migrate, store
-from shared.config import ApiSettings, ConfigError, load
+from shared.config import ApiSettings, ConfigError
+from shared.config_load import load
 from shared.console_store import ConsoleStore
 
 
