@@ -53,8 +53,8 @@ RETURNING key_prefix;
 -- name: ops_job_list
 -- The console's jobs list, newest first, by one of two walks that
 -- %(live)s chooses; only the chosen one runs (the other's branch is planned
--- away on its constant condition). Filters that are NULL are off. No
--- OFFSET, no count.
+-- away when the parameters are known, or skipped by its one-time filter in a
+-- generic plan). Filters that are NULL are off. No OFFSET, no count.
 -- History (NOT %(live)s): a walk down the primary key from %(before_id)s,
 -- stopping at %(floor_id)s or when %(limit)s rows matched, whichever comes
 -- first. The console keeps the range to a bounded number of ids, so a
