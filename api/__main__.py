@@ -24,7 +24,8 @@ from psycopg_pool import AsyncConnectionPool
 from api.app import create_app
 from api.server import BoundedHttpToolsProtocol
 from shared import db, logs, telemetry
-from shared.config import ApiSettings, load_or_exit
+from shared.config import ApiSettings
+from shared.config_load import load_or_exit
 from shared.startup import wait_for_schema
 
 if TYPE_CHECKING:

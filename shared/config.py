@@ -1,5 +1,8 @@
-"""Configuration: environment variables only, parsed once in ``main()`` into a
-frozen msgspec Struct per process and passed down explicitly.
+"""Configuration: every setting, declared once as a field of a frozen
+msgspec Struct per process (its type, bounds and default), with the checks
+between settings, parsed once in ``main()`` (shared/config_load.py reads
+the environment) and passed down explicitly. Declarations, mostly: the
+reading and the exit on a bad value are in shared/config_load.py.
 
 A bad value stops the process at start with one line naming the variable
 (``load_or_exit``). All durations are seconds, so tests can use small ones.
@@ -7,11 +10,8 @@ A bad value stops the process at start with one line naming the variable
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Mapping
 from decimal import Decimal
-from typing import Annotated, Literal, NoReturn, TypeVar
+from typing import Annotated, Literal
 
 import msgspec
 
@@ -298,54 +298,3 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
                 f"({WEBHOOK_LONGEST_UNDELIVERED_S:g} s, about 28 hours: every wait and each attempt's longest "
                 f"lease): a finished job is kept until its webhooks are delivered or dead"
             )
-
-
-S = TypeVar("S", bound=BaseSettings)
-
-_JSON_FIELDS = {"LLM_PRICES"}
-
-
-def load(settings_type: type[S], environ: Mapping[str, str] | None = None) -> S:
-    """Builds settings from the environment; raises ConfigError naming the variable."""
-    environ = os.environ if environ is None else environ
-    names = {field.encode_name for field in msgspec.structs.fields(settings_type)}
-    raw: dict[str, object] = {}
-    for name in names:
-        value = environ.get(name)
-        if value is None or value == "":
-            continue
-        if name in _JSON_FIELDS:
-            try:
-                raw[name] = msgspec.json.decode(value)
-            except msgspec.DecodeError as exc:
-                raise ConfigError(f"{name} is not valid JSON: {exc}") from None
-        else:
-            raw[name] = value
-    try:
-        return msgspec.convert(raw, settings_type, strict=False)
-    except msgspec.ValidationError as exc:
-        # a contradiction found by __post_init__ arrives here too
-        raise ConfigError(_explain(str(exc))) from None
-
-
-def _explain(message: str) -> str:
-    # msgspec says "Expected `int` >= 1 - at `$.QUEUE_MAX`"; lead with the name
-    head, sep, where = message.rpartition(" - at `$.")
-    if sep:
-        return f"{where.rstrip('`')}: {head}"
-    return message
-
-
-def load_or_exit(settings_type: type[S]) -> S:
-    """``load`` for a process's ``main()``: a bad setting exits with one line."""
-    try:
-        return load(settings_type)
-    except ConfigError as exc:
-        exit_on_config_error(exc)
-
-
-def exit_on_config_error(exc: ConfigError) -> NoReturn:
-    """How a process stops at start for a bad setting, whoever found it: one
-    line on stderr naming the variable, exit status 2."""
-    sys.stderr.write(f"storyjobs: configuration error: {exc}\n")
-    raise SystemExit(2) from None

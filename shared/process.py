@@ -16,7 +16,8 @@ from prometheus_client import start_http_server
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db, logs, telemetry
-from shared.config import BaseSettings, load_or_exit
+from shared.config import BaseSettings
+from shared.config_load import load_or_exit
 from shared.startup import wait_for_schema
 
 S = TypeVar("S", bound=BaseSettings)

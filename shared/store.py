@@ -2,10 +2,11 @@
 on: the connection type, rows as msgspec Structs, and one-line helpers that
 run a named query.
 
-Each caller runs its own queries through its own store class, over the
-small typed functions of its module: api/store.py (ApiStore),
-worker/store.py, sweeper/store.py, and shared/console_store.py
-(ConsoleStore) for the console and the ``storyjobs`` command; this one holds
+Each caller runs its own queries through its own store class: over the
+small typed functions of its module in api/store.py (ApiStore),
+worker/store.py and sweeper/store.py; as a method per query in
+shared/console_store.py (ConsoleStore) for the console and the ``storyjobs``
+command; this one holds
 the migrations' ledger, the schema version, clients and keys as
 shared/keys.py creates them, and the reads more than one caller makes.
 Handlers, loops and the CLI never hold SQL.

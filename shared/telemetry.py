@@ -29,7 +29,8 @@ from opentelemetry.trace import Link, format_span_id, format_trace_id
 from opentelemetry.trace.propagation.tracecontext import TraceContextTextMapPropagator
 from opentelemetry.util.types import Attributes
 
-from shared.config import ConfigError, exit_on_config_error
+from shared.config import ConfigError
+from shared.config_load import exit_on_config_error
 
 if TYPE_CHECKING:
     from opentelemetry.sdk.trace import TracerProvider

@@ -1,6 +1,7 @@
 -- What operators read and do, from the console at /ops/ (api/ops/,
 -- its webhooks screen in api/ops/webhooks.py) and from the `storyjobs` command
--- (tools/cli.py): both run these through shared/console_store.py. The
+-- (tools/cli.py): both run these through shared/console_store.py (a
+-- method per query, named as it, in shared/console_*.py). The
 -- conventions are in common.sql.
 --
 -- The console reads history without an index of its own: every index on
@@ -50,34 +51,51 @@ WHERE key_prefix = %(key_prefix)s AND revoked_at IS NULL
 RETURNING key_prefix;
 
 -- name: ops_job_list
--- The console's jobs list, newest first: a walk down the primary key from
--- %(before_id)s, stopping at %(floor_id)s or when %(limit)s rows matched,
--- whichever comes first. The console keeps the range to a bounded number of
--- ids, so a request costs the same whether the filters match every row or
--- none, and however deep the page: no OFFSET, no count (`storyjobs jobs
--- list` walks every id). Filters that are NULL are off. Each row's cost is
--- read from its own ledger rows (their primary key), only for the rows of
--- the page.
+-- The console's jobs list, newest first, by one of two walks that
+-- %(live)s chooses; only the chosen one runs (the other's branch is planned
+-- away when the parameters are known, or skipped by its one-time filter in a
+-- generic plan). Filters that are NULL are off. No OFFSET, no count.
+-- History (NOT %(live)s): a walk down the primary key from %(before_id)s,
+-- stopping at %(floor_id)s or when %(limit)s rows matched, whichever comes
+-- first. The console keeps the range to a bounded number of ids, so a
+-- request costs the same whether the filters match every row or none, and
+-- however deep the page (`storyjobs jobs list` walks every id).
+-- Live (%(live)s): the jobs of one live status (pending or running) by
+-- (created_at, id) below the cursor (%(before_created_at)s, %(before_id)s;
+-- NULL: from the newest): the order of the live-jobs index, read backwards,
+-- so the answer costs what the queue holds, never the history.
+-- For the rows of the page only: each job's client's name and what its
+-- ended calls cost, read from its own ledger rows by their primary key (as
+-- the ledger charges them, migration 019: an unknown outcome at its worst
+-- case).
 WITH page AS MATERIALIZED (
-    SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
-           j.created_at, j.started_at, j.completed_at
-    FROM story_jobs j
-    WHERE j.id < %(before_id)s AND j.id >= %(floor_id)s
-      AND (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
-      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
-      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
-      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
-      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
-    ORDER BY j.id DESC
-    LIMIT %(limit)s
+    (SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
+            j.created_at, j.started_at, j.completed_at
+     FROM story_jobs j
+     WHERE NOT %(live)s::boolean
+       AND j.id < %(before_id)s::bigint AND j.id >= %(floor_id)s::bigint
+       AND (%(status)s::job_status IS NULL OR j.status = %(status)s::job_status)
+       AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+       AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+       AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+       AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+     ORDER BY j.id DESC
+     LIMIT %(limit)s)
+    UNION ALL
+    (SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
+            j.created_at, j.started_at, j.completed_at
+     FROM story_jobs j
+     WHERE %(live)s::boolean
+       AND j.status = %(status)s::job_status AND j.status IN ('pending', 'running')
+       AND (j.created_at, j.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
+                                   coalesce(%(before_id)s::bigint, 9223372036854775807))
+       AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
+       AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
+       AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
+       AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
+     ORDER BY j.created_at DESC, j.id DESC
+     LIMIT %(limit)s)
 )
--- include: ops_job_list_page
-ORDER BY p.id DESC;
-
--- name: ops_job_list_page
--- What both jobs lists answer for the rows of their `page`: each job with
--- its lane, its client's name and what its ended calls cost (as the ledger
--- charges them, migration 019: an unknown outcome at its worst case).
 SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.status::text AS status,
        p.lane::text AS lane, p.error_code, p.worker_id, p.progress, p.created_at, p.started_at, p.completed_at,
        cost.calls, cost.billed_calls, cost.cost_usd
@@ -89,27 +107,8 @@ CROSS JOIN LATERAL (
                     FILTER (WHERE l.outcome <> 'started'), 0)::numeric(14, 6) AS cost_usd
     FROM llm_calls l WHERE l.job_id = p.id
 ) cost
-
--- name: ops_job_list_live
--- The jobs list for one live status (pending or running), newest first by
--- (created_at, id) below the cursor: the order of the live-jobs index, read
--- backwards, so the answer costs what the queue holds, never the history.
-WITH page AS MATERIALIZED (
-    SELECT j.id, j.public_id, j.client_id, j.status, j.lane, j.error_code, j.worker_id, j.progress,
-           j.created_at, j.started_at, j.completed_at
-    FROM story_jobs j
-    WHERE j.status = %(status)s::job_status AND j.status IN ('pending', 'running')
-      AND (j.created_at, j.id) < (coalesce(%(before_created_at)s::timestamptz, 'infinity'),
-                                  coalesce(%(before_id)s::bigint, 9223372036854775807))
-      AND (%(client_id)s::bigint IS NULL OR j.client_id = %(client_id)s::bigint)
-      AND (%(error_code)s::text IS NULL OR j.error_code = %(error_code)s::text)
-      AND (%(created_after)s::timestamptz IS NULL OR j.created_at >= %(created_after)s::timestamptz)
-      AND (%(created_before)s::timestamptz IS NULL OR j.created_at < %(created_before)s::timestamptz)
-    ORDER BY j.created_at DESC, j.id DESC
-    LIMIT %(limit)s
-)
--- include: ops_job_list_page
-ORDER BY p.created_at DESC, p.id DESC;
+-- history's rows have no created_at key here: by id alone
+ORDER BY CASE WHEN %(live)s::boolean THEN p.created_at END DESC, p.id DESC;
 
 -- name: ops_job_get
 -- A job's page (and `storyjobs jobs show ID`): the job, its client and its

@@ -29,9 +29,11 @@ import msgspec
 import psycopg
 
 from shared import db, keys, migrate, store, webhooks
-from shared.config import ApiSettings, BaseSettings, ConfigError, load
+from shared.config import ApiSettings, BaseSettings, ConfigError
+from shared.config_load import load
 from shared.console_rows import JobFilter
-from shared.console_store import ConsoleStore, finished_since, snapshot_warning
+from shared.console_stats import finished_since, snapshot_warning
+from shared.console_store import ConsoleStore
 from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
 from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
@@ -113,8 +115,8 @@ async def cmd_keys_create(args: argparse.Namespace) -> int:
 
 async def cmd_keys_list(_: argparse.Namespace) -> int:
     async with _console() as console:
-        clients = await console.ops_client_list()
-        operator_rows = await console.operator_key_list()
+        clients = await console.clients.ops_client_list()
+        operator_rows = await console.clients.operator_key_list()
     # the console's list of clients with their keys, oldest key first
     listed = sorted(((key.key_prefix, client.name, key.created_at, key.revoked_at)
                      for client in clients for key in client.keys), key=lambda row: row[2])
@@ -130,8 +132,8 @@ async def cmd_keys_list(_: argparse.Namespace) -> int:
 async def cmd_keys_revoke(args: argparse.Namespace) -> int:
     prefix = keys.prefix_of(args.prefix) or args.prefix
     async with _console() as console:
-        revoked = await console.api_key_revoke(key_prefix=prefix)
-        revoked = await console.operator_key_revoke(key_prefix=prefix) or revoked
+        revoked = await console.clients.api_key_revoke(key_prefix=prefix)
+        revoked = await console.clients.operator_key_revoke(key_prefix=prefix) or revoked
     if not revoked:
         sys.stderr.write(f"storyjobs: no active key with prefix {prefix!r}\n")
         return 1
@@ -150,8 +152,8 @@ def _when(value: Any) -> str:
 async def cmd_jobs_list(args: argparse.Namespace) -> int:
     async with _console() as console:
         # the console's jobs list, over every id
-        rows = await console.ops_job_list(before_id=_NO_ID_ABOVE, floor_id=0,
-                                                filters=JobFilter(status=args.status), limit=args.limit)
+        rows = await console.jobs.ops_job_list(filters=JobFilter(status=args.status), live=False,
+                                               before_id=_NO_ID_ABOVE, floor_id=0, limit=args.limit)
     _out(f"{'JOB_ID':<36}  {'STATUS':<9} {'LANE':<11} {'ERROR':<14} {'CLIENT':<16} {'CREATED':<25} COMPLETED")
     for row in rows:
         _out(f"{row.public_id!s:<36}  {row.status:<9} {row.lane:<11} {row.error_code or '-':<14} "
@@ -166,11 +168,11 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
         sys.stderr.write(f"storyjobs: {args.job_id!r} is not a job id\n")
         return 2
     async with _console() as console:
-        job = await console.ops_job_get(job_id=job_id)
+        job = await console.jobs.ops_job_get(job_id=job_id)
         if job is None:
             sys.stderr.write(f"storyjobs: no job {job_id}\n")
             return 1
-        calls = await console.llm_call_list_for_job(job_id=job.id)
+        calls = await console.jobs.llm_call_list_for_job(job_id=job.id)
     _out(f"job        {job.public_id}")
     _out(f"client     {job.client_name}")
     _out(f"status     {job.status}" + (f" ({job.error_code}: {job.error_text})" if job.error_code else ""))
@@ -206,12 +208,12 @@ async def cmd_jobs_show(args: argparse.Namespace) -> int:
 async def cmd_stats(_: argparse.Namespace) -> int:
     settings = load(ApiSettings)
     async with _console() as console:
-        bounds = await console.job_id_bounds(
-            created_after=finished_since(settings, timedelta(days=1)), created_before=None)
-        stats = await console.ops_overview(day_from_id=bounds.lo_id)
-        budgets = await console.budget_days_today()
-        buckets = await console.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
-        ages = await console.database_snapshot_ages()
+        bounds = await store.job_id_bounds(
+            console.conn, created_after=finished_since(settings, timedelta(days=1)), created_before=None)
+        stats = await console.stats.ops_overview(day_from_id=bounds.lo_id)
+        budgets = await store.budget_days_today(console.conn)
+        buckets = await console.stats.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
+        ages = await store.database_snapshot_ages(console.conn)
     warning = snapshot_warning(ages, settings.xmin_horizon_warn_s)
     if warning:
         _out(f"WARNING    {warning}")
@@ -267,7 +269,7 @@ def _age(seconds: float) -> str:
 async def cmd_batches(args: argparse.Namespace) -> int:
     async with _console() as console:
         # the console's batches screen, its first page
-        rows = await console.ops_batch_list(before_id=None, limit=args.limit)
+        rows = await console.jobs.ops_batch_list(before_id=None, limit=args.limit)
     _out(f"{'BATCH':>7}  {'STATE':<8} {'PROVIDER_ID':<36} {'AGE':>8}  {'EXPIRES':<25} {'COST_USD':>11} "
          f"{'SAVED_USD':>11}  REQUESTS")
     for row in rows:
@@ -287,7 +289,7 @@ def _refilled(refilled: float, limits: RateLimits, kind: str) -> str:
 
 async def cmd_webhooks_endpoints(args: argparse.Namespace) -> int:
     async with _console() as console:
-        rows = await console.webhook_endpoint_list(client_id=args.client_id)
+        rows = await console.webhooks.webhook_endpoint_list(client_id=args.client_id)
     _out(f"{'ENDPOINT':<36}  {'CLIENT':<16} {'STATE':<8} {'PENDING':>7} {'DEAD':>5}  URL")
     for row in rows:
         state = "disabled" if row.disabled_at else "failing" if row.failing_since else "active"
@@ -304,7 +306,7 @@ async def cmd_webhooks_deliveries(args: argparse.Namespace) -> int:
             sys.stderr.write(f"storyjobs: not an endpoint id: {args.endpoint!r}\n")
             return 2
     async with _console() as console:
-        rows = await console.webhook_delivery_list(endpoint_id=endpoint_id, state=args.state, limit=args.limit)
+        rows = await console.webhooks.webhook_delivery_list(endpoint_id=endpoint_id, state=args.state, limit=args.limit)
     _out(f"{'ID':>8}  {'JOB_ID':<36}  {'EVENT':<13} {'STATE':<9} {'TRIES':>5} {'LAST':>4} {'LAST_ATTEMPT':<25} "
          "ERROR")
     for row in rows:

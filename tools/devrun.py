@@ -26,7 +26,8 @@ import httpx
 from psycopg import AsyncConnection
 
 from shared import db, keys, migrate, store
-from shared.config import ApiSettings, ConfigError, load
+from shared.config import ApiSettings, ConfigError
+from shared.config_load import load
 from shared.console_store import ConsoleStore
 
 
@@ -61,7 +62,7 @@ async def _valid(conn: AsyncConnection[Any], key: str | None, *, operator: bool)
     prefix = keys.prefix_of(key or "")
     if key is None or prefix is None:
         return False
-    found = await (ConsoleStore(conn).operator_key_get(key_prefix=prefix) if operator
+    found = await (ConsoleStore(conn).clients.operator_key_get(key_prefix=prefix) if operator
                    else store.api_key_get(conn, key_prefix=prefix))
     return found is not None and not found.revoked and keys.matches(key, found.key_hash)
 
@@ -77,11 +78,11 @@ async def _prepare(url: str) -> tuple[str, str]:
         key, operator_key = kept.get("key"), kept.get("operator_key")
         if not await _valid(conn, key, operator=False):
             if (old := keys.prefix_of(key or "")) is not None:
-                await ConsoleStore(conn).api_key_revoke(key_prefix=old)
+                await ConsoleStore(conn).clients.api_key_revoke(key_prefix=old)
             key = (await keys.create(conn, "dev")).key
         if not await _valid(conn, operator_key, operator=True):
             if (old := keys.prefix_of(operator_key or "")) is not None:
-                await ConsoleStore(conn).operator_key_revoke(key_prefix=old)
+                await ConsoleStore(conn).clients.operator_key_revoke(key_prefix=old)
             operator_key = (await keys.create_operator(conn, "dev")).key
     assert key is not None and operator_key is not None
     with contextlib.suppress(OSError):

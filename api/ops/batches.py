@@ -54,7 +54,7 @@ async def list_batches(
     limit: Annotated[int, Parameter(ge=1, le=200, description="Most batches in the page.")] = 50,
 ) -> BatchPage:
     before = None if cursor is None else Position.from_token(cursor, "cursor").id
-    rows = await store.ops_batch_list(before_id=before, limit=limit + 1)
+    rows = await store.jobs.ops_batch_list(before_id=before, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
     return BatchPage(batches=[ops_batch(row) for row in page],
                      next_cursor=Position(id=page[-1].id).token() if more else None,

@@ -28,6 +28,7 @@ from api.ops.schemas import (
 from api.problems import ProblemError, problem_responses
 from shared import keys
 from shared.console_store import ConsoleStore
+from shared.store import api_client_weight_set, budget_days_today, job_id_bounds
 
 log = structlog.get_logger()
 
@@ -37,11 +38,11 @@ log = structlog.get_logger()
 async def list_clients(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Clients:
     now = datetime.now(UTC)
     day_start = now.replace(hour=0, minute=0, second=0, microsecond=0)
-    rows = await store.ops_client_list()
-    bounds = await store.job_id_bounds(created_after=day_start, created_before=None)
-    jobs = {row.client_id: row for row in await store.ops_client_today(from_id=bounds.lo_id,
-                                                                       day_start=day_start)}
-    spend = {day.client_id: day for day in await store.budget_days_today()}
+    rows = await store.clients.ops_client_list()
+    bounds = await job_id_bounds(store.conn, created_after=day_start, created_before=None)
+    jobs = {row.client_id: row for row in await store.clients.ops_client_today(from_id=bounds.lo_id,
+                                                                               day_start=day_start)}
+    spend = {day.client_id: day for day in await budget_days_today(store.conn)}
     default_budget = api_state.settings.client_budget_usd_per_day
 
     def today(client_id: int, own_budget: Decimal | None) -> ClientDay:
@@ -73,9 +74,9 @@ async def revoke_client_keys(
     client_id: ClientIdPath,
 ) -> KeysRevoked:
     async with store.transaction():
-        revoked = await store.api_key_revoke_for_client(client_id=client_id)
+        revoked = await store.clients.api_key_revoke_for_client(client_id=client_id)
         if revoked is not None:
-            await store.operator_action_record(operator_key_id=operator.key_id, action="client_keys_revoke",
+            await store.operator_action_insert(operator_key_id=operator.key_id, action="client_keys_revoke",
                                                filter={"client_id": client_id}, touched=len(revoked))
     if revoked is None:
         raise ProblemError(404, "Not Found", "no such client")
@@ -96,9 +97,9 @@ async def set_client_weight(
     data: JSONBody[ClientWeight],
 ) -> ClientWeight:
     async with store.transaction():
-        found = await store.api_client_weight_set(client_id=client_id, weight=data.weight)
+        found = await api_client_weight_set(store.conn, client_id=client_id, weight=data.weight)
         if found:
-            await store.operator_action_record(operator_key_id=operator.key_id, action="client_weight_set",
+            await store.operator_action_insert(operator_key_id=operator.key_id, action="client_weight_set",
                                                filter={"client_id": client_id, "weight": data.weight}, touched=1)
     if not found:
         raise ProblemError(404, "Not Found", "no such client")
@@ -121,9 +122,9 @@ async def revoke_key(
     revoked = False
     if keys.is_prefix(key_prefix):
         async with store.transaction():
-            revoked = await store.api_key_revoke(key_prefix=key_prefix)
+            revoked = await store.clients.api_key_revoke(key_prefix=key_prefix)
             if revoked:
-                await store.operator_action_record(operator_key_id=operator.key_id, action="key_revoke",
+                await store.operator_action_insert(operator_key_id=operator.key_id, action="key_revoke",
                                                    filter={"key_prefix": key_prefix}, touched=1)
     if not revoked:
         raise ProblemError(404, "Not Found", "no active client key with this prefix")

@@ -62,7 +62,7 @@ class OperatorStore(ConsoleStore):
 async def _checked_operator(conn: Conn, api_key: ApiKey) -> Operator:
     """The operator whose key this is, if it exists and is not revoked, else
     the same 401 as any bad key."""
-    record = await ConsoleStore(conn).operator_key_get(key_prefix=api_key.prefix)
+    record = await ConsoleStore(conn).clients.operator_key_get(key_prefix=api_key.prefix)
     verify(record, api_key)
     assert record is not None
     return Operator(record.name, api_key.prefix, record.key_id)

@@ -101,6 +101,6 @@ async def get_history(
     range_ = range
     length, bucket_minutes = HISTORY_RANGES[range_]
     now = datetime.now(UTC)
-    rows = await store.ops_history(since=now - length, step=timedelta(minutes=bucket_minutes),
-                                   origin=_EPOCH)
+    rows = await store.stats.ops_history(since=now - length, step=timedelta(minutes=bucket_minutes),
+                                         origin=_EPOCH)
     return _history(rows, range_, now)

@@ -49,6 +49,7 @@ from shared.config import ApiSettings
 from shared.console_rows import JobFilter, OpsJobDetail
 from shared.console_store import ConsoleStore
 from shared.status import JobStatus, Lane
+from shared.store import job_cancel
 
 log = structlog.get_logger()
 
@@ -88,10 +89,10 @@ async def list_jobs(
 )
 async def get_job_detail(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore],
                          job_id: JobIdParam) -> JobDetail:
-    job = await store.ops_job_get(job_id=parse_public_id(job_id))
+    job = await store.jobs.ops_job_get(job_id=parse_public_id(job_id))
     if job is None:
         raise ProblemError(404, "Not Found", "no such job")
-    calls = await store.llm_call_list_for_job(job_id=job.id)
+    calls = await store.jobs.llm_call_list_for_job(job_id=job.id)
     story = None
     if job.story_id is not None:
         story = JobStory(
@@ -144,9 +145,10 @@ async def cancel_job(
     store: NamedDependency[ConsoleStore], operator: NamedDependency[Operator], job_id: JobIdParam
 ) -> JobCancelled:
     async with store.transaction():
-        result = await store.ops_job_cancel(job_id=parse_public_id(job_id))
+        # no client: an operator's cancellation, whoever's the job
+        result = await job_cancel(store.conn, client_id=None, job_id=parse_public_id(job_id))
         if result is not None:
-            await store.operator_action_record(operator_key_id=operator.key_id, action="job_cancel",
+            await store.operator_action_insert(operator_key_id=operator.key_id, action="job_cancel",
                                                job_id=parse_public_id(job_id), touched=int(result.cancelled))
     if result is None:
         raise ProblemError(404, "Not Found", "no such job")
@@ -168,7 +170,7 @@ async def count_pending(
     created_before: BeforeParam = None,
 ) -> PendingMatch:
     filters = JobFilter(client_id=client_id, created_after=utc(created_after), created_before=utc(created_before))
-    found = await store.ops_job_count_pending(filters=filters)
+    found = await store.jobs.ops_job_count_pending(filters=filters)
     through = None if found.through_id is None else Position(id=found.through_id).token()
     return PendingMatch(pending=found.pending, through=through)
 
@@ -190,8 +192,8 @@ async def cancel_pending(
     filters = JobFilter(client_id=data.client_id, created_after=utc(data.created_after),
                         created_before=utc(data.created_before))
     async with store.transaction():
-        cancelled = await store.ops_job_cancel_pending(filters=filters, through_id=through.id)
-        await store.operator_action_record(
+        cancelled = await store.jobs.ops_job_cancel_pending(filters=filters, through_id=through.id)
+        await store.operator_action_insert(
             operator_key_id=operator.key_id, action="pending_cancel", touched=len(cancelled),
             filter={"client_id": filters.client_id, "created_after": filters.created_after,
                     "created_before": filters.created_before, "through": data.through})

@@ -31,9 +31,11 @@ from api.ops.schemas import (
 from api.problems import problem_responses
 from shared.config import ApiSettings
 from shared.console_rows import OpsOverviewRow, RateBucketRow
-from shared.console_store import ConsoleStore, finished_since, snapshot_warning
+from shared.console_stats import finished_since, snapshot_warning
+from shared.console_store import ConsoleStore
 from shared.ratelimit import RateLimits
 from shared.rows import BudgetDay, SnapshotAges
+from shared.store import budget_days_today, database_snapshot_ages, job_id_bounds
 
 DAY = timedelta(days=1)
 
@@ -121,10 +123,10 @@ def _overview(row: OpsOverviewRow, settings: ApiSettings, budgets: list[BudgetDa
 )
 async def get_overview(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Overview:
     settings = api_state.settings
-    bounds = await store.job_id_bounds(created_after=finished_since(settings, DAY), created_before=None)
-    row = await store.ops_overview(day_from_id=bounds.lo_id)
-    budgets = await store.budget_days_today()
-    buckets = await store.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
-    writers = await store.ops_writers_recent()
-    ages = await store.database_snapshot_ages()
+    bounds = await job_id_bounds(store.conn, created_after=finished_since(settings, DAY), created_before=None)
+    row = await store.stats.ops_overview(day_from_id=bounds.lo_id)
+    budgets = await budget_days_today(store.conn)
+    buckets = await store.stats.llm_rate_bucket_list(limits=RateLimits.from_settings(settings))
+    writers = await store.stats.ops_writers_recent()
+    ages = await database_snapshot_ages(store.conn)
     return _overview(row, settings, budgets, buckets, writers, ages)

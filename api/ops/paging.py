@@ -3,7 +3,7 @@ index on story_jobs costs every status change a write): a page walks the
 primary key down from its cursor over at most SCAN_IDS ids, so every request
 costs about the same at any depth and for any filter, and may hold fewer jobs
 than asked, with a cursor to go on. Live statuses are read on the live-jobs
-index instead. Time bounds become id bounds through ConsoleStore.job_id_bounds."""
+index instead. Time bounds become id bounds through job_id_bounds (shared/store.py)."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from api.ops.schemas import JobPage, JobSummary, usd
 from shared.console_rows import JobFilter, OpsJobRow
 from shared.console_store import ConsoleStore
 from shared.status import JobStatus
+from shared.store import job_id_bounds
 
 # ids the jobs list looks at per request, at most: a few milliseconds of
 # Postgres on a 2-core machine whatever the filters match (make bench,
@@ -38,8 +39,8 @@ async def job_page(store: ConsoleStore, filters: JobFilter, live: bool, cursor: 
 
 
 async def _live_page(store: ConsoleStore, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
-    rows = await store.ops_job_list_live(
-        filters=filters, before_created_at=cursor.at if cursor else None,
+    rows = await store.jobs.ops_job_list(
+        filters=filters, live=True, before_created_at=cursor.at if cursor else None,
         before_id=cursor.id if cursor else None, limit=limit + 1)
     page, more = rows[:limit], len(rows) > limit
     next_cursor = Position(id=page[-1].id, at=page[-1].created_at).token() if more else None
@@ -47,13 +48,13 @@ async def _live_page(store: ConsoleStore, filters: JobFilter, cursor: Position |
 
 
 async def _history_page(store: ConsoleStore, filters: JobFilter, cursor: Position | None, limit: int) -> JobPage:
-    bounds = await store.job_id_bounds(created_after=filters.created_after,
-                                       created_before=filters.created_before)
+    bounds = await job_id_bounds(store.conn, created_after=filters.created_after,
+                                 created_before=filters.created_before)
     before = bounds.hi_id if cursor is None else min(cursor.id, bounds.hi_id)
     floor = max(bounds.lo_id, before - SCAN_IDS)
     if before <= floor:
         return JobPage(jobs=[], next_cursor=None)
-    rows = await store.ops_job_list(before_id=before, floor_id=floor, filters=filters, limit=limit)
+    rows = await store.jobs.ops_job_list(filters=filters, live=False, before_id=before, floor_id=floor, limit=limit)
     if len(rows) == limit:
         next_id: int | None = rows[-1].id
     else:

@@ -28,10 +28,10 @@ LAST_DELIVERIES = 10
 @get("/webhooks", summary="Webhook endpoints per client, with their last deliveries",
      responses=problem_responses(400, 401, 503))
 async def ops_list_endpoints(store: NamedDependency[ConsoleStore], client_id: ClientParam = None) -> OpsEndpoints:
-    rows = await store.webhook_endpoint_list(client_id=client_id)
+    rows = await store.webhooks.webhook_endpoint_list(client_id=client_id)
     found = []
     for row in rows:
-        deliveries = await store.webhook_delivery_list(endpoint_id=row.id, limit=LAST_DELIVERIES)
+        deliveries = await store.webhooks.webhook_delivery_list(endpoint_id=row.id, limit=LAST_DELIVERIES)
         found.append(OpsEndpoint(**msgspec.structs.asdict(row), last_deliveries=[
             OpsDelivery(**msgspec.structs.asdict(d)) for d in deliveries]))
     return OpsEndpoints(endpoints=found)
@@ -49,9 +49,9 @@ async def ops_retry_delivery(
     delivery_id: Annotated[int, PathParameter(ge=1, le=BIGINT_MAX, description="A delivery's `id`.")],
 ) -> DeliveryRetried:
     async with store.transaction():
-        job_id = await store.webhook_delivery_retry(delivery_id=delivery_id)
+        job_id = await store.webhooks.webhook_delivery_retry(delivery_id=delivery_id)
         if job_id is not None:
-            await store.operator_action_record(operator_key_id=operator.key_id, action="retry_delivery",
+            await store.operator_action_insert(operator_key_id=operator.key_id, action="retry_delivery",
                                                job_id=job_id, filter={"delivery_id": delivery_id}, touched=1)
     if job_id is None:
         raise ProblemError(404, "Not Found", "no dead delivery with this id")

@@ -32,5 +32,5 @@ def _worker(row: WorkerRow, timeout_s: float) -> Worker:
 )
 async def list_workers(api_state: NamedDependency[ApiState], store: NamedDependency[ConsoleStore]) -> Workers:
     timeout_s = api_state.settings.heartbeat_timeout_s
-    rows = await store.ops_workers()
+    rows = await store.stats.ops_workers()
     return Workers(heartbeat_timeout_s=timeout_s, workers=[_worker(row, timeout_s) for row in rows])

@@ -11,7 +11,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared import console_store, keys
+from shared import keys
+from shared.console_store import ConsoleStore
 from tests.support.api_client import api_client, assert_problem, new_key, stored_jobs
 from tests.support.database import count
 from tools import cli
@@ -70,7 +71,7 @@ async def test_a_second_key_of_a_client_survives_the_revocation_of_the_first(
     async with api_client(pool, api_key) as client:
         accepted = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())
     rotated = await create_key(conn, "tester")
-    assert await console_store.api_key_revoke(conn, key_prefix=str(keys.prefix_of(api_key)))
+    assert await ConsoleStore(conn).clients.api_key_revoke(key_prefix=str(keys.prefix_of(api_key)))
     async with api_client(pool, rotated) as client:
         assert (await client.get(accepted.headers["location"])).status_code == 200
 

@@ -9,7 +9,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from shared import console_store, keys
+from shared import keys
+from shared.console_store import ConsoleStore
 from tools import devrun
 
 
@@ -36,7 +37,7 @@ async def test_make_run_reuses_its_development_keys_and_replaces_a_revoked_one(
     assert stat.S_IMODE(devrun.dev_keys_path().stat().st_mode) == 0o600
 
     revoked_prefix = keys.prefix_of(first[0])
-    assert revoked_prefix is not None and await console_store.api_key_revoke(conn, key_prefix=revoked_prefix)
+    assert revoked_prefix is not None and await ConsoleStore(conn).clients.api_key_revoke(key_prefix=revoked_prefix)
     third = await devrun._prepare(database_url)
     assert third[0] != first[0] and third[1] == first[1]
     assert await _active_dev_keys(conn) == (1, 1)

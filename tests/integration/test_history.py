@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 from api import store as api_store
 from api.rows import Admission
 from shared import db, migrate, store
-from shared.console_store import snapshot_warning
+from shared.console_stats import snapshot_warning
 from shared.queries import QUERIES
 from sweeper import metrics as sweeper_metrics
 from sweeper import store as sweeper_store

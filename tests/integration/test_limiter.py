@@ -12,7 +12,7 @@ import msgspec
 import psycopg
 import pytest
 
-from shared import console_store
+from shared.console_store import ConsoleStore
 from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.status import LlmOutcome
 from tests.support import worker_statements
@@ -273,6 +273,6 @@ async def test_the_console_reads_the_bucket_as_the_claim_refills_it(
                         output_tokens_rate=LIMITS.output_tokens_rate, output_tokens_capacity=LIMITS.output_tokens_capacity)
     await conn.execute("UPDATE llm_rate_buckets SET requests = NULL, refilled_at = now() - interval '2 s' "
                        "WHERE model = %s", (MODEL,))
-    (bucket,) = await console_store.llm_rate_bucket_list(conn, limits=limits)
+    (bucket,) = await ConsoleStore(conn).stats.llm_rate_bucket_list(limits=limits)
     assert bucket.requests == pytest.approx(2.0, abs=0.1)
     assert len(await _claim(conn, "w", 5, requests_rate=1.0, requests_capacity=5.0)) == 2

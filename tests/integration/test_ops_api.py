@@ -18,7 +18,8 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api.ops import paging
-from shared import console_store, keys, store
+from shared import keys, store
+from shared.console_store import ConsoleStore
 from sweeper import store as sweeper_store
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem, new_key
@@ -53,7 +54,7 @@ async def test_every_ops_endpoint_answers_a_client_key_with_the_same_401_as_a_wr
     client_id, client_key = await seed.client(conn, "acme")
     job = await seed.insert_job(conn, seed.pending(client_id, 60))
     revoked = await seed.operator_key(conn, "gone")
-    assert await console_store.operator_key_revoke(conn, key_prefix=str(keys.prefix_of(revoked)))
+    assert await ConsoleStore(conn).clients.operator_key_revoke(key_prefix=str(keys.prefix_of(revoked)))
     unknown = keys.generate().key
     prefix = str(keys.prefix_of(client_key))
     async with api_client(pool) as client:

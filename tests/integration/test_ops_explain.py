@@ -70,11 +70,12 @@ def _kinds(scans: list[dict[str, Any]]) -> set[str]:
 async def test_the_jobs_list_walks_the_primary_key_down_its_id_range(
     conn: psycopg.AsyncConnection[Any], filters: dict[str, Any]
 ) -> None:
-    """Whatever the filters, ops_job_list reads story_jobs only on its primary key, bounded by before_id and
+    """Whatever the filters, the history walk of ops_job_list reads story_jobs only on its primary key, bounded by before_id and
     floor_id: the cost of a page is the stretch of ids (5 % of this table, as SCAN_IDS is 2 % of a million
     jobs), never the table. Mostly a backward walk that stops at the page's last row."""
     await _fill(conn, analyze_first=False)
-    params = {**NO_FILTER, **filters, "before_id": 15_000, "floor_id": 14_000, "limit": 50}
+    params = {**NO_FILTER, **filters, "live": False, "before_id": 15_000, "floor_id": 14_000,
+              "before_created_at": None, "limit": 50}
     scans = await _scans(conn, "ops_job_list", params)
     assert not any(scan["Node Type"] == "Seq Scan" for scan in scans), _kinds(scans)
     bounded = [scan for scan in scans if scan.get("Index Name") == "story_jobs_pkey"]
@@ -91,12 +92,12 @@ async def test_live_lists_read_the_live_jobs_index(conn: psycopg.AsyncConnection
     give, also with statistics taken while every job was pending; the pending list reads a live-jobs index
     (the active one, or the claim's turn index, which holds only pending jobs), never the table."""
     await _fill(conn, analyze_first=analyze_first)
-    live = {**NO_FILTER, "before_created_at": None, "before_id": None, "limit": 50}
-    (scan,) = await _scans(conn, "ops_job_list_live", {**live, "status": "running", "client_id": 1})
+    live = {**NO_FILTER, "live": True, "before_created_at": None, "before_id": None, "floor_id": None, "limit": 50}
+    (scan,) = await _scans(conn, "ops_job_list", {**live, "status": "running", "client_id": 1})
     assert (scan["Node Type"], scan["Index Name"], scan["Scan Direction"]) == (
         "Index Scan", "story_jobs_active_idx", "Backward")
     assert "status = " in scan["Index Cond"] and "ROW(created_at, id) < " in scan["Index Cond"]
-    scans = await _scans(conn, "ops_job_list_live", {**live, "status": "pending"})
+    scans = await _scans(conn, "ops_job_list", {**live, "status": "pending"})
     assert not any(scan["Node Type"] == "Seq Scan" for scan in scans), _kinds(scans)
     assert {scan["Index Name"] for scan in scans if "Index Name" in scan} <= LIVE_INDEXES, _kinds(scans)
 

@@ -10,7 +10,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from shared.config import SweeperSettings, load
+from shared.config import SweeperSettings
+from shared.config_load import load
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements

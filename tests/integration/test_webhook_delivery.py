@@ -15,7 +15,8 @@ import structlog
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import console_store, webhooks
+from shared import webhooks
+from shared.console_store import ConsoleStore
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import client_id_of, count, enqueue
 from tests.support.settings import worker_settings
@@ -143,7 +144,7 @@ async def test_a_late_attempt_cannot_record_onto_the_attempts_after_an_operators
     (second,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
     assert await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead",
                                                       status_code=500, error="HTTP 500") is not None
-    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is not None
+    assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is not None
     (fresh,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
     assert fresh.attempts == late.attempts == 1
     assert await delivery_store.webhook_delivery_finish(conn, delivery_id=late.id, lease=late.lease,

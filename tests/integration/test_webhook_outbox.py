@@ -13,8 +13,10 @@ from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
 from api import store as api_store
-from shared import console_store, webhooks
+from shared import webhooks
+from shared.console_store import ConsoleStore
 from shared.status import ErrorCode, LlmOutcome
+from shared.store import job_cancel
 from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
@@ -56,7 +58,7 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
         job_id=held[1], attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="boom",
         call_outcome=LlmOutcome.FAILED, billed=True)])
     assert (await api_store.job_cancel(conn, client_id=client, job_id=ids[2])) is not None
-    assert (await console_store.ops_job_cancel(conn, job_id=ids[3])) is not None
+    assert (await job_cancel(conn, client_id=None, job_id=ids[3])) is not None
     await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP)
     assert await _events(conn) == [
         (1, "completed", None), (2, "failed", "llm_error"), (3, "failed", "cancelled"), (4, "failed", "cancelled"),
@@ -111,14 +113,14 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
                                "WHERE id = %s", first.id)
     assert 290 <= due_in <= 300
     await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
-    (row,) = await console_store.webhook_endpoint_list(conn)
+    (row,) = await ConsoleStore(conn).webhooks.webhook_endpoint_list()
     assert row.id == endpoint and row.failing_since is not None and (row.pending, row.dead) == (1, 1)
-    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is not None
-    assert await console_store.webhook_delivery_retry(conn, delivery_id=second.id) is None, "only a dead delivery is retried"
+    assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is not None
+    assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is None, "only a dead delivery is retried"
     (again,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert again.id == second.id and again.attempts == 1
     await delivery_store.webhook_delivery_finish(conn, delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
-    (row,) = await console_store.webhook_endpoint_list(conn)
+    (row,) = await ConsoleStore(conn).webhooks.webhook_endpoint_list()
     assert row.failing_since is None
 
 

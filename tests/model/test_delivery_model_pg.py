@@ -41,7 +41,8 @@ from hypothesis.stateful import (
 )
 
 from api import store as api_store
-from shared import console_store, webhooks
+from shared import webhooks
+from shared.console_store import ConsoleStore
 from sweeper import store as sweeper_store
 from tests.model.machine_pg import PostgresMachine
 from tests.support.database import client_id_of, enqueue
@@ -221,7 +222,7 @@ class DeliveryMachine(PostgresMachine):
     def an_operator_retries(self, data: st.DataObject) -> None:
         """An operator sends a dead delivery again: its endpoint enabled, its schedule from the start."""
         delivery_id = data.draw(st.sampled_from(sorted(i for i, d in self.deliveries.items() if d.state == "dead")))
-        assert self.run(console_store.webhook_delivery_retry(self.conn, delivery_id=delivery_id)) is not None
+        assert self.run(ConsoleStore(self.conn).webhooks.webhook_delivery_retry(delivery_id=delivery_id)) is not None
         model = self.deliveries[delivery_id]
         model.state, model.attempts, model.lease, model.due, model.in_flight = "pending", 0, model.lease + 1, True, False
         self.disabled.discard(model.endpoint)

@@ -57,6 +57,7 @@ from hypothesis.stateful import (
 
 from api import store as api_store
 from api.admission import admission
+from shared import store
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter
 from shared.console_store import ConsoleStore
@@ -192,7 +193,7 @@ class FairTurnsMachine(PostgresMachine):
         """Each client starts with a weight (no turn given yet: nothing to settle), some jobs queued, and some
         keep their queue full from the start."""
         for name, weight, queued, full in zip(CLIENTS, weights, jobs, saturated, strict=True):
-            assert self.run(self.console.api_client_weight_set(client_id=self.clients[name].id, weight=weight))
+            assert self.run(store.api_client_weight_set(self.conn, client_id=self.clients[name].id, weight=weight))
             self.clients[name].weight = weight
             if queued:
                 self._post(name, queued)
@@ -260,9 +261,9 @@ class FairTurnsMachine(PostgresMachine):
         name = data.draw(st.sampled_from([n for n in CLIENTS if self.clients[n].pending]))
         client = self.clients[name]
         filters = JobFilter(client_id=client.id)
-        counted = self.run(self.console.ops_job_count_pending(filters=filters))
+        counted = self.run(self.console.jobs.ops_job_count_pending(filters=filters))
         assert counted.pending == len(client.pending) and counted.through_id is not None
-        cancelled = self.run(self.console.ops_job_cancel_pending(filters=filters, through_id=counted.through_id))
+        cancelled = self.run(self.console.jobs.ops_job_cancel_pending(filters=filters, through_id=counted.through_id))
         assert sorted(cancelled) == sorted(client.pending)
         client.pending.clear()
         self._keep_windows()
@@ -272,7 +273,7 @@ class FairTurnsMachine(PostgresMachine):
     def a_clients_weight_changes(self, client: str, weight: int, meanwhile: list[tuple[str, int]]) -> None:
         """The console sets a client's weight: its jobs admitted from now on take it."""
         model = self.clients[client]
-        assert self.run(self.console.api_client_weight_set(client_id=model.id, weight=weight))
+        assert self.run(store.api_client_weight_set(self.conn, client_id=model.id, weight=weight))
         if weight != model.weight:
             model.weight, model.since_weight_change = weight, set()
         self._keep_windows()

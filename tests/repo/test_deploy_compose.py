@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import shlex
 
-from shared import config
+from shared import config_load
 from tests.repo.deploy_files import SETTINGS_BY_COMPONENT, compose, compose_env, duration_s
 from worker.coordinator import SHUTDOWN_FLUSH_S
 
@@ -60,4 +60,4 @@ def test_compose_settings_pass_the_processes_own_validation() -> None:
     services = compose()["services"]
     for name, settings_type in SETTINGS_BY_COMPONENT.items():
         env = {**compose_env(services[name]), "ANTHROPIC_API_KEY": "sk-test"}
-        config.load(settings_type, env)
+        config_load.load(settings_type, env)

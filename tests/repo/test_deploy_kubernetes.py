@@ -12,7 +12,7 @@ import kubernetes_validate
 import pytest
 from kubernetes_validate import utils as kubernetes_validate_utils
 
-from shared import config
+from shared import config_load
 from tests.repo.deploy_files import (
     ENTRYPOINTS,
     SETTINGS_BY_COMPONENT,
@@ -55,7 +55,7 @@ def test_k8s_settings_pass_the_processes_own_validation() -> None:
     """Each workload's ConfigMap and env load without a configuration error."""
     for workload in workloads():
         settings_type = SETTINGS_BY_COMPONENT[component(workload)]
-        config.load(settings_type, container_env(only_container(workload)))
+        config_load.load(settings_type, container_env(only_container(workload)))
 
 
 # KEDA's kinds are custom resources: the Kubernetes schemas do not describe them

@@ -16,9 +16,10 @@ import psycopg
 
 from api import store as api_store
 from api.admission import admission
-from shared import console_store, keys, store
+from shared import keys, store
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter
+from shared.console_store import ConsoleStore
 from shared.story_request import StoryRequest
 from tests.support import postgres_server
 from worker.rows import Completion
@@ -166,7 +167,7 @@ async def cancel_pending_in_bulk(conn: psycopg.AsyncConnection[Any], client_id: 
     runs it: counted, then cancelled up to the last one counted. Returns the
     jobs it cancelled (none when none was pending)."""
     filters = JobFilter(client_id=client_id)
-    counted = await console_store.ops_job_count_pending(conn, filters=filters)
+    counted = await ConsoleStore(conn).jobs.ops_job_count_pending(filters=filters)
     if counted.through_id is None:
         return []
-    return await console_store.ops_job_cancel_pending(conn, filters=filters, through_id=counted.through_id)
+    return await ConsoleStore(conn).jobs.ops_job_cancel_pending(filters=filters, through_id=counted.through_id)

@@ -12,7 +12,8 @@ import psycopg
 import pytest
 
 from api import store as api_store
-from shared import console_store, keys, webhooks
+from shared import keys, webhooks
+from shared.console_store import ConsoleStore
 from shared.status import ErrorCode, LlmOutcome
 from tests.support import ops_seed as seed
 from tests.support import worker_statements
@@ -168,10 +169,10 @@ def test_actions_lists_what_operators_did_newest_first(database_url: str) -> Non
             ada = await keys.create_operator(conn, "ada")
             job = await enqueue(conn, await client_id_of(conn, "ops"), "a story")
             key_id = await count(conn, "SELECT id FROM operator_keys WHERE key_prefix = %s", ada.prefix)
-            await console_store.operator_action_record(conn, operator_key_id=key_id, action="job_cancel", job_id=job,
-                                               touched=1)
-            await console_store.operator_action_record(conn, operator_key_id=key_id, action="client_keys_revoke",
-                                               filter={"client_id": 7}, touched=2)
+            console = ConsoleStore(conn)
+            await console.operator_action_insert(operator_key_id=key_id, action="job_cancel", job_id=job, touched=1)
+            await console.operator_action_insert(operator_key_id=key_id, action="client_keys_revoke",
+                                                 filter={"client_id": 7}, touched=2)
             return ada.prefix, str(job)
 
     prefix, job = asyncio.run(record())

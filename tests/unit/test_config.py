@@ -8,7 +8,8 @@ from decimal import Decimal
 
 import pytest
 
-from shared.config import ApiSettings, ConfigError, SweeperSettings, WorkerSettings, load
+from shared.config import ApiSettings, ConfigError, SweeperSettings, WorkerSettings
+from shared.config_load import load
 from tests.support.host import REPO
 
 

@@ -14,8 +14,8 @@ from shared.config import (
     ConfigError,
     SweeperSettings,
     WorkerSettings,
-    load,
 )
+from shared.config_load import load
 
 POOLER = "postgresql://storyjobs@pgbouncer:6432/storyjobs"
 DIRECT = "postgresql://storyjobs@postgres:5432/storyjobs"
