@@ -144,7 +144,8 @@ WHERE k.key_prefix = %(key_prefix)s;
 -- worker, which sees the change at its next heartbeat and closes its
 -- stream, writes what the call cost), and its open call closed as
 -- interrupted. A pending job's turn is given back to its client
--- (job_turns_given_back_ctes), so the caller takes the admission lock first.
+-- (job_turns_give_back, migration 022), so the caller takes the admission
+-- lock first.
 -- The snapshot row tells the caller why nothing changed; no row: no such job
 -- (for this client).
 WITH job AS (
@@ -159,53 +160,12 @@ cancelled AS MATERIALIZED (
               FROM job),
         '{pending,running}', NULL, NULL) c
 ),
-given_up AS MATERIALIZED (
-    SELECT id, client_id, turn FROM cancelled WHERE was_pending AND turn IS NOT NULL
-),
--- include: job_turns_given_back_ctes
-SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
-FROM job;
-
--- name: job_turns_given_back_ctes
--- The turns of cancelled pending jobs (`given_up`: id, client_id, turn, from
--- the including statement, which runs under the admission lock) given back
--- to their clients, so that a client that cancels queued jobs loses no
--- place in the round (sql/009_fair_share.sql; docs/provider-limits.md):
--- its later pending jobs move up by the length of each turn given up before
--- them, and where its last turn ends moves back by all of them. A client's
--- jobs admitted while an earlier one was pending have turns end to end, so
--- a turn's length is where the client's next live job's starts, or for its
--- last one where its last turn ends (a weight changed since does not
--- matter). The client's live jobs are read from the statement's snapshot,
--- where the cancelled ones are still pending; a job claimed meanwhile is
--- re-checked after its row lock and left alone.
-chain AS MATERIALIZED (
-    SELECT j.id, j.status, j.client_id, j.turn, j.id IN (SELECT id FROM given_up) AS gone,
-           coalesce(lead(j.turn) OVER w, a.last_turn, j.turn) - j.turn AS length
-    FROM story_jobs j
-    JOIN (SELECT client_id, min(turn) AS from_turn FROM given_up GROUP BY client_id) g ON g.client_id = j.client_id
-    LEFT JOIN job_admission a ON a.client_id = j.client_id
-    WHERE j.status IN ('pending', 'running') AND j.turn >= g.from_turn
-    WINDOW w AS (PARTITION BY j.client_id ORDER BY j.turn, j.id)
-),
-moved_up AS MATERIALIZED (
-    SELECT id, status, gone, sum(CASE WHEN gone THEN length ELSE 0 END) OVER (
-               PARTITION BY client_id ORDER BY turn, id ROWS UNBOUNDED PRECEDING) AS shift
-    FROM chain
-),
-turns_moved AS (
-    -- reached by id through `id = ANY (ARRAY(...))`, an index lookup whatever
-    -- the generic plan guesses (see jobs_end, migration 019)
-    UPDATE story_jobs j SET turn = j.turn - m.shift
-    FROM moved_up m
-    WHERE j.id = ANY (ARRAY(SELECT id FROM moved_up WHERE NOT gone AND status = 'pending' AND shift > 0))
-      AND j.id = m.id AND j.status = 'pending'
-),
-last_turns_moved AS (
-    UPDATE job_admission a SET last_turn = a.last_turn - g.length
-    FROM (SELECT client_id, sum(length) AS length FROM chain WHERE gone GROUP BY client_id) g
-    WHERE a.client_id = g.client_id AND g.length > 0
+given_back AS MATERIALIZED (
+    SELECT job_turns_give_back(ARRAY(SELECT ROW(id, client_id, turn)::job_turn FROM cancelled
+                                     WHERE was_pending AND turn IS NOT NULL))
 )
+SELECT job.status::text AS previous_status, EXISTS (SELECT 1 FROM cancelled) AS cancelled
+FROM job CROSS JOIN (SELECT count(*) FROM given_back) g;
 
 -- name: budget_days_today
 -- Today's (UTC) spend and reservations, all clients (scope 'all') and each

@@ -155,8 +155,8 @@ WHERE j.status = 'pending'
 -- at once cannot deadlock; a job a worker claims meanwhile is re-checked
 -- after the lock, found running and left alone. Cancelling lowers the true
 -- pending count, so job_admission's bounds stay bounds. The cancelled jobs'
--- turns are given back to their clients (job_turns_given_back_ctes), so the
--- caller takes the admission lock first.
+-- turns are given back to their clients (job_turns_give_back, migration 022),
+-- so the caller takes the admission lock first.
 WITH matching AS MATERIALIZED (
     SELECT j.id FROM story_jobs j
     WHERE j.status = 'pending' AND j.id <= %(through_id)s
@@ -173,11 +173,11 @@ cancelled AS MATERIALIZED (
         ARRAY(SELECT ROW(id, 'failed', 'cancelled', 'cancelled by an operator', NULL, NULL)::job_end FROM matching),
         '{pending}', NULL, NULL) c
 ),
-given_up AS MATERIALIZED (
-    SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL
-),
--- include: job_turns_given_back_ctes
-SELECT public_id FROM cancelled;
+given_back AS MATERIALIZED (
+    SELECT job_turns_give_back(ARRAY(SELECT ROW(id, client_id, turn)::job_turn FROM cancelled
+                                     WHERE turn IS NOT NULL))
+)
+SELECT public_id FROM cancelled CROSS JOIN (SELECT count(*) FROM given_back) g;
 
 -- name: ops_client_list
 -- The clients, for the console's filter and its keys screen, and `storyjobs

@@ -224,8 +224,8 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a client's cancelled pending jobs give their turns back: it loses no place in the round",
         tier="integration",
         file="sql/common.sql",
-        edits=(("    SELECT id, client_id, turn FROM cancelled WHERE was_pending AND turn IS NOT NULL\n",
-                "    SELECT id, client_id, turn FROM cancelled WHERE false\n"),),
+        edits=(("                                     WHERE was_pending AND turn IS NOT NULL))\n",
+                "                                     WHERE false))\n"),),
         tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
     ),
     Mutant(
@@ -234,8 +234,8 @@ MUTANTS: tuple[Mutant, ...] = (
                   "the round",
         tier="integration",
         file="sql/console.sql",
-        edits=(("    SELECT id, client_id, turn FROM cancelled WHERE turn IS NOT NULL\n",
-                "    SELECT id, client_id, turn FROM cancelled WHERE false\n"),),
+        edits=(("                                     WHERE turn IS NOT NULL))\n",
+                "                                     WHERE false))\n"),),
         tests=("tests/integration/test_fair_turns.py", "tests/model/test_fair_turns_model_pg.py"),
     ),
     Mutant(
