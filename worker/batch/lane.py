@@ -11,9 +11,9 @@ holder, in one tick:
    margin) and adopts the one batch it does not know whose request count
    is the intent's; none within BATCH_RECONCILE_GRACE_S, the intent is lost
    and its jobs fail as calls of unknown outcome, charged their worst case.
-   While a lost intent is younger than a day, any batch of the workspace it
-   does not know is recorded as a stray: cancelled, and its results charged
-   by custom_id. A create is never sent again blindly;
+   For a day after an intent is lost, any batch of the workspace it does
+   not know is recorded as a stray: cancelled, and its results charged by
+   custom_id. A create is never sent again blindly;
 2. collects the batches in flight every BATCH_POLL_INTERVAL_S: what the
    provider says of each, a cancel for one whose jobs all ended elsewhere,
    and for an ended one its results, ingested by custom_id in transactions
