@@ -237,8 +237,11 @@ RETURNING id;
 
 -- name: batch_live_list
 -- The batches the holder looks after: intents (to reconcile), batches in
--- flight and strays (to collect), and lost intents of the last 24 hours
--- (while their batch may still turn up), oldest first.
+-- flight and strays (to collect), and intents lost in the last 24 hours
+-- (while their batch may still turn up), oldest first. A day from the loss,
+-- not from the fence: an intent lost long after its fence (no holder for a
+-- day) may still see its batch made by a holder that was paused before its
+-- create call.
 SELECT b.id, b.state, b.provider_batch_id, b.model, b.request_count, b.fence_at, b.expires_at,
        b.processing_status, b.cancel_asked_at, b.lost_batch_id,
        extract(epoch FROM now() - b.fence_at)::float8 AS age_s,
@@ -246,7 +249,8 @@ SELECT b.id, b.state, b.provider_batch_id, b.model, b.request_count, b.fence_at,
        NOT EXISTS (SELECT 1 FROM message_batch_items i JOIN story_jobs j ON j.id = i.job_id
                    WHERE i.batch_id = b.id AND j.status = 'running' AND j.batch_id = b.id) AS abandoned
 FROM message_batches b
-WHERE b.state IN ('intent', 'sent', 'stray') OR (b.state = 'lost' AND b.fence_at > now() - interval '24 hours')
+WHERE b.state IN ('intent', 'sent', 'stray')
+   OR (b.state = 'lost' AND coalesce(b.ended_at, b.fence_at) > now() - interval '24 hours')
 ORDER BY b.id;
 
 -- name: batch_known

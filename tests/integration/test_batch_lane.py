@@ -275,6 +275,36 @@ async def test_a_stray_batch_found_after_a_lost_intent_is_cancelled_and_its_resu
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'ended'") == 1
 
 
+async def test_an_intent_lost_days_after_its_fence_still_takes_its_late_batch_for_a_stray(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """An intent whose create went unanswered, reconciled by no holder for two days: it is lost then, and a
+    batch of it made after that (a holder paused before its create call, resumed) is watched for a day after
+    the loss, not after the fence: recorded as a stray, its success brings the job's charge to its cost
+    (found by the lane's model-based test)."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a sleeping owl")
+    fake.queue(BatchPlan(status=500))
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    await conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '2 days'")
+    assert (await lane.tick_once()).lost == 1
+    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
+                             "JOIN story_jobs j ON j.id = i.job_id")
+    ((custom_id, model, max_tokens),) = await cur.fetchall()
+    late = fake.make_batch([{"custom_id": custom_id, "params": {
+        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
+        "messages": [{"role": "user", "content": "a sleeping owl"}]}}])
+    assert (await lane.tick_once()).strays == 1
+    fake.end_batch(late)
+    await lane.tick_once()
+    cur = await conn.execute("SELECT c.cost_usd, j.charged_usd, c.outcome FROM llm_calls c "
+                             "JOIN story_jobs j ON j.id = c.job_id")
+    ((cost, charged, outcome),) = await cur.fetchall()
+    assert outcome == "succeeded" and cost == charged
+    assert sum(fake.bills_by_custom_id().values()) == 1
+
+
 async def test_a_batch_the_provider_no_longer_knows_charges_its_requests_as_of_unknown_outcome(
     conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
 ) -> None:

@@ -5,11 +5,12 @@ An intent whose create was not answered is resolved by walking the
 provider's list newest first down to the intent's fence (less a clock
 margin) and adopting the one batch we do not know whose request count is
 the intent's; none within BATCH_RECONCILE_GRACE_S, the intent is lost and
-its jobs fail as calls of unknown outcome, charged their worst case. While
-a lost intent is younger than a day, any batch of the workspace we do not
-know is recorded as a stray: cancelled, and its results charged by
-custom_id (batch_live_list lists the lost intents of the last 24 hours: a
-create is answered, at the latest, well within a day). A create is never sent again blindly.
+its jobs fail as calls of unknown outcome, charged their worst case. For a
+day after an intent is lost, any batch of the workspace we do not know is
+recorded as a stray: cancelled, and its results charged by custom_id
+(batch_live_list lists the intents lost in the last 24 hours: a create is
+answered, at the latest, well within a day). A create is never sent again
+blindly.
 """
 
 from __future__ import annotations
