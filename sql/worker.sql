@@ -17,72 +17,42 @@
 -- The rate limit is a parameter (shared/ratelimit.py's claim_params):
 -- %(limited)s when any rate is configured (%(requests_rate)s,
 -- %(input_tokens_rate)s, %(output_tokens_rate)s; NULL: no limit of that
--- kind). With one, the model's bucket row is locked, refilled to now (what the
--- settled calls did not use was given back by job_settle), capped by what
--- the provider's headers last said was left, and a job is claimed only while
--- the bucket covers one request, its estimated input tokens and its
--- max_tokens; a job it does not cover stays pending without holding back the
--- jobs behind it that it covers (until it is owed the bucket: see `held`).
--- Without one, the bucket row is only read, never locked or written but for
--- a pause: claimers without a limit do not queue on one row. Either way a
--- pause (a 429's retry-after, or the provider's headers saying nothing is
--- left: %(provider_pause_s)s, a duration, as every time the limiter keeps is
--- the database's) claims nothing, and is written there for every worker.
+-- kind). With one, the model's bucket row is locked and refilled first
+-- (llm_rate_bucket_hold, migration 023; what the settled calls did not use
+-- was given back by job_settle), and the jobs it covers are chosen among the
+-- claimable ones and what they take written back (llm_rate_bucket_take).
+-- Without one, the bucket row is only read, never locked nor written but for
+-- a pause, and neither function runs: claimers without a limit do not queue
+-- on one row, nor start the limiter's plan. Either way a pause (a 429's
+-- retry-after, or the provider's headers saying nothing is left:
+-- %(provider_pause_s)s, a duration, as every time the limiter keeps is the
+-- database's) claims nothing, and is written there for every worker.
 WITH
-limiter AS MATERIALIZED (
-    SELECT %(limited)s::boolean AS limited
+-- Without a limit: the pause, and the limits other workers pace the bucket
+-- by: a worker that has not heard them yet claims nothing, learns them from
+-- the answer and claims with the limiter from its next round.
+bucket_read AS MATERIALIZED (
+    SELECT greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
+           b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
+           coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
+               AS paced
+    FROM (SELECT 1) one LEFT JOIN llm_rate_buckets b ON b.model = %(model)s
+    WHERE NOT %(limited)s::boolean
 ),
--- The bucket as it stands now, at most one row, locked when a limit is
--- configured (a missing row then covers nothing this round and is recreated
--- below). The job rows this statement locks after it are locked with SKIP
--- LOCKED: a statement holding the bucket never waits for a job row, so the
--- bucket joins no deadlock.
-bucket_locked AS MATERIALIZED (
-    SELECT b.* FROM llm_rate_buckets b
-    WHERE b.model = %(model)s AND (SELECT limited FROM limiter)
-    FOR NO KEY UPDATE OF b
-),
-bucket AS MATERIALIZED (
-    SELECT * FROM bucket_locked
-    UNION ALL
-    SELECT b.* FROM llm_rate_buckets b WHERE b.model = %(model)s AND NOT (SELECT limited FROM limiter)
-),
-bucket_now AS MATERIALIZED (
-    SELECT
-        l.limited,
-        -- greatest() passes over NULLs: no row, no pause. Each kind refilled
-        -- (bucket_refilled, migration 012) and capped by what the provider
-        -- last said was left.
-        greatest(b.paused_until, now() + make_interval(secs => %(provider_pause_s)s::float8)) AS paused_until,
-        CASE WHEN %(requests_rate)s::float8 IS NULL THEN NULL
-             WHEN b.model IS NULL THEN 0
-             ELSE least(bucket_refilled(b.requests, %(requests_rate)s::float8, %(requests_capacity)s::float8,
-                                        b.refilled_at, 0),
-                        coalesce(%(provider_requests)s::float8, 'infinity')) END AS requests,
-        CASE WHEN %(input_tokens_rate)s::float8 IS NULL THEN NULL
-             WHEN b.model IS NULL THEN 0
-             ELSE least(bucket_refilled(b.input_tokens, %(input_tokens_rate)s::float8,
-                                        %(input_tokens_capacity)s::float8, b.refilled_at, 0),
-                        coalesce(%(provider_input_tokens)s::float8, 'infinity')) END AS input_tokens,
-        CASE WHEN %(output_tokens_rate)s::float8 IS NULL THEN NULL
-             WHEN b.model IS NULL THEN 0
-             ELSE least(bucket_refilled(b.output_tokens, %(output_tokens_rate)s::float8,
-                                        %(output_tokens_capacity)s::float8, b.refilled_at, 0),
-                        coalesce(%(provider_output_tokens)s::float8, 'infinity')) END AS output_tokens,
-        -- the limits other workers pace the bucket by: a worker without a
-        -- limit that has not heard them yet claims nothing, learns them from
-        -- the answer and claims with the limiter from its next round
-        b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute,
-        NOT l.limited
-            AND coalesce(b.requests_per_minute, b.input_tokens_per_minute, b.output_tokens_per_minute) IS NOT NULL
-            AS paced
-    FROM limiter l
-    LEFT JOIN bucket b ON true
+-- With a limit: the bucket, locked before any job row
+bucket_held AS MATERIALIZED (
+    SELECT llm_rate_bucket_hold(%(model)s, %(provider_pause_s)s::float8,
+                                %(requests_rate)s::float8, %(requests_capacity)s::float8,
+                                %(input_tokens_rate)s::float8, %(input_tokens_capacity)s::float8,
+                                %(output_tokens_rate)s::float8, %(output_tokens_capacity)s::float8,
+                                %(provider_requests)s::float8, %(provider_input_tokens)s::float8,
+                                %(provider_output_tokens)s::float8) AS bucket
+    WHERE %(limited)s::boolean
 ),
 -- The next pending jobs in turn order; with a limit, twice the slots to
 -- fill: a job the bucket does not cover now lets the ones behind it that it
--- does cover go first (below). (Each row looked at is locked: a longer look
--- costs every round.)
+-- does cover go first. (Each row looked at is locked: a longer look costs
+-- every round.)
 claimable AS MATERIALIZED (
     SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
@@ -90,47 +60,26 @@ claimable AS MATERIALIZED (
     FROM story_jobs
     WHERE status = 'pending' AND lane = 'interactive'
     ORDER BY turn, id
-    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) OR paced THEN 0
-                       WHEN limited THEN 2 * %(claim_limit)s
-                       ELSE %(claim_limit)s END
-           FROM bucket_now)
+    LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END
+           FROM bucket_read
+           UNION ALL
+           SELECT CASE WHEN coalesce((bucket).paused_until > now(), false) THEN 0 ELSE 2 * %(claim_limit)s END
+           FROM bucket_held)
     FOR NO KEY UPDATE SKIP LOCKED
 ),
--- Whether the bucket covers each job on its own (a kind without a limit
--- covers every job).
-covered AS MATERIALIZED (
-    SELECT c.*, (b.requests IS NULL OR b.requests >= 1)
-                AND (b.input_tokens IS NULL OR c.input_tokens_need <= b.input_tokens)
-                AND (b.output_tokens IS NULL OR c.output_tokens_need <= b.output_tokens) AS fits
-    FROM claimable c, bucket_now b
+-- With a limit: the jobs the bucket covers, and the bucket as they leave it
+taken AS MATERIALIZED (
+    SELECT t.* FROM bucket_held h
+    CROSS JOIN LATERAL llm_rate_bucket_take(
+        %(model)s, %(worker_id)s, h.bucket,
+        ARRAY(SELECT ROW(id, turn, input_tokens_need, output_tokens_need)::job_need FROM claimable ORDER BY turn, id),
+        %(claim_limit)s, %(burst_s)s::float8, %(requests_rate)s::float8, %(input_tokens_rate)s::float8,
+        %(output_tokens_rate)s::float8) t
 ),
--- The first job the bucket does not cover. Once it has waited for the
--- bucket LLM_RATE_BURST_S (%(burst_s)s: about what the bucket takes to fill),
--- the jobs behind it stop passing it, so that it is never starved: the
--- bucket fills for it, and it goes first.
-held AS MATERIALIZED (
-    SELECT h.id, h.turn,
-           coalesce(h.id = b.held_job_id AND b.held_since < now() - make_interval(secs => %(burst_s)s::float8),
-                    false) AS reserving,
-           CASE WHEN h.id = b.held_job_id THEN b.held_since ELSE now() END AS since
-    FROM (SELECT id, turn FROM covered WHERE NOT fits ORDER BY turn, id LIMIT 1) h
-    LEFT JOIN bucket b ON true
-),
--- the jobs the bucket covers, in turn order, up to the free slots, passing
--- those it does not cover (unless one of them is owed the bucket)
 chosen AS MATERIALIZED (
-    SELECT c.id, c.input_tokens_need, c.output_tokens_need FROM (
-        SELECT c.*, row_number() OVER w AS n, sum(c.input_tokens_need) OVER w AS input_tokens_cum,
-               sum(c.output_tokens_need) OVER w AS output_tokens_cum
-        FROM covered c
-        WHERE c.fits AND NOT EXISTS (
-            SELECT 1 FROM held h WHERE h.reserving AND (h.turn, h.id) < (c.turn, c.id))
-        WINDOW w AS (ORDER BY c.turn, c.id)
-    ) c, bucket_now b
-    WHERE c.n <= %(claim_limit)s
-      AND (b.requests IS NULL OR c.n <= b.requests)
-      AND (b.input_tokens IS NULL OR c.input_tokens_cum <= b.input_tokens)
-      AND (b.output_tokens IS NULL OR c.output_tokens_cum <= b.output_tokens)
+    SELECT id FROM claimable WHERE NOT %(limited)s::boolean
+    UNION ALL
+    SELECT unnest(chosen) FROM taken
 ),
 claimed AS (
     UPDATE story_jobs j
@@ -147,62 +96,11 @@ first_calls AS (
     INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, worst_case_usd)
     SELECT id, 1, %(worker_id)s, %(provider)s, %(model)s, worst_case_usd FROM claimed
 ),
-taken AS MATERIALIZED (
-    SELECT count(*)::float8 AS requests, coalesce(sum(c.input_tokens_need), 0)::float8 AS input_tokens,
-           coalesce(sum(c.output_tokens_need), 0)::float8 AS output_tokens
-    FROM chosen c JOIN claimed USING (id)
-),
-bucket_left AS MATERIALIZED (
-    SELECT b.limited, b.paused_until, b.requests - t.requests AS requests,
-           b.input_tokens - t.input_tokens AS input_tokens, b.output_tokens - t.output_tokens AS output_tokens,
-           -- held back (paused, or a job looked at and not chosen) with a
-           -- slot still free: this worker would wake for the bucket
-           %(claim_limit)s > t.requests
-           AND (coalesce(b.paused_until > now(), false)
-                OR EXISTS (SELECT 1 FROM claimable c WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))))
-               AS would_wake
-    FROM bucket_now b, taken t
-),
--- With a limit, the bucket as this claim left it.
-bucket_written AS (
-    INSERT INTO llm_rate_buckets AS b (model, requests, input_tokens, output_tokens, refilled_at, paused_until,
-                                       held_job_id, held_since, requests_per_minute, input_tokens_per_minute,
-                                       output_tokens_per_minute, waker, waker_until)
-    SELECT %(model)s, l.requests, l.input_tokens, l.output_tokens, now(), coalesce(l.paused_until, '-infinity'),
-           h.id, h.since, %(requests_rate)s::float8 * 60, %(input_tokens_rate)s::float8 * 60,
-           %(output_tokens_rate)s::float8 * 60,
-           CASE WHEN l.would_wake THEN %(worker_id)s END,
-           CASE WHEN l.would_wake
-                THEN greatest(l.paused_until, now()) + make_interval(secs => %(burst_s)s::float8) END
-    FROM bucket_left l LEFT JOIN held h ON true
-    WHERE l.limited
-    ON CONFLICT (model) DO UPDATE
-    SET requests = excluded.requests, input_tokens = excluded.input_tokens,
-        output_tokens = excluded.output_tokens,
-        refilled_at = greatest(b.refilled_at, excluded.refilled_at),
-        paused_until = greatest(b.paused_until, excluded.paused_until),
-        requests_per_minute = excluded.requests_per_minute, input_tokens_per_minute = excluded.input_tokens_per_minute,
-        output_tokens_per_minute = excluded.output_tokens_per_minute,
-        -- a round that looked at no job (paused, or no slot) leaves them as they are
-        held_job_id = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_job_id ELSE b.held_job_id END,
-        held_since = CASE WHEN EXISTS (SELECT 1 FROM claimable) THEN excluded.held_since ELSE b.held_since END,
-        -- the role is taken when it is free, ours or overdue, and given up
-        -- by its holder when it no longer would wake; a round that only
-        -- settles (no slot to claim with) leaves it as it is
-        waker = CASE WHEN %(claim_limit)s = 0 THEN b.waker
-                     WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
-                     THEN excluded.waker ELSE b.waker END,
-        waker_until = CASE WHEN %(claim_limit)s = 0 THEN b.waker_until
-                           WHEN b.waker IS NULL OR b.waker = %(worker_id)s OR b.waker_until <= now()
-                           THEN excluded.waker_until ELSE b.waker_until END
-    RETURNING b.waker, b.waker_until
-),
 -- Without a limit, only a pause the headers announce, for every worker.
 pause_shared AS (
     INSERT INTO llm_rate_buckets AS b (model, paused_until)
     SELECT %(model)s, now() + make_interval(secs => %(provider_pause_s)s::float8)
-    FROM limiter l
-    WHERE NOT l.limited AND %(provider_pause_s)s::float8 > 0
+    WHERE NOT %(limited)s::boolean AND %(provider_pause_s)s::float8 > 0
     ON CONFLICT (model) DO UPDATE SET paused_until = greatest(b.paused_until, excluded.paused_until)
 )
 SELECT
@@ -218,30 +116,27 @@ coalesce((
         ORDER BY c.id)
     FROM claimed c
 )::text, '[]') AS claimed,
--- the bucket after this claim (a row a limited round wrote holds
--- '-infinity': bucket_paused_s reads it as no pause), and the needs of the
--- first job it held back
-(SELECT json_build_object(
-    'paused_s', bucket_paused_s(l.paused_until),
-    'requests', l.requests, 'input_tokens', l.input_tokens, 'output_tokens', l.output_tokens,
-    'next_input_tokens', n.input_tokens_need,
-    -- paced by limits not heard yet: held back until they are learned
-    'next_output_tokens', CASE WHEN p.paced AND %(claim_limit)s > 0 THEN 0 ELSE n.output_tokens_need END,
-    'requests_per_minute', p.requests_per_minute, 'input_tokens_per_minute', p.input_tokens_per_minute,
-    'output_tokens_per_minute', p.output_tokens_per_minute,
-    -- whether this worker wakes for the bucket, and else when the waker's
-    -- role ends: until then another worker wakes for it (without a limit,
-    -- every worker wakes for itself)
-    'waker', NOT l.limited OR coalesce(w.waker = %(worker_id)s, false),
-    'waker_in_s', greatest(coalesce(extract(epoch FROM w.waker_until - now()), 0), 0))
- FROM bucket_left l
- CROSS JOIN bucket_now p
- LEFT JOIN bucket_written w ON true
- LEFT JOIN LATERAL (
-     SELECT c.input_tokens_need, c.output_tokens_need FROM claimable c
-     WHERE c.id <> ALL (ARRAY(SELECT id FROM chosen))
-     ORDER BY c.turn, c.id LIMIT 1
- ) n ON true)::text AS limiter;
+-- what the limiter said (a row a limited claim wrote holds '-infinity':
+-- bucket_paused_s reads it as no pause)
+coalesce(
+    -- with a limit: the bucket after this claim, the needs of the first job
+    -- it held back, and whether this worker wakes for the bucket (else when
+    -- the waker's role ends: until then another worker wakes for it)
+    (SELECT json_build_object(
+         'paused_s', bucket_paused_s(t.paused_until),
+         'requests', t.requests, 'input_tokens', t.input_tokens, 'output_tokens', t.output_tokens,
+         'next_input_tokens', t.next_input_tokens, 'next_output_tokens', t.next_output_tokens,
+         'waker', t.waker, 'waker_in_s', t.waker_in_s)
+     FROM taken t),
+    -- without: the pause, and the limits others pace by (held back until
+    -- they are learned); every worker wakes for itself
+    (SELECT json_build_object(
+         'paused_s', bucket_paused_s(r.paused_until),
+         'requests_per_minute', r.requests_per_minute, 'input_tokens_per_minute', r.input_tokens_per_minute,
+         'output_tokens_per_minute', r.output_tokens_per_minute,
+         'next_output_tokens', CASE WHEN r.paced AND %(claim_limit)s > 0 THEN 0 END)
+     FROM bucket_read r)
+)::text AS limiter;
 
 -- name: job_fail_running
 -- The worker gives up on jobs it owns (LLM error, rejected request): the
