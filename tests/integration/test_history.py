@@ -17,8 +17,8 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
 from api.rows import Admission
+from api.store import ApiStore
 from shared import db, migrate, store
 from shared.console_store import snapshot_warning
 from shared.queries import QUERIES
@@ -154,7 +154,7 @@ async def test_admission_never_compiles_after_statistics_taken_during_a_backlog(
     (bare,) = plans
     assert bare["Plan"]["Total Cost"] > 100_000 and "JIT" in bare, "the statistics no longer mislead the planner"
     plans.clear()
-    (result,) = await api_store.job_insert_if_admitted(conn, admissions=[_admission(client, "kept")],
+    (result,) = await ApiStore(conn).job_insert_if_admitted(admissions=[_admission(client, "kept")],
                                                        queue_max=5000, client_queue_max=5000)
     assert result.outcome == "inserted"
     admission = [p for p in plans if "story_jobs" in json.dumps(p["Plan"])]
