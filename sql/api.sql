@@ -100,7 +100,10 @@ fresh AS MATERIALIZED (
 -- The interactive queues. `kept` is the bound job_admission keeps (NULL if
 -- its row is missing), and `counted` the pending jobs counted up to the
 -- maximum, only when the kept bound does not leave room for the batch (NULL
--- otherwise).
+-- otherwise). A request of the interactive lane is written `lane <> 'batch'`
+-- (the lane is never NULL): the planner takes <> to keep most rows and = to
+-- keep few, so the interactive lane keeps the estimates, and the plan, it
+-- had as a statement of its own.
 client_depth AS MATERIALIZED (
     SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
            CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
@@ -109,13 +112,13 @@ client_depth AS MATERIALIZED (
                           WHERE s.status = 'pending' AND s.lane = 'interactive' AND s.client_id = c.client_id
                           ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
            END AS counted
-    FROM (SELECT client_id, count(*) AS asks FROM fresh WHERE lane = 'interactive' GROUP BY client_id) c
+    FROM (SELECT client_id, count(*) AS asks FROM fresh WHERE lane <> 'batch' GROUP BY client_id) c
     LEFT JOIN job_admission a ON a.client_id = c.client_id
 ),
 client_ok AS MATERIALIZED (
     SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
     FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE f.lane = 'interactive' AND coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
+    WHERE f.lane <> 'batch' AND coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
 ),
 queue AS MATERIALIZED (
     SELECT a.pending_at_most AS kept,
@@ -209,7 +212,7 @@ turns AS MATERIALIZED (
         CROSS JOIN serving s
         JOIN client_depth d ON d.client_id = a.client_id
         LEFT JOIN api_clients c ON c.id = a.client_id
-        WHERE a.lane = 'interactive'
+        WHERE a.lane <> 'batch'
     ) t
 ),
 -- a batch job is ready to be collected from now (batch_ready_at), and has no turn

@@ -138,7 +138,8 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
         if limited:
             await worker_store.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
         if webhook:
-            await ApiStore(conn).webhook_endpoint_insert(client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
+            await ApiStore(conn).webhook_endpoint_insert(
+                client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
                 secret=new_secret(), max_per_client=10)
         await conn.execute("VACUUM ANALYZE")
 

@@ -66,7 +66,8 @@ async def _admit(conn: psycopg.AsyncConnection[Any], client: int, keys: list[str
                  client_queue_max: int | None = None) -> list[str]:
     from api.store import ApiStore
 
-    results = await ApiStore(conn).job_insert_if_admitted(admissions=[_admission(client, key) for key in keys], queue_max=queue_max,
+    results = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[_admission(client, key) for key in keys], queue_max=queue_max,
         client_queue_max=client_queue_max or queue_max)
     return [r.outcome for r in results]
 

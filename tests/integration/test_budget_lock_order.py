@@ -27,7 +27,8 @@ BUDGET = Decimal(1000)
 
 
 async def _admit(conn: Conn, client: int) -> list[Any]:
-    return await ApiStore(conn).job_insert_if_admitted(admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings())],
+    return await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings())],
         queue_max=1000, client_queue_max=1000, budget_usd=BUDGET)
 
 

@@ -30,8 +30,9 @@ WORST = admission(1, "k", StoryRequest(prompt="a fox"), SETTINGS).worst_case_usd
 
 async def _admit(conn: psycopg.AsyncConnection[Any], client: int, n: int, *, budget: Decimal | None = None,
                  client_budget: Decimal | None = None) -> list[str]:
-    results = await ApiStore(conn).job_insert_if_admitted(admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), SETTINGS)
-                          for _ in range(n)],
+    results = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), SETTINGS)
+                    for _ in range(n)],
         queue_max=1000, client_queue_max=1000, budget_usd=budget, client_budget_usd=client_budget)
     return [r.outcome for r in results]
 

@@ -24,7 +24,7 @@ async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1, 
     """The api's admission of ``jobs`` new requests of a client, one batch; the ids of those admitted."""
     batch = [admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings()) for _ in range(jobs)]
     results = await ApiStore(conn).job_insert_if_admitted(admissions=batch, queue_max=1_000,
-                                                 client_queue_max=client_queue_max)
+                                                          client_queue_max=client_queue_max)
     return [r.public_id for r in results if r.outcome == "inserted" and r.public_id is not None]
 
 

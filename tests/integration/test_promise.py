@@ -324,7 +324,8 @@ async def _fails_on_a_500(conn: psycopg.AsyncConnection[Any], pool: AsyncConnect
     """A job admitted under a day's budget (its worst case reserved) whose one request is answered 500."""
     provider.fake.queue(Plan(status=500))
     client = await client_id_of(conn)
-    (admitted,) = await ApiStore(conn).job_insert_if_admitted(admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
+    (admitted,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.outcome == "inserted" and admitted.public_id is not None
     public_id = admitted.public_id
@@ -372,7 +373,8 @@ async def test_a_job_ended_while_its_retry_waits_is_charged_nothing_for_its_refu
     the day's budget with it."""
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "2"),)))
     client = await client_id_of(conn)
-    (admitted,) = await ApiStore(conn).job_insert_if_admitted(admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
+    (admitted,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.public_id is not None
     async with _worker(pool, database_url, provider, heartbeat_interval_s=30, heartbeat_timeout_s=120,

@@ -29,7 +29,7 @@ Conn = psycopg.AsyncConnection[Any]
 
 async def _endpoint(conn: Conn, client_id: int, url: str, secret: str | None = None) -> uuid.UUID:
     row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=webhooks.EVENTS,
-                                                  secret=secret or webhooks.new_secret(), max_per_client=10)
+                                                       secret=secret or webhooks.new_secret(), max_per_client=10)
     assert row is not None
     return row.id
 

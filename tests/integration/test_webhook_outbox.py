@@ -28,7 +28,7 @@ from worker.rows import Failure
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,
                     url: str = "https://hooks.example.com/in") -> uuid.UUID:
     row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=events,
-                                              secret=webhooks.new_secret(), max_per_client=10)
+                                                       secret=webhooks.new_secret(), max_per_client=10)
     assert row is not None
     return row.id
 

@@ -37,7 +37,7 @@ async def test_a_webhooks_first_attempt_joins_the_jobs_trace_and_a_retry_links_t
         secret = webhooks.new_secret()
         receiver.secrets.append(secret)
         await ApiStore(conn).webhook_endpoint_insert(client_id=client, url=receiver.url, events=webhooks.EVENTS,
-                                                secret=secret, max_per_client=10)
+                                                     secret=secret, max_per_client=10)
         with tracer_provider.get_tracer("api").start_as_current_span("POST /stories/generate") as admitting:
             job = await enqueue(conn, client, "an owl")
         await ApiStore(conn).job_cancel(client_id=client, job_id=job)

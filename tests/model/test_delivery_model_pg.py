@@ -82,7 +82,8 @@ class DeliveryMachine(PostgresMachine):
             self.disabled: set[uuid.UUID] = set()
             for name in CLIENTS:
                 for n in range(2):
-                    row = self.run(ApiStore(self.conn).webhook_endpoint_insert(client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
+                    row = self.run(ApiStore(self.conn).webhook_endpoint_insert(
+                        client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
                         events=webhooks.EVENTS, secret=webhooks.new_secret(), max_per_client=10))
                     assert row is not None
                     self.endpoints[row.id] = name
@@ -239,7 +240,7 @@ class DeliveryMachine(PostgresMachine):
         endpoint_id = list(self.endpoints)[endpoint % len(self.endpoints)]
         client = self.endpoints.pop(endpoint_id)
         assert self.run(ApiStore(self.conn).webhook_endpoint_delete(client_id=self.clients[client],
-                                                          endpoint_id=endpoint_id))
+                                                                    endpoint_id=endpoint_id))
         self.disabled.discard(endpoint_id)
         for delivery_id in [i for i, d in self.deliveries.items() if d.endpoint == endpoint_id]:
             del self.deliveries[delivery_id]

@@ -116,7 +116,7 @@ class FairTurnsMachine(PostgresMachine):
         each answer: a key seen before answers its job, a new one is admitted while its client has room."""
         batch = [admission(self.clients[name].id, key, REQUEST, ApiSettings()) for name, key in asked]
         results = self.run(ApiStore(self.conn).job_insert_if_admitted(admissions=batch, queue_max=QUEUE_MAX,
-                                                            client_queue_max=CLIENT_QUEUE_MAX))
+                                                                      client_queue_max=CLIENT_QUEUE_MAX))
         for (name, key), result in zip(asked, results, strict=True):
             client = self.clients[name]
             if key in client.keys:

@@ -112,7 +112,7 @@ class PgWorld:
             request = StoryRequest(prompt=f"story {job_id}")
             one = admission(self.client_id, uuid.uuid4().hex, request, self._settings)
             (result,) = await ApiStore(self.conn).job_insert_if_admitted(admissions=[one], queue_max=10_000,
-                                                           client_queue_max=10_000, budget_usd=Decimal(1000))
+                                                                         client_queue_max=10_000, budget_usd=Decimal(1000))
             assert result.outcome == "inserted" and result.public_id is not None
             cur = await self.conn.execute("SELECT id FROM story_jobs WHERE public_id = %s", (result.public_id,))
             (stored_id,) = await cur.fetchone() or (0,)

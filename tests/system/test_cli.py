@@ -141,7 +141,8 @@ def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, histor
     async def hook() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             client = await client_id_of(conn, "ops")
-            endpoint = await ApiStore(conn).webhook_endpoint_insert(client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
+            endpoint = await ApiStore(conn).webhook_endpoint_insert(
+                client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
                 secret=webhooks.new_secret(), max_per_client=10)
             assert endpoint is not None
             await ApiStore(conn).job_cancel(client_id=client, job_id=uuid.UUID(history["waiting"]))

@@ -677,8 +677,8 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
     async def endpoint(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, int, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
         row = await ApiStore(conn).webhook_endpoint_insert(client_id=acme, url="https://hooks.acme.example/in",
-                                                       events=webhooks.EVENTS, secret=webhooks.new_secret(),
-                                                       max_per_client=10)
+                                                           events=webhooks.EVENTS, secret=webhooks.new_secret(),
+                                                           max_per_client=10)
         assert row is not None
         done, broken = await seed.insert_jobs(conn, [seed.completed(acme, 600), seed.failed(acme, 300, "llm_error")])
         ids = []
