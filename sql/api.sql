@@ -97,65 +97,58 @@ fresh AS MATERIALIZED (
     FROM req r
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
 ),
--- The interactive queues. `kept` is the bound job_admission keeps (NULL if
--- its row is missing), and `counted` the pending jobs counted up to the
--- maximum, only when the kept bound does not leave room for the batch (NULL
--- otherwise). A request of the interactive lane is written `lane <> 'batch'`
--- (the lane is never NULL): the planner takes <> to keep most rows and = to
--- keep few, so the interactive lane keeps the estimates, and the plan, it
--- had as a statement of its own.
+-- Each client's queue in each lane the batch asks for. `kept` is the bound
+-- job_admission keeps of a client's interactive queue (NULL if its row is
+-- missing), and `counted` its pending jobs counted up to the maximum, only
+-- when the kept bound does not leave room for the batch (NULL otherwise); a
+-- client's live batch jobs are always counted, up to the maximum. A request
+-- of the interactive lane is written `lane <> 'batch'` (the lane is never
+-- NULL): the planner takes <> to keep most rows and = to keep few, so the
+-- interactive lane keeps the estimates, and the plan, it had as a statement
+-- of its own.
 client_depth AS MATERIALIZED (
-    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
-           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
+    SELECT c.lane, c.client_id, a.pending_at_most AS kept, a.last_turn,
+           CASE WHEN c.lane = 'batch' THEN (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.lane = 'batch' AND s.status IN ('pending', 'running')
+                            AND s.client_id = c.client_id
+                          LIMIT %(client_batch_queue_max)s) q)
+                WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs s
                           WHERE s.status = 'pending' AND s.lane = 'interactive' AND s.client_id = c.client_id
                           ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
            END AS counted
-    FROM (SELECT client_id, count(*) AS asks FROM fresh WHERE lane <> 'batch' GROUP BY client_id) c
-    LEFT JOIN job_admission a ON a.client_id = c.client_id
+    FROM (SELECT lane, client_id, count(*) AS asks FROM fresh GROUP BY lane, client_id) c
+    LEFT JOIN job_admission a ON a.client_id = c.client_id AND c.lane <> 'batch'
 ),
 client_ok AS MATERIALIZED (
-    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
-    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE f.lane <> 'batch' AND coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
+    SELECT f.*, row_number() OVER (PARTITION BY f.lane ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id AND d.lane = f.lane
+    WHERE coalesce(d.counted, d.kept) + f.client_rank
+          <= CASE WHEN f.lane = 'batch' THEN %(client_batch_queue_max)s ELSE %(client_queue_max)s END
 ),
+-- All clients' queues: the interactive lane's as its clients', the batch
+-- lane's live jobs counted only when the batch asks for that lane.
 queue AS MATERIALIZED (
     SELECT a.pending_at_most AS kept,
            CASE WHEN n.asks = 0 OR a.pending_at_most + n.asks <= %(queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
                           ORDER BY created_at, id LIMIT %(queue_max)s) q)
-           END AS counted
-    FROM (SELECT count(*) AS asks FROM client_ok) n LEFT JOIN job_admission a ON a.client_id = 0
-),
--- The batch queues: each client's live batch jobs and all clients', counted
--- up to the maximum.
-batch_client_depth AS MATERIALIZED (
-    SELECT c.client_id, (SELECT count(*) FROM (
-               SELECT 1 FROM story_jobs s
-               WHERE s.lane = 'batch' AND s.status IN ('pending', 'running') AND s.client_id = c.client_id
-               LIMIT %(client_batch_queue_max)s) q) AS counted
-    FROM (SELECT DISTINCT client_id FROM fresh WHERE lane = 'batch') c
-),
-batch_client_ok AS MATERIALIZED (
-    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
-    FROM fresh f JOIN batch_client_depth d ON d.client_id = f.client_id
-    WHERE f.lane = 'batch' AND d.counted + f.client_rank <= %(client_batch_queue_max)s
-),
-batch_queue AS MATERIALIZED (
-    SELECT count(*) AS counted FROM (
-        SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
-                                   AND EXISTS (SELECT 1 FROM batch_client_ok)
-        LIMIT %(batch_queue_max)s) q
+           END AS counted,
+           (SELECT count(*) FROM (
+               SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
+                                          AND EXISTS (SELECT 1 FROM client_ok WHERE lane = 'batch')
+               LIMIT %(batch_queue_max)s) q) AS batch_counted
+    FROM (SELECT count(*) AS asks FROM client_ok WHERE lane <> 'batch') n
+    LEFT JOIN job_admission a ON a.client_id = 0
 ),
 -- what each lane's queues admit
 queue_ok AS MATERIALIZED (
     SELECT c.* FROM client_ok c, queue
-    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
-    UNION ALL
-    SELECT c.* FROM batch_client_ok c, batch_queue q
-    WHERE q.counted + c.queue_rank <= %(batch_queue_max)s
+    WHERE CASE WHEN c.lane = 'batch' THEN queue.batch_counted + c.queue_rank <= %(batch_queue_max)s
+               ELSE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s END
 ),
 -- The spend budgets, for the requests the queues admit: `admitted`, those
 -- whose worst cases today's budgets still hold, in order. Today's spend of
@@ -210,7 +203,7 @@ turns AS MATERIALIZED (
                (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
         FROM admitted a
         CROSS JOIN serving s
-        JOIN client_depth d ON d.client_id = a.client_id
+        JOIN client_depth d ON d.client_id = a.client_id AND d.lane = a.lane
         LEFT JOIN api_clients c ON c.id = a.client_id
         WHERE a.lane <> 'batch'
     ) t
@@ -267,6 +260,7 @@ new_bounds AS (
     FROM client_depth d
     CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
                         FROM turns t WHERE t.client_id = d.client_id) n
+    WHERE d.lane <> 'batch'
 ),
 -- Written when the bound changes or the queue was given turns: a client
 -- that refills its full queue as a slot frees keeps its bound (counted + 1
@@ -303,7 +297,7 @@ SELECT r.ord,
                           - (now() AT TIME ZONE 'UTC'))::float8 AS day_ends_in_s
 FROM req r
 LEFT JOIN existing e ON e.ord = r.ord
-LEFT JOIN (SELECT ord FROM client_ok UNION ALL SELECT ord FROM batch_client_ok) c ON c.ord = r.ord
+LEFT JOIN client_ok c ON c.ord = r.ord
 LEFT JOIN queue_ok q ON q.ord = r.ord
 LEFT JOIN client_budget_ok b ON b.ord = r.ord
 LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
