@@ -43,7 +43,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api import docs_pages, metrics, openapi, ops, pacing, page, webhooks
 from api.admission import AdmissionBatcher
-from api.deps import ApiState, ConnectionSlots, provide_api_state, provide_slots, provide_store
+from api.deps import ApiState, ConnectionSlots, provide_api_state, provide_slots
 from api.jobs import ROUTES
 from api.problems import EXCEPTION_HANDLERS, OUTAGE_RETRY_AFTER_S, ProblemError, problem_responses
 from api.schemas import Health
@@ -106,7 +106,7 @@ async def healthz() -> Health:
     responses=problem_responses(503),
 )
 async def readyz(api_state: NamedDependency[ApiState], slots: NamedDependency[ConnectionSlots]) -> Response[Health]:
-    # ``slots``, not ``store``: a connection that cannot be made is the
+    # ``slots``: a connection that cannot be made is the
     # answer's subject here, and this handler must see the failure to say why
     try:
         async with asyncio.timeout(READY_TIMEOUT_S), slots.store() as store:
@@ -176,7 +176,6 @@ def create_app(
                         *page.ROUTES, *(docs_pages.ROUTES if settings.api_docs_pages else [])],
         dependencies={
             "api_state": Provide(provide_api_state, sync_to_thread=False),
-            "store": Provide(provide_store),
             "slots": Provide(provide_slots),
         },
         exception_handlers=EXCEPTION_HANDLERS,

@@ -1,10 +1,11 @@
-"""Bearer API keys. The shape of the header is checked by a guard, before the
-body is read; the key itself is checked against the database in the first
-query on the request's connection, so that authentication costs no extra
-round trip and a revoked key is refused from the very next request: by the
-handler, when that query is its own (a job or a story read for the key), or
-by ``provide_client_store`` when the handler acts for the client (its
-``store`` is a ClientStore, and the ``client`` dependency reads it).
+"""Bearer API keys. The shape of the header is checked before the body is
+read; the key itself is checked against the database in the first query on
+the request's connection, so that authentication costs no extra round trip
+when that query reads what the route needs (a job, a story, an idempotency
+key, each for the key), and a revoked key is refused from the very next
+request. Every client route checks it one way: ``verified_client`` on what
+that first query read (``ApiStore.api_key_get`` where the route's own
+queries do not read the key).
 
 The check keeps the key on the request's state only, and handlers read it with
 ``request_key``; its repr shows the prefix, so that no log line or traceback
@@ -17,20 +18,15 @@ runs at the same point, before the body is read."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any, Protocol
 
 from litestar import Request
 from litestar.connection import ASGIConnection
-from litestar.di import NamedDependency, Provide
-from litestar.handlers.base import BaseRouteHandler
 from litestar.types import Scope
 
-from api.deps import ApiState, deadline
 from api.problems import unauthorized
-from api.store import ApiStore
 from shared import keys
-from shared.store import Conn
+from shared.rows import KeyAuth
 
 # where the request's key is kept on its state (Litestar's ``request.state``)
 _API_KEY = "api_key"
@@ -90,12 +86,6 @@ def bearer_key(scope: Scope) -> ApiKey:
     return api_key
 
 
-async def require_bearer_key(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
-    """Guard: a well-formed bearer key (``bearer_key``), else 401. Async, so
-    that Litestar runs it on the event loop instead of in a thread."""
-    bearer_key(connection.scope)
-
-
 async def check_bearer_key(request: Request[Any, Any, Any]) -> None:
     """``before_request`` hook: ``bearer_key``, before the body is read."""
     bearer_key(request.scope)
@@ -118,41 +108,9 @@ def verify(record: KeyRecord | None, api_key: ApiKey) -> None:
         raise unauthorized("the API key is not valid")
 
 
-class ClientStore(ApiStore):
-    """The ``store`` of a route that acts for a client: an ApiStore whose
-    connection checked the client's key (provide_client_store), and
-    ``client``, whose it is."""
-
-    __slots__ = ("client",)
-
-    def __init__(self, conn: Conn, client: VerifiedClient) -> None:
-        super().__init__(conn)
-        self.client = client
-
-
-async def provide_client_store(
-    request: Request[Any, Any, Any], api_state: NamedDependency[ApiState]
-) -> AsyncIterator[ClientStore]:
-    """The ``store`` of a route that acts for the client: a ClientStore on a
-    connection (under api.deps.deadline), once the key is checked on it, else
-    401. The key is checked here, inside the connection's deadline, rather
-    than in a dependency of its own resolved after ``store`` (see
-    api/deps.py)."""
-    api_key = request_key(request)
-    async with deadline(api_state), api_state.connection_slots.connection() as conn:
-        record = await ApiStore(conn).api_key_get(key_prefix=api_key.prefix)
-        verify(record, api_key)
-        assert record is not None
-        yield ClientStore(conn, VerifiedClient(record.client_id, api_key.prefix))
-
-
-def provide_client(store: NamedDependency[ClientStore]) -> VerifiedClient:
-    """The ``client`` dependency: whose key the route's store checked."""
-    return store.client
-
-
-# the dependencies of a route that acts for the client
-CLIENT_DEPENDENCIES = {
-    "store": Provide(provide_client_store),
-    "client": Provide(provide_client, sync_to_thread=False),
-}
+def verified_client(record: KeyAuth | None, api_key: ApiKey) -> VerifiedClient:
+    """The client whose key this is, else 401 (``verify``): every client
+    route calls it on what its first query read of the key."""
+    verify(record, api_key)
+    assert record is not None
+    return VerifiedClient(record.client_id, api_key.prefix)

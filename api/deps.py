@@ -1,18 +1,17 @@
-"""What every route may take by dependency injection: ``api_state`` (what
-create_app put on the app's state), ``store`` (an ApiStore on a pooled
-connection under the request's deadline, held until the answer is built) and
-``slots`` (the pool's slots under the request's deadline, for a handler that
-holds a connection for part of its answer only); and the id of a job, story or
-endpoint read from a path. The routes that act for a client take a ``store``
-that checked the client's key on its connection (api/auth.py), the console's
-one that checked the operator's (api/ops/guard.py).
+"""What a route may take by dependency injection: ``api_state`` (what
+create_app put on the app's state) and ``slots`` (the pool's slots under the
+request's deadline, for /readyz, which must see the failure to connect to say
+why); the console's routes take a ``store`` that checked the operator's key
+(api/ops/guard.py). And what every client route uses without one: the
+deadline, ConnectionSlots.store(), and the id of a job, story or endpoint read
+from a path.
 
-Handlers never hold a connection: they are given a store. Three hold one for
-part of their answer only, each through ConnectionSlots.store() under the same
-deadline: POST /stories/generate gives its connection back before its
-admission batch takes one of the same pool (``slots``); /readyz must see the
-failure to connect to say why (``slots``); and the poll (api.jobs.get_job),
-the hottest path, takes no dependency at all: a generator dependency cost a
+Handlers never hold a connection: they are given a store. A client's route
+(api/jobs.py says how) takes none by dependency: it enters ``deadline``, then
+takes its store from ``connection_slots.store()``, for as long as it needs
+it: POST /stories/generate gives its connection back before its admission
+batch takes one of the same pool, and the poll before it reads the drain
+statistics. A generator dependency cost the poll, the hottest path, a
 measured sixth of its CPU (docs/performance.md).
 
 The deadline: all database work of an answer runs within
@@ -20,14 +19,14 @@ API_REQUEST_TIMEOUT_S of taking its connection (waiting for the connection
 included). Past it, or with the database unreachable, the answer is 503 with
 Retry-After (api.problems), never a hang.
 
-``store`` is an async generator dependency: Litestar takes the connection
-before the handler runs, throws whatever the handler raised into it, and gives
-it back to the pool once the handler's answer is built. The deadline is an
-``asyncio.timeout``, which cancels the task that entered it; so ``store`` (and
-``slots``) must be resolved in the request's own task, never beside another
+``slots`` (and the console's ``store``) are async generator dependencies:
+Litestar takes them before the handler runs, throws whatever the handler
+raised into them, and closes them once the handler's answer is built. The
+deadline is an ``asyncio.timeout``, which cancels the task that entered it; so
+they must be resolved in the request's own task, never beside another
 dependency (Litestar resolves dependencies that do not depend on each other
 concurrently, in a task group). Each route's dependencies form one chain
-(``api_state``, then ``store``, then ``client`` or ``operator``, which read
+(``api_state``, then ``slots`` or ``store``, then ``operator``, which reads
 the store), and tests/unit/test_api_dependencies.py checks every route. For
 the same reason no dependency resolved after ``store`` queries the database:
 a query that outlives the deadline there would be cancelled outside
@@ -58,8 +57,8 @@ _NO_SUCH_ID = uuid.UUID(int=0)
 
 class ConnectionSlots:
     """The one way a request takes a pooled connection (``connection()``, for
-    the ``store`` dependencies; ``store()``, for a handler that holds one for
-    part of its answer): as many requests at once as the pool has
+    the console's ``store`` dependency; ``store()``, for a client's route):
+    as many requests at once as the pool has
     connections, the others queued
     here, at most API_DB_WAIT_S, as they would be in the pool (then
     PoolTimeout: 503). Entered after ``deadline``.
@@ -164,18 +163,9 @@ def deadline(api_state: ApiState) -> asyncio.Timeout:
     return asyncio.timeout(api_state.settings.api_request_timeout_s)
 
 
-async def provide_store(api_state: NamedDependency[ApiState]) -> AsyncIterator[ApiStore]:
-    """The ``store`` dependency of a route whose own query checks the key (a
-    story read for the key): an ApiStore on a connection under ``deadline``,
-    held until the handler's answer is built."""
-    async with deadline(api_state), api_state.connection_slots.connection() as conn:
-        yield ApiStore(conn)
-
-
 async def provide_slots(api_state: NamedDependency[ApiState]) -> AsyncIterator[ConnectionSlots]:
     """The ``slots`` dependency: the pool's slots under ``deadline``, for a
-    handler that takes a store (``slots.store()``) for part of its answer and
-    gives its connection back before it waits for another of the same pool."""
+    handler that must see the failure to take a connection (/readyz)."""
     async with deadline(api_state):
         yield api_state.connection_slots
 

@@ -14,7 +14,9 @@ The URL is checked here by the rule the worker applies at each delivery
 resolver reads as one, that is not public, unless WEBHOOK_ALLOW_PRIVATE); the
 worker also checks every address a name resolves to. At most
 MAX_ENDPOINTS_PER_CLIENT endpoints per client, exactly, also under concurrent
-registrations (api.store.webhook_endpoint_insert locks the client first).
+registrations (ApiStore.webhook_endpoint_insert locks the client first).
+Each route takes its store and checks the key as every client route does
+(api/jobs.py).
 
 The console's view of every client's endpoints and deliveries is
 api/ops/webhooks.py.
@@ -24,17 +26,16 @@ from __future__ import annotations
 
 import uuid
 from datetime import datetime
-from typing import Annotated, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
 import structlog
-from litestar import Response, Router, delete, get, post
-from litestar.di import NamedDependency
+from litestar import Request, Response, Router, delete, get, post
 from litestar.openapi.spec import OpenAPIFormat
 from litestar.params import JSONBody, PathParameter
 
-from api.auth import CLIENT_DEPENDENCIES, ClientStore, VerifiedClient, require_bearer_key
-from api.deps import ApiState, parse_public_id
+from api.auth import check_bearer_key, request_key, verified_client
+from api.deps import deadline, parse_public_id, provide_api_state
 from api.options import with_options
 from api.problems import FieldError, ProblemError, problem_responses
 from shared import webhooks
@@ -96,20 +97,21 @@ def _with_secret(row: WebhookEndpointRow, secret: str) -> EndpointWithSecret:
         409: f"The client has {MAX_ENDPOINTS_PER_CLIENT} endpoints already.",
         422: "The URL is not https, or names an address that is not public; `errors` says why."}),
 )
-async def create_endpoint(
-    api_state: NamedDependency[ApiState], store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient],
-    data: JSONBody[EndpointCreate],
-) -> Response[EndpointWithSecret]:
-    try:
-        webhooks.check_url(data.url, allow_private=api_state.settings.webhook_allow_private)
-    except webhooks.UnsafeUrl as exc:
-        # a well-formed body whose URL may not be reached: not a malformed request
-        raise ProblemError(422, "Unprocessable Content", f"url: {exc}",
-                           errors=[FieldError(field="url", message=str(exc))]) from None
-    events = sorted(set(data.events or webhooks.EVENTS), key=webhooks.EVENTS.index)
-    secret = webhooks.new_secret()
-    row = await store.webhook_endpoint_insert(client_id=client.client_id, url=data.url, events=events,
-                                          secret=secret, max_per_client=MAX_ENDPOINTS_PER_CLIENT)
+async def create_endpoint(request: Request[Any, Any, Any], data: JSONBody[EndpointCreate]) -> Response[EndpointWithSecret]:
+    api_state = provide_api_state(request.app.state)
+    api_key = request_key(request)
+    async with deadline(api_state), api_state.connection_slots.store() as store:
+        client = verified_client(await store.api_key_get(key_prefix=api_key.prefix), api_key)
+        try:
+            webhooks.check_url(data.url, allow_private=api_state.settings.webhook_allow_private)
+        except webhooks.UnsafeUrl as exc:
+            # a well-formed body whose URL may not be reached: not a malformed request
+            raise ProblemError(422, "Unprocessable Content", f"url: {exc}",
+                               errors=[FieldError(field="url", message=str(exc))]) from None
+        events = sorted(set(data.events or webhooks.EVENTS), key=webhooks.EVENTS.index)
+        secret = webhooks.new_secret()
+        row = await store.webhook_endpoint_insert(client_id=client.client_id, url=data.url, events=events,
+                                                  secret=secret, max_per_client=MAX_ENDPOINTS_PER_CLIENT)
     if row is None:
         raise ProblemError(409, "Conflict", f"at most {MAX_ENDPOINTS_PER_CLIENT} webhook endpoints per client")
     log.info("webhook.endpoint_created", endpoint_id=str(row.id), client_id=client.client_id,
@@ -119,20 +121,25 @@ async def create_endpoint(
 
 @get("/webhook-endpoints", summary="The client's webhook endpoints (without their secrets)",
      responses=problem_responses(401, 503))
-async def list_endpoints(
-    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient]
-) -> Response[Endpoints]:
-    rows = await store.webhook_endpoint_list_for_client(client_id=client.client_id)
+async def list_endpoints(request: Request[Any, Any, Any]) -> Response[Endpoints]:
+    api_state = provide_api_state(request.app.state)
+    api_key = request_key(request)
+    async with deadline(api_state), api_state.connection_slots.store() as store:
+        client = verified_client(await store.api_key_get(key_prefix=api_key.prefix), api_key)
+        rows = await store.webhook_endpoint_list_for_client(client_id=client.client_id)
     return Response(Endpoints(endpoints=[Endpoint.of(row) for row in rows]), headers=_NO_STORE)
 
 
 @delete("/webhook-endpoints/{endpoint_id:str}", status_code=204,
         summary="Delete a webhook endpoint and its undelivered events",
         responses=problem_responses(401, 404, 503, described=_NOT_FOUND))
-async def delete_endpoint(
-    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
-) -> None:
-    deleted = await store.webhook_endpoint_delete(client_id=client.client_id, endpoint_id=parse_public_id(endpoint_id))
+async def delete_endpoint(request: Request[Any, Any, Any], endpoint_id: _ENDPOINT_ID) -> None:
+    api_state = provide_api_state(request.app.state)
+    api_key = request_key(request)
+    async with deadline(api_state), api_state.connection_slots.store() as store:
+        client = verified_client(await store.api_key_get(key_prefix=api_key.prefix), api_key)
+        deleted = await store.webhook_endpoint_delete(client_id=client.client_id,
+                                                      endpoint_id=parse_public_id(endpoint_id))
     if not deleted:
         raise ProblemError(404, "Not Found", "no such webhook endpoint")
     log.info("webhook.endpoint_deleted", endpoint_id=endpoint_id, client_id=client.client_id,
@@ -146,13 +153,15 @@ async def delete_endpoint(
     description="The new secret is shown once; the previous one keeps signing beside it for 24 hours.",
     responses=problem_responses(401, 404, 503, described=_NOT_FOUND),
 )
-async def rotate_secret(
-    store: NamedDependency[ClientStore], client: NamedDependency[VerifiedClient], endpoint_id: _ENDPOINT_ID
-) -> Response[EndpointWithSecret]:
+async def rotate_secret(request: Request[Any, Any, Any], endpoint_id: _ENDPOINT_ID) -> Response[EndpointWithSecret]:
+    api_state = provide_api_state(request.app.state)
+    api_key = request_key(request)
     secret = webhooks.new_secret()
-    row = await store.webhook_endpoint_rotate_secret(client_id=client.client_id,
-                                                 endpoint_id=parse_public_id(endpoint_id), secret=secret,
-                                                 overlap_s=ROTATION_OVERLAP_S)
+    async with deadline(api_state), api_state.connection_slots.store() as store:
+        client = verified_client(await store.api_key_get(key_prefix=api_key.prefix), api_key)
+        row = await store.webhook_endpoint_rotate_secret(client_id=client.client_id,
+                                                         endpoint_id=parse_public_id(endpoint_id), secret=secret,
+                                                         overlap_s=ROTATION_OVERLAP_S)
     if row is None:
         raise ProblemError(404, "Not Found", "no such webhook endpoint")
     log.info("webhook.secret_rotated", endpoint_id=endpoint_id, client_id=client.client_id,
@@ -163,8 +172,7 @@ async def rotate_secret(
 ROUTES = Router(
     "/",
     route_handlers=with_options([create_endpoint, list_endpoints, delete_endpoint, rotate_secret]),
-    guards=[require_bearer_key],
-    dependencies=CLIENT_DEPENDENCIES,
+    before_request=check_bearer_key,
     security=[{"BearerAuth": []}],
 )
 

@@ -35,13 +35,48 @@ WHERE k.key_prefix = %(key_prefix)s;
 SELECT pg_advisory_xact_lock(%(lock_key)s), set_config('jit', 'off', true),
        set_config('enable_seqscan', 'off', true);
 
--- name: job_admission_request_ctes
--- The requests of an admission statement (job_insert_if_admitted for the
--- interactive lane, job_insert_batch_if_admitted for the batch lane), the
--- jobs their keys made already, and the fresh ones ranked within their client.
+-- name: job_insert_if_admitted
+-- Admits a batch of new jobs of both lanes (the POSTs an api process
+-- received while its previous batch was being written; a single POST is a
+-- batch of one): one admission lock, one statement, one commit for all of
+-- them. Runs under the admission lock (job_admission_lock), which makes the
+-- bounds exact. Requests are taken in order: a request whose key was used
+-- meanwhile answers the existing job; the others are admitted while their
+-- lane's queue has room (the interactive lane: their client's
+-- CLIENT_QUEUE_MAX, then QUEUE_MAX; the batch lane, docs/batches.md: their
+-- client's CLIENT_BATCH_QUEUE_MAX, then BATCH_QUEUE_MAX), then while their
+-- client's spend budget and the day's budget have room, both lanes against
+-- the same budgets, and refused otherwise. Each check admits the longest run
+-- of the batch that fits, in order.
+--
+-- The interactive lane's bounds: job_admission keeps, per queue, a number
+-- never below its pending count: every admission adds to it, and claims,
+-- cancellations and the sweeper only ever lower the true count. While that
+-- bound leaves room for the batch, no counting is done. Otherwise the pending
+-- jobs are counted, stopping at the maximum (a count never costs more than
+-- QUEUE_MAX index entries), and the bound is reset to the truth. Admissions
+-- therefore cost O(1), not O(queue). The batch lane's live jobs (pending, or
+-- running in or between batches) are counted, up to the maximum, on
+-- story_jobs_batch_live_idx, and only when the batch asks for that lane: a
+-- batch admission costs O(BATCH_QUEUE_MAX) index entries at most.
+--
+-- A request carries its worst-case cost (a batch job's at the batch price);
+-- where a budget applies (the day's, %(budget_usd)s, or its client's: its own
+-- or %(client_budget_usd)s), it is admitted only if today's spent + reserved
+-- + the batch's worst cases so far stay within the budget, and its worst case
+-- is then reserved. Nothing but admission adds to spent + reserved (a job's
+-- end replaces its reservation by its cost, which is never more), so a budget
+-- holds across every replica.
+--
+-- An interactive job gets a turn and a NOTIFY, delivered at commit, wakes an
+-- idle worker at once; a batch job gets neither (the interactive claim never
+-- takes it; the batch lane's holder collects what waits, every few seconds).
+WITH
+-- the requests, the jobs their keys made already, and the fresh ones ranked
+-- within their lane and client
 req AS MATERIALIZED (
     SELECT * FROM jsonb_to_recordset(%(requests)s::jsonb) AS r(
-        ord int, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
+        ord int, lane job_lane, client_id bigint, idempotency_key text, request_fingerprint text, request jsonb,
         max_tokens int, input_tokens_estimate int, worst_case_usd numeric,
         model text, input_usd_per_mtok numeric, output_usd_per_mtok numeric, trace_context jsonb)
 ),
@@ -58,16 +93,67 @@ existing AS MATERIALIZED (
     ) j
 ),
 fresh AS MATERIALIZED (
-    SELECT r.*, row_number() OVER (PARTITION BY r.client_id ORDER BY r.ord) AS client_rank
+    SELECT r.*, row_number() OVER (PARTITION BY r.lane, r.client_id ORDER BY r.ord) AS client_rank
     FROM req r
     WHERE NOT EXISTS (SELECT 1 FROM existing e WHERE e.ord = r.ord)
-)
-
--- name: job_admission_budget_ctes
--- The spend budgets, for the requests a lane's queue admits (`queue_ok`):
--- `admitted`, those whose worst cases today's budgets still hold, in order.
--- Today's spend of all clients (client_id 0) and of each client asking, and
--- the budget that applies to it (NULL: none).
+),
+-- Each client's queue in each lane the batch asks for. `kept` is the bound
+-- job_admission keeps of a client's interactive queue (NULL if its row is
+-- missing), and `counted` its pending jobs counted up to the maximum, only
+-- when the kept bound does not leave room for the batch (NULL otherwise); a
+-- client's live batch jobs are always counted, up to the maximum. A request
+-- of the interactive lane is written `lane <> 'batch'` (the lane is never
+-- NULL): the planner takes <> to keep most rows and = to keep few, so the
+-- interactive lane keeps the estimates, and the plan, it had as a statement
+-- of its own.
+client_depth AS MATERIALIZED (
+    SELECT c.lane, c.client_id, a.pending_at_most AS kept, a.last_turn,
+           CASE WHEN c.lane = 'batch' THEN (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.lane = 'batch' AND s.status IN ('pending', 'running')
+                            AND s.client_id = c.client_id
+                          LIMIT %(client_batch_queue_max)s) q)
+                WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs s
+                          WHERE s.status = 'pending' AND s.lane = 'interactive' AND s.client_id = c.client_id
+                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
+           END AS counted
+    FROM (SELECT lane, client_id, count(*) AS asks FROM fresh GROUP BY lane, client_id) c
+    LEFT JOIN job_admission a ON a.client_id = c.client_id AND c.lane <> 'batch'
+),
+client_ok AS MATERIALIZED (
+    SELECT f.*, row_number() OVER (PARTITION BY f.lane ORDER BY f.ord) AS queue_rank
+    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id AND d.lane = f.lane
+    WHERE coalesce(d.counted, d.kept) + f.client_rank
+          <= CASE WHEN f.lane = 'batch' THEN %(client_batch_queue_max)s ELSE %(client_queue_max)s END
+),
+-- All clients' queues: the interactive lane's as its clients', the batch
+-- lane's live jobs counted only when the batch asks for that lane.
+queue AS MATERIALIZED (
+    SELECT a.pending_at_most AS kept,
+           CASE WHEN n.asks = 0 OR a.pending_at_most + n.asks <= %(queue_max)s THEN NULL
+                ELSE (SELECT count(*) FROM (
+                          SELECT 1 FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
+           END AS counted,
+           (SELECT count(*) FROM (
+               SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
+                                          AND EXISTS (SELECT 1 FROM client_ok WHERE lane = 'batch')
+               LIMIT %(batch_queue_max)s) q) AS batch_counted
+    FROM (SELECT count(*) AS asks FROM client_ok WHERE lane <> 'batch') n
+    LEFT JOIN job_admission a ON a.client_id = 0
+),
+-- what each lane's queues admit
+queue_ok AS MATERIALIZED (
+    SELECT c.* FROM client_ok c, queue
+    WHERE CASE WHEN c.lane = 'batch' THEN queue.batch_counted + c.queue_rank <= %(batch_queue_max)s
+               ELSE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s END
+),
+-- The spend budgets, for the requests the queues admit: `admitted`, those
+-- whose worst cases today's budgets still hold, in order. Today's spend of
+-- all clients (client_id 0) and of each client asking, and the budget that
+-- applies to it (NULL: none).
 spend AS MATERIALIZED (
     SELECT s.client_id, coalesce(b.spent_usd + b.reserved_usd, 0) AS used,
            CASE WHEN s.client_id = 0 THEN %(budget_usd)s::numeric
@@ -95,11 +181,46 @@ admitted AS MATERIALIZED (
         SELECT c.*, sum(c.reserved_usd) OVER (ORDER BY c.ord) AS cum FROM client_budget_ok c
     ) c, spend s
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
-)
-
--- name: job_admission_keys_ctes
--- The admitted jobs' idempotency keys (`inserted`), and their reservations
--- on today's budget rows (`admitted`).
+),
+-- Each admitted interactive job's turn in the claim's round robin
+-- (sql/009_fair_share.sql): the turn being served now (the smallest pending
+-- one; with none pending, the end of the last turn given), or the end of its
+-- client's last turn if later; a job lasts 1 / the client's weight. Where a
+-- client's last turn ends is kept exact: written at every admission that
+-- gives the client a turn (bounds_kept), moved back when a pending job is
+-- cancelled (job_turns_given_back_ctes), and never dropped for a client found
+-- with no pending job (one served in this round has had its turn).
+serving AS MATERIALIZED (
+    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+                     ORDER BY turn, id LIMIT 1),
+                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
+),
+turns AS MATERIALIZED (
+    SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
+    FROM (
+        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
+               greatest(s.turn, coalesce(d.last_turn, s.turn)) AS start,
+               (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
+        FROM admitted a
+        CROSS JOIN serving s
+        JOIN client_depth d ON d.client_id = a.client_id AND d.lane = a.lane
+        LEFT JOIN api_clients c ON c.id = a.client_id
+        WHERE a.lane <> 'batch'
+    ) t
+),
+-- a batch job is ready to be collected from now (batch_ready_at), and has no turn
+inserted AS (
+    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
+                            max_tokens, input_tokens_estimate, worst_case_usd, reserved_usd,
+                            model, input_usd_per_mtok, output_usd_per_mtok, turn, lane, batch_ready_at,
+                            trace_context)
+    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
+           a.max_tokens, a.input_tokens_estimate, a.worst_case_usd, a.reserved_usd,
+           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn, a.lane,
+           CASE WHEN a.lane = 'batch' THEN now() END, a.trace_context
+    FROM admitted a LEFT JOIN turns t ON t.ord = a.ord ORDER BY a.ord
+    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
+),
 keys_recorded AS (
     INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id)
     SELECT client_id, idempotency_key, id FROM inserted
@@ -116,16 +237,53 @@ reservations_kept AS (
     GROUP BY client_id HAVING sum(reserved_usd) > 0
     ORDER BY client_id
     ON CONFLICT (client_id, day) DO UPDATE SET reserved_usd = budget_days.reserved_usd + excluded.reserved_usd
+),
+-- The new bound of each interactive queue, never below its pending count:
+-- the kept bound plus what was admitted; or an exact count (below this
+-- replica's maximum) plus what was admitted; or, when the count stopped at
+-- this replica's maximum, the truth may be higher (a replica with a larger
+-- maximum admitted more), so the kept bound stays as it is, and a missing one
+-- stays missing.
+new_bounds AS (
+    SELECT 0::bigint AS client_id, q.kept,
+           CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
+                WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
+                ELSE q.kept END AS bound,
+           n.admitted, n.last_turn
+    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
+    UNION ALL
+    SELECT d.client_id, d.kept,
+           CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
+                WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
+                ELSE d.kept END,
+           n.admitted, n.last_turn
+    FROM client_depth d
+    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
+                        FROM turns t WHERE t.client_id = d.client_id) n
+    WHERE d.lane <> 'batch'
+),
+-- Written when the bound changes or the queue was given turns: a client
+-- that refills its full queue as a slot frees keeps its bound (counted + 1
+-- = kept) but its last turn moves on, and a last turn left behind would
+-- give each refill the turn being served, ahead of every other client.
+-- (In the common case the bound changes anyway: no write is added.)
+bounds_kept AS (
+    INSERT INTO job_admission (client_id, pending_at_most, last_turn)
+    SELECT client_id, bound, last_turn FROM new_bounds
+    WHERE bound IS NOT NULL AND (bound IS DISTINCT FROM kept OR admitted > 0)
+    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
+        last_turn = greatest(job_admission.last_turn, excluded.last_turn)
+),
+notified AS (
+    SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM turns)
 )
-
--- name: job_admission_answer
--- One result per request of an admission statement, in order; `notified`:
--- whether a NOTIFY went out (the batch lane sends none).
+-- One result per request, in order; `notified`: whether a NOTIFY went out.
 SELECT r.ord,
        CASE WHEN i.id IS NOT NULL THEN 'inserted'
             WHEN e.ord IS NOT NULL THEN 'existing'
-            WHEN c.ord IS NULL THEN 'client_queue_full'
-            WHEN q.ord IS NULL THEN 'queue_full'
+            WHEN c.ord IS NULL THEN CASE r.lane WHEN 'batch' THEN 'client_batch_queue_full'
+                                                ELSE 'client_queue_full' END
+            WHEN q.ord IS NULL THEN CASE r.lane WHEN 'batch' THEN 'batch_queue_full' ELSE 'queue_full' END
             WHEN b.ord IS NULL THEN 'client_budget_exhausted'
             ELSE 'budget_exhausted'
        END AS outcome,
@@ -143,201 +301,7 @@ LEFT JOIN client_ok c ON c.ord = r.ord
 LEFT JOIN queue_ok q ON q.ord = r.ord
 LEFT JOIN client_budget_ok b ON b.ord = r.ord
 LEFT JOIN inserted i ON i.client_id = r.client_id AND i.idempotency_key = r.idempotency_key
-ORDER BY r.ord
-
--- name: job_insert_if_admitted
--- Admits a batch of new jobs (the POSTs an api process received while its
--- previous batch was being written): one admission lock, one statement, one
--- commit for all of them. Runs under the admission lock (job_admission_lock),
--- which makes the bounds exact. Requests are taken in order: a request whose
--- key was used meanwhile answers the existing job; the others are admitted
--- while their client's queue (CLIENT_QUEUE_MAX), then the whole queue
--- (QUEUE_MAX), then their client's spend budget and the day's budget have
--- room, and refused otherwise. Each check admits the longest run of the batch
--- that fits, in order.
---
--- job_admission keeps, per queue, a number never below its pending count:
--- every admission adds to it, and claims, cancellations and the sweeper only
--- ever lower the true count. While that bound leaves room for the batch, no
--- counting is done. Otherwise the pending jobs are counted, stopping at the
--- maximum (a count never costs more than QUEUE_MAX index entries), and the
--- bound is reset to the truth. Admissions therefore cost O(1), not O(queue).
---
--- A request carries its worst-case cost; where a budget applies (the day's,
--- %(budget_usd)s, or its client's: its own or %(client_budget_usd)s), it is
--- admitted only if today's spent + reserved + the batch's worst cases so far
--- stay within the budget, and its worst case is then reserved. Nothing but
--- admission adds to spent + reserved (a job's end replaces its reservation by
--- its cost, which is never more), so a budget holds across every replica.
---
--- The NOTIFY is delivered at commit and wakes an idle worker at once.
-WITH
--- include: job_admission_request_ctes
-,
--- For each queue: `kept` is the bound job_admission keeps (NULL if its row is
--- missing), and `counted` the pending jobs counted up to the maximum, only
--- when the kept bound does not leave room for the batch (NULL otherwise).
-client_depth AS MATERIALIZED (
-    SELECT c.client_id, a.pending_at_most AS kept, a.last_turn,
-           CASE WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
-                ELSE (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs s
-                          WHERE s.status = 'pending' AND s.lane = 'interactive' AND s.client_id = c.client_id
-                          ORDER BY s.created_at, s.id LIMIT %(client_queue_max)s) q)
-           END AS counted
-    FROM (SELECT client_id, count(*) AS asks FROM fresh GROUP BY client_id) c
-    LEFT JOIN job_admission a ON a.client_id = c.client_id
-),
-client_ok AS MATERIALIZED (
-    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
-    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE coalesce(d.counted, d.kept) + f.client_rank <= %(client_queue_max)s
-),
-queue AS MATERIALIZED (
-    SELECT a.pending_at_most AS kept,
-           CASE WHEN a.pending_at_most + (SELECT count(*) FROM client_ok) <= %(queue_max)s THEN NULL
-                ELSE (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
-                          ORDER BY created_at, id LIMIT %(queue_max)s) q)
-           END AS counted
-    FROM (SELECT 1) one LEFT JOIN job_admission a ON a.client_id = 0
-),
-queue_ok AS MATERIALIZED (
-    SELECT c.* FROM client_ok c, queue
-    WHERE coalesce(queue.counted, queue.kept) + c.queue_rank <= %(queue_max)s
-),
--- include: job_admission_budget_ctes
-,
--- Each admitted job's turn in the claim's round robin (sql/009_fair_share.sql):
--- the turn being served now (the smallest pending one; with none pending,
--- the end of the last turn given), or the end of its client's last turn if
--- later; a job lasts 1 / the client's weight. Where a client's last turn
--- ends is kept exact: written at every admission that gives the client a
--- turn (bounds_kept), moved back when a pending job is cancelled
--- (job_turns_given_back_ctes), and never dropped for a client found with no
--- pending job (one served in this round has had its turn).
-serving AS MATERIALIZED (
-    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
-                     ORDER BY turn, id LIMIT 1),
-                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
-),
-turns AS MATERIALIZED (
-    SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end
-    FROM (
-        SELECT a.ord, a.client_id, coalesce(c.weight, 1)::float8 AS weight,
-               greatest(s.turn, coalesce(d.last_turn, s.turn)) AS start,
-               (row_number() OVER (PARTITION BY a.client_id ORDER BY a.ord))::float8 AS n
-        FROM admitted a
-        CROSS JOIN serving s
-        JOIN client_depth d ON d.client_id = a.client_id
-        LEFT JOIN api_clients c ON c.id = a.client_id
-    ) t
-),
-inserted AS (
-    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
-                            max_tokens, input_tokens_estimate, worst_case_usd, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok, turn, trace_context)
-    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
-           a.max_tokens, a.input_tokens_estimate, a.worst_case_usd, a.reserved_usd,
-           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, t.turn, a.trace_context
-    FROM admitted a JOIN turns t ON t.ord = a.ord ORDER BY a.ord
-    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
-),
--- include: job_admission_keys_ctes
-,
--- The new bound of each queue, never below its pending count: the kept bound
--- plus what was admitted; or an exact count (below this replica's maximum)
--- plus what was admitted; or, when the count stopped at this replica's
--- maximum, the truth may be higher (a replica with a larger maximum admitted
--- more), so the kept bound stays as it is, and a missing one stays missing.
-new_bounds AS (
-    SELECT 0::bigint AS client_id, q.kept,
-           CASE WHEN q.counted IS NULL THEN q.kept + n.admitted
-                WHEN q.counted < %(queue_max)s THEN q.counted + n.admitted
-                ELSE q.kept END AS bound,
-           n.admitted, n.last_turn
-    FROM queue q, (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn FROM turns) n
-    UNION ALL
-    SELECT d.client_id, d.kept,
-           CASE WHEN d.counted IS NULL THEN d.kept + n.admitted
-                WHEN d.counted < %(client_queue_max)s THEN d.counted + n.admitted
-                ELSE d.kept END,
-           n.admitted, n.last_turn
-    FROM client_depth d
-    CROSS JOIN LATERAL (SELECT count(*) AS admitted, coalesce(max(turn_end), 0) AS last_turn
-                        FROM turns t WHERE t.client_id = d.client_id) n
-),
--- Written when the bound changes or the queue was given turns: a client
--- that refills its full queue as a slot frees keeps its bound (counted + 1
--- = kept) but its last turn moves on, and a last turn left behind would
--- give each refill the turn being served, ahead of every other client.
--- (In the common case the bound changes anyway: no write is added.)
-bounds_kept AS (
-    INSERT INTO job_admission (client_id, pending_at_most, last_turn)
-    SELECT client_id, bound, last_turn FROM new_bounds
-    WHERE bound IS NOT NULL AND (bound IS DISTINCT FROM kept OR admitted > 0)
-    ON CONFLICT (client_id) DO UPDATE SET pending_at_most = excluded.pending_at_most,
-        last_turn = greatest(job_admission.last_turn, excluded.last_turn)
-),
-notified AS (
-    SELECT pg_notify('storyjobs_pending', '') WHERE EXISTS (SELECT 1 FROM admitted)
-)
--- include: job_admission_answer
-;
-
--- name: job_insert_batch_if_admitted
--- The batch lane's admissions (docs/batches.md), run after
--- job_insert_if_admitted in the same transaction, under the same admission
--- lock, so that the spend budgets both lanes reserve against are exact. A
--- request is admitted while its client's live batch jobs (pending, or
--- running in or between batches) stay within %(client_queue_max)s
--- (CLIENT_BATCH_QUEUE_MAX), all clients' within %(queue_max)s
--- (BATCH_QUEUE_MAX), and the budgets hold its worst case at the batch
--- price. No turn (the interactive claim never takes a batch job) and no
--- NOTIFY: the batch lane's holder collects what waits, every few seconds.
--- The live batch jobs are counted, up to the maximum, on
--- story_jobs_batch_live_idx: a batch admission costs O(BATCH_QUEUE_MAX)
--- index entries at most.
-WITH
--- include: job_admission_request_ctes
-,
-client_depth AS MATERIALIZED (
-    SELECT c.client_id, (SELECT count(*) FROM (
-               SELECT 1 FROM story_jobs s
-               WHERE s.lane = 'batch' AND s.status IN ('pending', 'running') AND s.client_id = c.client_id
-               LIMIT %(client_queue_max)s) q) AS counted
-    FROM (SELECT DISTINCT client_id FROM fresh) c
-),
-client_ok AS MATERIALIZED (
-    SELECT f.*, row_number() OVER (ORDER BY f.ord) AS queue_rank
-    FROM fresh f JOIN client_depth d ON d.client_id = f.client_id
-    WHERE d.counted + f.client_rank <= %(client_queue_max)s
-),
-queue AS MATERIALIZED (
-    SELECT count(*) AS counted FROM (
-        SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
-        LIMIT %(queue_max)s) q
-),
-queue_ok AS MATERIALIZED (
-    SELECT c.* FROM client_ok c, queue WHERE queue.counted + c.queue_rank <= %(queue_max)s
-),
--- include: job_admission_budget_ctes
-,
-inserted AS (
-    INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request,
-                            max_tokens, input_tokens_estimate, worst_case_usd, reserved_usd,
-                            model, input_usd_per_mtok, output_usd_per_mtok, lane, batch_ready_at, trace_context)
-    SELECT a.client_id, a.idempotency_key, decode(a.request_fingerprint, 'hex'), a.request,
-           a.max_tokens, a.input_tokens_estimate, a.worst_case_usd, a.reserved_usd,
-           a.model, a.input_usd_per_mtok, a.output_usd_per_mtok, 'batch', now(), a.trace_context
-    FROM admitted a ORDER BY a.ord
-    RETURNING id, client_id, idempotency_key, public_id, status, request_fingerprint, created_at
-),
--- include: job_admission_keys_ctes
-,
-notified AS (SELECT 1 WHERE false)
--- include: job_admission_answer
-;
+ORDER BY r.ord;
 
 -- name: job_get_for_key
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read

@@ -31,8 +31,8 @@ from typing import Any
 
 import psycopg
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.story_request import StoryLane, StoryRequest
 from tests.bench.harness import BenchContext, BenchResult, FigureSpec
@@ -107,8 +107,8 @@ async def _admit(url: str, client_id: int, lane: StoryLane, stories: int) -> Non
                   settings)
         for n in range(stories)]
     async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
-        results = await api_store.job_insert_if_admitted(
-            conn, admissions=admissions, queue_max=10_000, client_queue_max=10_000, budget_usd=Decimal(1000))
+        results = await ApiStore(conn).job_insert_if_admitted(
+            admissions=admissions, queue_max=10_000, client_queue_max=10_000, budget_usd=Decimal(1000))
     refused = [r for r in results if r.outcome != "inserted"]
     if refused:
         raise RuntimeError(f"{len(refused)} of {stories} stories were not admitted: {refused[0]}")

@@ -41,8 +41,8 @@ from typing import Any
 import msgspec
 import psycopg
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import db
 from shared.config import ApiSettings
 from shared.queries import QUERIES
@@ -170,8 +170,8 @@ async def _admit(url: str, queues: list[tuple[int, int]]) -> None:
         for client_id, jobs in queues:
             admissions = [admission(client_id, uuid.uuid4().hex, BENCH_REQUEST, settings) for _ in range(jobs)]
             for start in range(0, jobs, 200):
-                results = await api_store.job_insert_if_admitted(conn, admissions=admissions[start:start + 200],
-                                                             queue_max=1_000_000, client_queue_max=1_000_000)
+                results = await ApiStore(conn).job_insert_if_admitted(
+                    admissions=admissions[start:start + 200], queue_max=1_000_000, client_queue_max=1_000_000)
                 assert all(r.outcome == "inserted" for r in results), results
 
 
@@ -258,8 +258,8 @@ async def _saturated_claims(url: str, query: str, saturated: int, others: list[i
             # the saturated client first: it sends again the moment a slot frees
             asked = [client for client in keep for _ in range(keep[client] - pending[client])]
             admissions = [admission(client, uuid.uuid4().hex, BENCH_REQUEST, settings) for client in asked]
-            results = await api_store.job_insert_if_admitted(conn, admissions=admissions, queue_max=1_000_000,
-                                                             client_queue_max=SATURATED_BOUND)
+            results = await ApiStore(conn).job_insert_if_admitted(admissions=admissions, queue_max=1_000_000,
+                                                                  client_queue_max=SATURATED_BOUND)
             assert all(r.outcome == "inserted" for r in results), results
             pending.update(keep)
             if claims is None and arrived >= 0 and set(others) <= set(claimed[arrived:]):

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import psycopg
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import db
 from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.webhooks import EVENTS, new_secret
@@ -138,8 +138,8 @@ async def _prepare(url: str, *, jobs: int, limited: bool, webhook: bool) -> None
         if limited:
             await worker_statements.llm_rate_bucket_ensure(conn, model="m", limits=_LIMITS)
         if webhook:
-            await api_store.webhook_endpoint_insert(
-                conn, client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
+            await ApiStore(conn).webhook_endpoint_insert(
+                client_id=1, url="https://hooks.example.com/storyjobs", events=list(EVENTS),
                 secret=new_secret(), max_per_client=10)
         await conn.execute("VACUUM ANALYZE")
 

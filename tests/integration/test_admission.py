@@ -64,10 +64,10 @@ async def test_a_batch_is_admitted_in_order_up_to_each_bound(
 
 async def _admit(conn: psycopg.AsyncConnection[Any], client: int, keys: list[str], *, queue_max: int,
                  client_queue_max: int | None = None) -> list[str]:
-    from api import store as api_store
+    from api.store import ApiStore
 
-    results = await api_store.job_insert_if_admitted(
-        conn, admissions=[_admission(client, key) for key in keys], queue_max=queue_max,
+    results = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[_admission(client, key) for key in keys], queue_max=queue_max,
         client_queue_max=client_queue_max or queue_max)
     return [r.outcome for r in results]
 

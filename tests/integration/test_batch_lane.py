@@ -14,7 +14,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
@@ -202,7 +202,7 @@ async def test_a_job_cancelled_in_flight_reads_cancelled_and_its_billed_story_is
     await enqueue_batch(conn, client, "a kept moon")
     lane = _lane(pool, provider)
     await lane.tick_once()
-    assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    assert await ApiStore(conn).job_cancel(client_id=client, job_id=job) is not None
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE outcome = 'started'") == 2
     fake.end_batch(fake.batches[0].id)
     await lane.tick_once()
@@ -223,7 +223,7 @@ async def test_a_batch_whose_jobs_are_all_cancelled_is_cancelled_at_the_provider
     lane = _lane(pool, provider)
     await lane.tick_once()
     for job in jobs:
-        await api_store.job_cancel(conn, client_id=client, job_id=job)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
     await lane.tick_once()
     (batch,) = fake.batches
     assert batch.processing_status in ("canceling", "ended")
@@ -331,7 +331,7 @@ async def test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_t
     client = await client_id_of(conn)
     cancelled = [await enqueue_batch(conn, client, f"a cancelled wren {n}", waited_s=7200.0) for n in range(2)]
     for job in cancelled:
-        assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+        assert await ApiStore(conn).job_cancel(client_id=client, job_id=job) is not None
     await enqueue_batch(conn, client, "a waiting wren")
     lane = _lane(pool, provider, batch_max_requests=2)
     assert (await lane.tick_once()).submitted == 1
@@ -410,7 +410,7 @@ async def test_a_job_cancelled_while_waiting_for_a_later_batch_is_charged_nothin
     assert (await lane.tick_once()).waiting == 1
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
                              "AND batch_ready_at IS NOT NULL AND reserved_usd > 0") == 1
-    assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    assert await ApiStore(conn).job_cancel(client_id=client, job_id=job) is not None
     cur = await conn.execute("SELECT status::text, error_code, charged_usd, batch_ready_at IS NULL FROM story_jobs")
     assert await cur.fetchall() == [("failed", "cancelled", 0, True)]
     assert await _ledger(conn) == [(await count(conn, "SELECT id FROM story_jobs"), 1, "expired", False)]

@@ -18,7 +18,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared.queries import QUERIES as Q
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, ItemPlan
@@ -127,7 +127,7 @@ async def test_a_job_cancelled_while_its_batch_is_in_flight_is_charged_nothing_w
     job = await enqueue_batch(conn, client, "a cancelled moon")
     lane = _lane(pool, provider)
     await lane.tick_once()
-    assert await api_store.job_cancel(conn, client_id=client, job_id=job) is not None
+    assert await ApiStore(conn).job_cancel(client_id=client, job_id=job) is not None
     ((_, _, charged),) = await _charges(conn)
     assert charged is not None and charged > 0
     await lane.tick_once()
@@ -353,7 +353,7 @@ async def test_a_refusal_recorded_while_a_cancel_ends_its_job_leaves_the_job_cha
     await asyncio.wait_for(store.paused.wait(), timeout=30)
     canceller = await psycopg.AsyncConnection.connect(database_url)
     async with canceller, canceller.transaction():
-        assert await api_store.job_cancel(canceller, client_id=client, job_id=job) is not None
+        assert await ApiStore(canceller).job_cancel(client_id=client, job_id=job) is not None
         store.resume.set()
         await wait_until(lambda: waiting_on_a_lock(conn), timeout=30, what="the refusal to wait for the job")
     await asyncio.wait_for(tick, timeout=30)

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
@@ -27,8 +27,8 @@ BUDGET = Decimal(1000)
 
 
 async def _admit(conn: Conn, client: int) -> list[Any]:
-    return await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings())],
+    return await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings())],
         queue_max=1000, client_queue_max=1000, budget_usd=BUDGET)
 
 

@@ -12,8 +12,8 @@ from typing import Any
 import psycopg
 import pytest
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import store
 from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
@@ -30,9 +30,9 @@ WORST = admission(1, "k", StoryRequest(prompt="a fox"), SETTINGS).worst_case_usd
 
 async def _admit(conn: psycopg.AsyncConnection[Any], client: int, n: int, *, budget: Decimal | None = None,
                  client_budget: Decimal | None = None) -> list[str]:
-    results = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), SETTINGS)
-                          for _ in range(n)],
+    results = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), SETTINGS)
+                    for _ in range(n)],
         queue_max=1000, client_queue_max=1000, budget_usd=budget, client_budget_usd=client_budget)
     return [r.outcome for r in results]
 
@@ -94,7 +94,7 @@ async def test_each_way_a_job_ends_settles_its_reservation_once(conn: psycopg.As
     cur = await conn.execute("SELECT public_id FROM story_jobs WHERE id IN (%s, 4) ORDER BY id", (running,))
     running_public, pending_public = [row[0] for row in await cur.fetchall()]
     for public_id in (running_public, pending_public, running_public):
-        await api_store.job_cancel(conn, client_id=client, job_id=public_id)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=public_id)
     assert await _day(conn) == (Decimal("0.000510") + WORST, Decimal(0))
     # the cancelled job's worker closes its stream and says what it cost
     await worker_statements.llm_call_finish(conn, model="m", job_id=running, attempt=1, outcome=LlmOutcome.STOPPED, billed=True,

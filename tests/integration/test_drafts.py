@@ -15,7 +15,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from api import store as api_store
+from api.store import ApiStore
 from shared.status import ErrorCode, LlmOutcome
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
@@ -113,7 +113,7 @@ async def test_the_end_of_a_job_deletes_its_draft(
     job = await _claim(conn)
     await _append(conn, job, 0, "Once upon a time")
     if end == "cancel":
-        result = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
+        result = await ApiStore(conn).job_cancel(client_id=client, job_id=public_id)
         assert result is not None and result.cancelled
     elif end == "complete":
         settled = await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(job)])
@@ -146,7 +146,7 @@ async def test_an_end_that_waits_for_a_draft_write_deletes_what_it_wrote(
     async with await psycopg.AsyncConnection.connect(database_url) as writer, \
             await psycopg.AsyncConnection.connect(database_url, autocommit=True) as canceller:
         assert await _append(writer, job, 0, "Once upon a time") == {job: 16}  # open transaction
-        cancel = asyncio.create_task(api_store.job_cancel(canceller, client_id=client, job_id=public_id))
+        cancel = asyncio.create_task(ApiStore(canceller).job_cancel(client_id=client, job_id=public_id))
         await wait_until(lambda: waiting_on_a_lock(conn), timeout=5, what="the cancel to wait for the draft")
         assert not cancel.done()
         await writer.commit()
@@ -166,7 +166,7 @@ async def test_a_draft_write_that_waits_for_an_end_writes_nothing(
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as canceller, \
             await psycopg.AsyncConnection.connect(database_url, autocommit=True) as writer:
         async with canceller.transaction():
-            result = await api_store.job_cancel(canceller, client_id=client, job_id=public_id)
+            result = await ApiStore(canceller).job_cancel(client_id=client, job_id=public_id)
             assert result is not None and result.cancelled
             append = asyncio.create_task(_append(writer, job, 0, "Once upon a time"))
             await wait_until(lambda: waiting_on_a_lock(conn), timeout=5, what="the draft write to wait for the end")
@@ -232,7 +232,7 @@ async def test_a_cancel_stops_the_draft_at_once(
                 await wait_until(lambda: _streamed_more(worker, 0), timeout=10, what="text streamed")
                 assert await worker.drafts_once() == 1
                 assert await _chunks(conn) > 0
-                result = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
+                result = await ApiStore(conn).job_cancel(client_id=client, job_id=public_id)
                 assert result is not None and result.cancelled
                 assert await _chunks(conn) == 0
                 (held,) = list(worker.held)

@@ -22,7 +22,8 @@ LIMITED_CLAIM_PARAMS = {**CLAIM_PARAMS, **claim_params(
 ADMISSION_PARAMS = {
     "requests": '[{"ord": 0, "client_id": 1, "idempotency_key": "new", "request_fingerprint": "00", '
                 '"request": {"prompt": "x"}}]',
-    "queue_max": 1000, "client_queue_max": 1000, "budget_usd": None, "client_budget_usd": None,
+    "queue_max": 1000, "client_queue_max": 1000, "batch_queue_max": 1000, "client_batch_queue_max": 1000,
+    "budget_usd": None, "client_budget_usd": None,
 }
 SWEEP_PARAMS = {"heartbeat_timeout_s": 60, "job_timeout_s": 480, "pending_timeout_s": 1800,
                 "judge_running": True, "batch_size": 100, "now": None, "batch_collect_s": 60}
@@ -105,11 +106,13 @@ async def test_the_sweeper_gauges_and_admission_read_live_jobs_by_index(
         assert {"story_jobs_active_idx", "story_jobs_turn_idx"} & indexes, (query, indexes)
         assert not any(s.startswith("Seq Scan") for s in _story_jobs_scans(plan)), query
         # other indexes only fetch rows already found, by key (or, for the
-        # admission, the first pending turn; for the sweeper, the batch jobs
-        # waiting for a batch, on their own partial index)
+        # admission, the first pending turn, and the batch lane's live jobs,
+        # counted on their own partial index when a batch job asks; for the
+        # sweeper, the batch jobs waiting for a batch, on their own partial index)
         for node in _plan_nodes(plan):
             if node.get("Index Name") not in (None, "story_jobs_active_idx", "story_jobs_turn_idx",
-                                              "story_jobs_batch_ready_idx", "message_batches_live_idx"):
+                                              "story_jobs_batch_ready_idx", "message_batches_live_idx",
+                                              "story_jobs_batch_live_idx"):
                 assert " = " in node.get("Index Cond", ""), (query, node)
 
 

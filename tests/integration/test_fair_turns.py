@@ -11,8 +11,8 @@ from typing import Any
 
 import psycopg
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
 from tests.support import worker_statements
@@ -23,8 +23,8 @@ async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1, 
                 ) -> list[uuid.UUID]:
     """The api's admission of ``jobs`` new requests of a client, one batch; the ids of those admitted."""
     batch = [admission(client, uuid.uuid4().hex, StoryRequest(prompt="a fox"), ApiSettings()) for _ in range(jobs)]
-    results = await api_store.job_insert_if_admitted(conn, admissions=batch, queue_max=1_000,
-                                                 client_queue_max=client_queue_max)
+    results = await ApiStore(conn).job_insert_if_admitted(admissions=batch, queue_max=1_000,
+                                                          client_queue_max=client_queue_max)
     return [r.public_id for r in results if r.outcome == "inserted" and r.public_id is not None]
 
 
@@ -70,7 +70,7 @@ async def test_a_client_that_cancels_its_last_jobs_and_sends_them_again_keeps_it
     await _post(conn, busy, 10)
     mine = await _post(conn, fickle, 3)
     for job_id in mine[1:]:
-        result = await api_store.job_cancel(conn, client_id=fickle, job_id=job_id)
+        result = await ApiStore(conn).job_cancel(client_id=fickle, job_id=job_id)
         assert result is not None and result.cancelled
     assert len(await _post(conn, fickle, 2)) == 2
     claims = [await _claim(conn) for _ in range(6)]
@@ -85,7 +85,7 @@ async def test_a_job_cancelled_in_the_middle_of_a_queue_moves_the_later_ones_up(
     busy, fickle = await client_id_of(conn, "busy"), await client_id_of(conn, "fickle")
     await _post(conn, busy, 10)
     mine = await _post(conn, fickle, 3)
-    result = await api_store.job_cancel(conn, client_id=fickle, job_id=mine[1])
+    result = await ApiStore(conn).job_cancel(client_id=fickle, job_id=mine[1])
     assert result is not None and result.cancelled
     claims = [await _claim(conn) for _ in range(4)]
     assert Counter(claims) == {busy: 2, fickle: 2}, claims

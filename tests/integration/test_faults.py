@@ -12,7 +12,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared.status import LlmOutcome
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
@@ -97,7 +97,7 @@ async def test_a_job_cancelled_while_its_call_waits_to_be_retried_sends_no_reque
             async with running_worker(settings, pool, writer, listen_url=database_url) as worker:
                 job_id = await enqueue(conn, await client_id_of(conn), "a sleepy owl")
                 await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
-                cancelled = await api_store.job_cancel(conn, client_id=await client_id_of(conn), job_id=job_id)
+                cancelled = await ApiStore(conn).job_cancel(client_id=await client_id_of(conn), job_id=job_id)
                 assert cancelled is not None and cancelled.cancelled
                 await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
         finally:
@@ -112,7 +112,7 @@ async def test_cancelling_a_job_whose_worker_died_closes_its_open_call(conn: psy
     client = await client_id_of(conn)
     job_id = await enqueue(conn, client, "a fox")
     await _claim(conn, "dead-worker")
-    result = await api_store.job_cancel(conn, client_id=client, job_id=job_id)
+    result = await ApiStore(conn).job_cancel(client_id=client, job_id=job_id)
     assert result is not None and result.cancelled
     assert await _ledger(conn) == [(1, "interrupted", True, True)]
 
@@ -133,7 +133,7 @@ async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoe
                                                  previous_outcome=LlmOutcome.RATE_LIMITED, previous_error="429")
             assert started.attempt == 2
             if ender == "cancel":
-                ending = asyncio.create_task(api_store.job_cancel(conn, client_id=client, job_id=job_id))
+                ending = asyncio.create_task(ApiStore(conn).job_cancel(client_id=client, job_id=job_id))
                 await wait_until(lambda: waiting_on_a_lock(worker_conn), what="the cancellation to wait")
             else:
                 # SKIP LOCKED: the sweeper passes over a job whose row is held
@@ -156,7 +156,7 @@ async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
     job = await _claim(conn)
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as api_conn:
         async with api_conn.transaction():
-            cancelled = await api_store.job_cancel(api_conn, client_id=client, job_id=job_id)
+            cancelled = await ApiStore(api_conn).job_cancel(client_id=client, job_id=job_id)
             assert cancelled is not None and cancelled.cancelled
             retry = asyncio.create_task(worker_statements.llm_call_start(
                 conn, worker_id="w1", job_id=job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,

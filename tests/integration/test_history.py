@@ -17,8 +17,8 @@ import pytest
 from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
 from api.rows import Admission
+from api.store import ApiStore
 from shared import db, migrate, store
 from shared.console_stats import snapshot_warning
 from shared.queries import QUERIES
@@ -145,17 +145,18 @@ async def test_admission_never_compiles_after_statistics_taken_during_a_backlog(
                     "SET auto_explain.log_level = notice"):
         await conn.execute(setting)
     params = {"requests": json.dumps([{"ord": 0, "client_id": client, "idempotency_key": "bare",
-                                       "request_fingerprint": "00", "request": {"prompt": "x"},
+                                       "request_fingerprint": "00", "lane": "interactive", "request": {"prompt": "x"},
                                        "worst_case_usd": 0, "max_tokens": 10, "input_tokens_estimate": 1,
                                        "model": "m", "input_usd_per_mtok": 1, "output_usd_per_mtok": 1}]),
-              "queue_max": 5000, "client_queue_max": 5000, "budget_usd": None, "client_budget_usd": None}
+              "queue_max": 5000, "client_queue_max": 5000, "batch_queue_max": 5000, "client_batch_queue_max": 5000,
+              "budget_usd": None, "client_budget_usd": None}
     async with conn.transaction(force_rollback=True):
         await conn.execute(QUERIES["job_insert_if_admitted"], params)
     (bare,) = plans
     assert bare["Plan"]["Total Cost"] > 100_000 and "JIT" in bare, "the statistics no longer mislead the planner"
     plans.clear()
-    (result,) = await api_store.job_insert_if_admitted(conn, admissions=[_admission(client, "kept")],
-                                                       queue_max=5000, client_queue_max=5000)
+    (result,) = await ApiStore(conn).job_insert_if_admitted(admissions=[_admission(client, "kept")],
+                                                            queue_max=5000, client_queue_max=5000)
     assert result.outcome == "inserted"
     admission = [p for p in plans if "story_jobs" in json.dumps(p["Plan"])]
     assert admission, plans

@@ -15,7 +15,7 @@ from typing import Any
 import psycopg
 import pytest
 
-from api import store as api_store
+from api.store import ApiStore
 from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from tests.support import worker_statements
@@ -135,7 +135,7 @@ async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_
     """Closing the call of a stream stopped because its job was cancelled locks the job's row before
     the ledger row, like every other statement that writes both."""
     (job,) = await _running_jobs(conn, 1)
-    cancelled = await api_store.job_cancel(conn, client_id=job.client_id, job_id=job.public_id)
+    cancelled = await ApiStore(conn).job_cancel(client_id=job.client_id, job_id=job.public_id)
     assert cancelled is not None and cancelled.cancelled
     await _while_waiting_for_job(
         database_url, conn, job.id,

@@ -19,8 +19,8 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import prompt
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
@@ -286,7 +286,7 @@ async def test_a_cancel_during_a_429s_wait_leaves_the_429_unbilled(
             # the worker's answer to the 429, not the fake's record of the
             # request: cancelled before that, the request counts as sent
             await wait_until(lambda: _logged(logs, "llm.retryable") == 1, what="the 429 answered")
-            cancelled = await api_store.job_cancel(conn, client_id=client, job_id=public_id)
+            cancelled = await ApiStore(conn).job_cancel(client_id=client, job_id=public_id)
             assert cancelled is not None and cancelled.cancelled
             await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     # the worker has stopped: every request it could send was sent
@@ -324,8 +324,8 @@ async def _fails_on_a_500(conn: psycopg.AsyncConnection[Any], pool: AsyncConnect
     """A job admitted under a day's budget (its worst case reserved) whose one request is answered 500."""
     provider.fake.queue(Plan(status=500))
     client = await client_id_of(conn)
-    (admitted,) = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
+    (admitted,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.outcome == "inserted" and admitted.public_id is not None
     public_id = admitted.public_id
@@ -373,14 +373,14 @@ async def test_a_job_ended_while_its_retry_waits_is_charged_nothing_for_its_refu
     the day's budget with it."""
     provider.fake.queue(Plan(status=429, headers=(("retry-after", "2"),)))
     client = await client_id_of(conn)
-    (admitted,) = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
+    (admitted,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, StoryRequest(prompt=PROMPT), API)],
         queue_max=100, client_queue_max=100, budget_usd=Decimal(100))
     assert admitted.public_id is not None
     async with _worker(pool, database_url, provider, heartbeat_interval_s=30, heartbeat_timeout_s=120,
                        **PRICED) as worker:
         await wait_until(lambda: len(provider.fake.calls) == 1, what="the 429")
-        cancelled = await api_store.job_cancel(conn, client_id=client, job_id=admitted.public_id)
+        cancelled = await ApiStore(conn).job_cancel(client_id=client, job_id=admitted.public_id)
         assert cancelled is not None and cancelled.cancelled
         await wait_until(lambda: not worker.held_job_ids, timeout=10, what="the worker to let the job go")
     job = await _job(conn, admitted.public_id)

@@ -14,8 +14,8 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import prompt
 from shared.pricing import Price
 from shared.story_request import StoryRequest
@@ -39,8 +39,8 @@ async def _run(conn: Conn, pool: AsyncConnectionPool, database_url: str, plan: P
     """One job admitted under API with a budget, run by a worker deployed with another model, other prices
     and another LLM_MAX_TOKENS; returns its client and the request the provider received."""
     client = await client_id_of(conn)
-    (admitted,) = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client, uuid.uuid4().hex, REQUEST, API)], queue_max=10, client_queue_max=10,
+    (admitted,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client, uuid.uuid4().hex, REQUEST, API)], queue_max=10, client_queue_max=10,
         budget_usd=Decimal(100))
     assert admitted.outcome == "inserted"
     with FakeAnthropicServer(FakeAnthropic(default=plan)) as provider:

@@ -20,15 +20,15 @@ FUNCTIONS = {"budget_day": "i", "bucket_paused_s": "s", "bucket_held_now": "s", 
 _USED = re.compile(r"\b(budget_day|bucket_paused_s|bucket_held_now|bucket_refilled|job_queue_depth)\b")
 _LIMITS = {"requests_rate": 1.0, "requests_capacity": 5.0, "input_tokens_rate": None, "input_tokens_capacity": None,
            "output_tokens_rate": 100.0, "output_tokens_capacity": 500.0}
-_ADMISSION = {"requests": '[{"ord": 0, "client_id": 1, "idempotency_key": "k", "request_fingerprint": "00", '
+_ADMISSION = {"requests": '[{"ord": 0, "client_id": 1, "idempotency_key": "k", "request_fingerprint": "00", "lane": "interactive", '
                           '"request": {"prompt": "x"}, "max_tokens": 100, "input_tokens_estimate": 10, '
                           '"worst_case_usd": 0.1, "model": "m", "input_usd_per_mtok": 1, "output_usd_per_mtok": 1}]',
-              "queue_max": 10, "client_queue_max": 10, "budget_usd": 5, "client_budget_usd": 5}
+              "queue_max": 10, "client_queue_max": 10, "batch_queue_max": 10, "client_batch_queue_max": 10,
+              "budget_usd": 5, "client_budget_usd": 5}
 # the statements outside the worker's file that read a fragment, with parameters to plan them with
 STATEMENTS: dict[str, dict[str, Any]] = {
     "job_drain_stats": {"model": "m"},
     "job_insert_if_admitted": _ADMISSION,
-    "job_insert_batch_if_admitted": _ADMISSION,
     "budget_days_today": {"now": None},
     "llm_rate_bucket_list": _LIMITS,
     "ops_overview": {"day_from_id": 1},

@@ -14,7 +14,7 @@ import pytest
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import webhooks
 from shared.console_store import ConsoleStore
 from tests.fakes.webhook_receiver import WebhookReceiver
@@ -29,8 +29,8 @@ Conn = psycopg.AsyncConnection[Any]
 
 
 async def _endpoint(conn: Conn, client_id: int, url: str, secret: str | None = None) -> uuid.UUID:
-    row = await api_store.webhook_endpoint_insert(conn, client_id=client_id, url=url, events=webhooks.EVENTS,
-                                                  secret=secret or webhooks.new_secret(), max_per_client=10)
+    row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=webhooks.EVENTS,
+                                                       secret=secret or webhooks.new_secret(), max_per_client=10)
     assert row is not None
     return row.id
 
@@ -38,7 +38,7 @@ async def _endpoint(conn: Conn, client_id: int, url: str, secret: str | None = N
 async def _event(conn: Conn, client_id: int) -> uuid.UUID:
     """A job of the client ended (cancelled): one delivery per endpoint of it."""
     job = await enqueue(conn, client_id, "story")
-    await api_store.job_cancel(conn, client_id=client_id, job_id=job)
+    await ApiStore(conn).job_cancel(client_id=client_id, job_id=job)
     return job
 
 

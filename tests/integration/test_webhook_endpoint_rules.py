@@ -11,7 +11,7 @@ import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from api.webhooks import MAX_ENDPOINTS_PER_CLIENT
 from shared import db, webhooks
 from tests.support import ops_seed as seed
@@ -59,8 +59,8 @@ async def test_registrations_started_together_on_30_connections_make_exactly_the
         async with own_pool.connection() as own:
             ready += 1
             await start.wait()
-            row = await api_store.webhook_endpoint_insert(
-                own, client_id=client_id, url=f"https://h{n}.example.com/in", events=["job.completed"],
+            row = await ApiStore(own).webhook_endpoint_insert(
+                client_id=client_id, url=f"https://h{n}.example.com/in", events=["job.completed"],
                 secret=webhooks.new_secret(), max_per_client=MAX_ENDPOINTS_PER_CLIENT)
             return row is not None
 

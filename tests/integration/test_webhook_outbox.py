@@ -12,7 +12,7 @@ import psycopg
 from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import webhooks
 from shared.console_store import ConsoleStore
 from shared.status import ErrorCode, LlmOutcome
@@ -29,8 +29,8 @@ from worker.rows import Failure
 
 async def _endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, events: tuple[str, ...] = webhooks.EVENTS,
                     url: str = "https://hooks.example.com/in") -> uuid.UUID:
-    row = await api_store.webhook_endpoint_insert(conn, client_id=client_id, url=url, events=events,
-                                              secret=webhooks.new_secret(), max_per_client=10)
+    row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=events,
+                                                       secret=webhooks.new_secret(), max_per_client=10)
     assert row is not None
     return row.id
 
@@ -57,7 +57,7 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
     await worker_statements.job_fail_running(conn, worker_id="w1", failures=[Failure(
         job_id=held[1], attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="boom",
         call_outcome=LlmOutcome.FAILED, billed=True)])
-    assert (await api_store.job_cancel(conn, client_id=client, job_id=ids[2])) is not None
+    assert (await ApiStore(conn).job_cancel(client_id=client, job_id=ids[2])) is not None
     assert (await job_cancel(conn, client_id=None, job_id=ids[3])) is not None
     await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP)
     assert await _events(conn) == [
@@ -73,7 +73,7 @@ async def test_a_client_without_endpoints_gets_no_event(conn: psycopg.AsyncConne
                        (await _endpoint(conn, disabled),))
     jobs = {client: await enqueue(conn, client, "story") for client in (with_endpoint, without, disabled)}
     for client, job in jobs.items():
-        await api_store.job_cancel(conn, client_id=client, job_id=job)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
     await enqueue(conn, with_endpoint, "completed, not wanted")
     (held,) = await _claim_all(conn, 1)
     await worker_statements.job_settle(conn, worker_id="w1", completions=[story_written(held)])
@@ -86,7 +86,7 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     """A claimed delivery is not claimed again until its lease ends; then the first attempt's record is refused."""
     client = await client_id_of(conn)
     await _endpoint(conn, client)
-    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
+    await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "story"))
     (first,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     assert first.attempts == 1 and first.job_status == "failed" and first.error_code == "cancelled"
     assert await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60) == []
@@ -105,7 +105,7 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
     client = await client_id_of(conn)
     endpoint = await _endpoint(conn, client)
     for n in range(2):
-        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+        await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
     first, second = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
     await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
                                         status_code=500, error="HTTP 500")
@@ -129,12 +129,12 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     for n in range(3):
-        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+        await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
     (first,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
     await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'") == 3
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints WHERE disabled_at IS NOT NULL") == 1
-    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "after"))
+    await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "after"))
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries") == 3
 
 
@@ -144,7 +144,7 @@ async def test_deliveries_are_pruned_with_their_jobs(conn: psycopg.AsyncConnecti
     await _endpoint(conn, client)
     old, recent = [await enqueue(conn, client, f"story {n}") for n in range(2)]
     for job in (old, recent):
-        await api_store.job_cancel(conn, client_id=client, job_id=job)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days' "
                        "WHERE public_id = %s", (old,))
@@ -160,7 +160,7 @@ async def test_a_job_is_not_pruned_while_one_of_its_deliveries_is_pending(conn: 
     for n in range(2):
         await _endpoint(conn, client, url=f"https://hooks.example.com/{n}")
     job = await enqueue(conn, client, "story")
-    await api_store.job_cancel(conn, client_id=client, job_id=job)
+    await ApiStore(conn).job_cancel(client_id=client, job_id=job)
     # one endpoint got it, the other's delivery is still being retried
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
                        "WHERE id = (SELECT min(id) FROM webhook_deliveries)")
@@ -178,7 +178,7 @@ async def test_the_sweeper_gauge_reads_the_oldest_undelivered_event(conn: psycop
     await _endpoint(conn, client)
     empty = await sweeper_store.webhook_delivery_gauges(conn)
     assert (empty.undelivered, empty.oldest_undelivered_age_seconds) == (0, 0)
-    await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, "story"))
+    await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "story"))
     gauges = await sweeper_store.webhook_delivery_gauges(conn, now=datetime.now(UTC) + timedelta(minutes=10))
     assert gauges.undelivered == 1 and 590 < gauges.oldest_undelivered_age_seconds < 610
 
@@ -188,7 +188,7 @@ async def test_a_sweep_exports_the_outbox_gauges(conn: psycopg.AsyncConnection[A
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     for n in range(2):
-        await api_store.job_cancel(conn, client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
+        await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
     await Sweeper(sweeper_settings(), PgSweeperStore(pool)).sweep_once(now=datetime.now(UTC) + timedelta(minutes=5))
     assert REGISTRY.get_sample_value("storyjobs_webhook_undelivered") == 2
     age = REGISTRY.get_sample_value("storyjobs_webhook_oldest_undelivered_age_seconds")
@@ -204,7 +204,7 @@ async def test_jobs_kept_for_their_deliveries_never_stall_the_prune_behind_them(
     await _endpoint(conn, client)
     jobs = [await enqueue(conn, client, f"story {n}") for n in range(8)]
     for job in jobs:
-        await api_store.job_cancel(conn, client_id=client, job_id=job)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
     kept, expired = jobs[:5], jobs[5:]
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
                        "WHERE job_public_id = ANY(%s)", (expired,))

@@ -15,7 +15,7 @@ from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanE
 from opentelemetry.trace import SpanKind, StatusCode
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import webhooks
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import client_id_of, enqueue
@@ -36,11 +36,11 @@ async def test_a_webhooks_first_attempt_joins_the_jobs_trace_and_a_retry_links_t
     with WebhookReceiver() as receiver:
         secret = webhooks.new_secret()
         receiver.secrets.append(secret)
-        await api_store.webhook_endpoint_insert(conn, client_id=client, url=receiver.url, events=webhooks.EVENTS,
-                                                secret=secret, max_per_client=10)
+        await ApiStore(conn).webhook_endpoint_insert(client_id=client, url=receiver.url, events=webhooks.EVENTS,
+                                                     secret=secret, max_per_client=10)
         with tracer_provider.get_tracer("api").start_as_current_span("POST /stories/generate") as admitting:
             job = await enqueue(conn, client, "an owl")
-        await api_store.job_cancel(conn, client_id=client, job_id=job)
+        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
         receiver.answer("fail")
         # the first retry half a second after the first attempt: time to answer otherwise
         deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_retry_scale=0.1,

@@ -8,7 +8,7 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem
 from tests.support.database import count
@@ -57,7 +57,7 @@ async def test_the_console_lists_endpoints_per_client_and_retries_a_dead_deliver
     async with api_client(pool, key) as client:
         endpoint = (await client.post("/webhook-endpoints", json={"url": "https://hooks.example.com/in"})).json()
     job = await seed.insert_job(conn, seed.pending(client_id, 60))
-    assert await api_store.job_cancel(conn, client_id=client_id, job_id=job.public_id) is not None
+    assert await ApiStore(conn).job_cancel(client_id=client_id, job_id=job.public_id) is not None
     (claimed,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
     await delivery_store.webhook_delivery_finish(conn, delivery_id=claimed.id, lease=claimed.lease, outcome="dead", status_code=500,
                                         error="HTTP 500")

@@ -62,7 +62,7 @@ from hypothesis.stateful import (
 )
 from psycopg_pool import AsyncConnectionPool
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import db
 from sweeper import store as sweeper_store
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
@@ -351,7 +351,7 @@ class BatchLaneMachine(PostgresMachine):
     def a_client_cancels(self, data: st.DataObject) -> None:
         """The client cancels a job that has not ended (waiting, in a batch, or waiting again)."""
         job = data.draw(st.sampled_from(sorted(j for j in self.jobs if j not in self.ended)))
-        answer = self.run(api_store.job_cancel(self.conn, client_id=self.client, job_id=self.jobs[job]))
+        answer = self.run(ApiStore(self.conn).job_cancel(client_id=self.client, job_id=self.jobs[job]))
         assert answer is not None
 
     @precondition(lambda self: any(j not in self.ended for j in self.jobs))

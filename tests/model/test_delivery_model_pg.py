@@ -40,7 +40,7 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import webhooks
 from shared.console_store import ConsoleStore
 from sweeper import store as sweeper_store
@@ -83,8 +83,8 @@ class DeliveryMachine(PostgresMachine):
             self.disabled: set[uuid.UUID] = set()
             for name in CLIENTS:
                 for n in range(2):
-                    row = self.run(api_store.webhook_endpoint_insert(
-                        self.conn, client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
+                    row = self.run(ApiStore(self.conn).webhook_endpoint_insert(
+                        client_id=self.clients[name], url=f"https://{name}{n}.example.com/in",
                         events=webhooks.EVENTS, secret=webhooks.new_secret(), max_per_client=10))
                     assert row is not None
                     self.endpoints[row.id] = name
@@ -108,7 +108,7 @@ class DeliveryMachine(PostgresMachine):
         """A job of the client is cancelled: one delivery per enabled endpoint of it."""
         client_id = self.clients[client]
         public_id = self.run(enqueue(self.conn, client_id, "story"))
-        self.run(api_store.job_cancel(self.conn, client_id=client_id, job_id=public_id))
+        self.run(ApiStore(self.conn).job_cancel(client_id=client_id, job_id=public_id))
         cur = self.run(self.conn.execute(
             "SELECT d.id, d.endpoint_id, d.job_id FROM webhook_deliveries d JOIN story_jobs j ON j.id = d.job_id "
             "WHERE j.public_id = %s", (public_id,)))
@@ -240,8 +240,8 @@ class DeliveryMachine(PostgresMachine):
         """The client deletes an endpoint: its deliveries go with it; their attempts record nothing."""
         endpoint_id = list(self.endpoints)[endpoint % len(self.endpoints)]
         client = self.endpoints.pop(endpoint_id)
-        assert self.run(api_store.webhook_endpoint_delete(self.conn, client_id=self.clients[client],
-                                                          endpoint_id=endpoint_id))
+        assert self.run(ApiStore(self.conn).webhook_endpoint_delete(client_id=self.clients[client],
+                                                                    endpoint_id=endpoint_id))
         self.disabled.discard(endpoint_id)
         for delivery_id in [i for i, d in self.deliveries.items() if d.endpoint == endpoint_id]:
             del self.deliveries[delivery_id]

@@ -55,8 +55,8 @@ from hypothesis.stateful import (
     run_state_machine_as_test,
 )
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import store
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter
@@ -116,8 +116,8 @@ class FairTurnsMachine(PostgresMachine):
         """One batch of admissions (client, idempotency key) through the api's statement; the model checks
         each answer: a key seen before answers its job, a new one is admitted while its client has room."""
         batch = [admission(self.clients[name].id, key, REQUEST, ApiSettings()) for name, key in asked]
-        results = self.run(api_store.job_insert_if_admitted(self.conn, admissions=batch, queue_max=QUEUE_MAX,
-                                                            client_queue_max=CLIENT_QUEUE_MAX))
+        results = self.run(ApiStore(self.conn).job_insert_if_admitted(admissions=batch, queue_max=QUEUE_MAX,
+                                                                      client_queue_max=CLIENT_QUEUE_MAX))
         for (name, key), result in zip(asked, results, strict=True):
             client = self.clients[name]
             if key in client.keys:
@@ -234,7 +234,7 @@ class FairTurnsMachine(PostgresMachine):
         first = data.draw(st.integers(0, len(client.pending) - 1))
         doomed = client.pending[first:first + data.draw(st.integers(1, len(client.pending) - first))]
         for job_id in doomed:
-            result = self.run(api_store.job_cancel(self.conn, client_id=client.id, job_id=job_id))
+            result = self.run(ApiStore(self.conn).job_cancel(client_id=client.id, job_id=job_id))
             assert result is not None and result.cancelled and result.previous_status == "pending", result
             client.pending.remove(job_id)
         self._keep_windows()

@@ -27,8 +27,8 @@ import pytest
 from hypothesis import HealthCheck, settings
 from hypothesis.stateful import invariant, run_state_machine_as_test
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import db
 from shared.config import ApiSettings
 from shared.ratelimit import RateLimits
@@ -138,8 +138,8 @@ class PgWorld:
             job_id = len(self._public) + 1
             request = StoryRequest(prompt=f"story {job_id}")
             one = admission(self.client_id, uuid.uuid4().hex, request, self._settings)
-            (result,) = await api_store.job_insert_if_admitted(self.conn, admissions=[one], queue_max=10_000,
-                                                           client_queue_max=10_000, budget_usd=Decimal(1000))
+            (result,) = await ApiStore(self.conn).job_insert_if_admitted(admissions=[one], queue_max=10_000,
+                                                                         client_queue_max=10_000, budget_usd=Decimal(1000))
             assert result.outcome == "inserted" and result.public_id is not None
             cur = await self.conn.execute("SELECT id FROM story_jobs WHERE public_id = %s", (result.public_id,))
             (stored_id,) = await cur.fetchone() or (0,)
@@ -150,7 +150,7 @@ class PgWorld:
 
     async def end_elsewhere(self, job_id: int, code: ErrorCode) -> None:
         if code is ErrorCode.CANCELLED:
-            await api_store.job_cancel(self.conn, client_id=self.client_id, job_id=self._public[job_id])
+            await ApiStore(self.conn).job_cancel(client_id=self.client_id, job_id=self._public[job_id])
             return
         # a sweep of this job alone: its heartbeat made old, then the sweeper's pass
         await self.conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '1 hour' "

@@ -207,7 +207,8 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="concurrent registrations of one client never make more endpoints than the limit",
         tier="integration",
         file="api/store.py",
-        edits=(("        await conn.execute(Q[\"webhook_endpoint_insert_lock\"], {\"client_id\": client_id})\n", ""),),
+        edits=(("            await self.conn.execute(Q[\"webhook_endpoint_insert_lock\"], {\"client_id\": client_id})\n",
+                ""),),
         tests=("tests/integration/test_webhook_endpoint_rules.py",),
     ),
     Mutant(

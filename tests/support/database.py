@@ -14,8 +14,8 @@ from typing import Any, Self
 import msgspec
 import psycopg
 
-from api import store as api_store
 from api.admission import admission
+from api.store import ApiStore
 from shared import keys, store
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter
@@ -40,8 +40,7 @@ async def enqueue(
     queue_max: int = 1_000_000,
 ) -> uuid.UUID:
     """Stores a pending job the way the api does; returns its job_id."""
-    (result,) = await api_store.job_insert_if_admitted(
-        conn,
+    (result,) = await ApiStore(conn).job_insert_if_admitted(
         admissions=[admission(client_id, key or uuid.uuid4().hex, StoryRequest(prompt=prompt), ApiSettings())],
         queue_max=queue_max,
         client_queue_max=queue_max,
@@ -151,8 +150,8 @@ async def enqueue_batch(conn: psycopg.AsyncConnection[Any], client_id: int, prom
     waiting ``waited_s`` longer, so that a collection is due. (Its
     created_at, the day its reservation is held on, stays as admitted.)"""
     request = StoryRequest(prompt=prompt, lane="batch")
-    (result,) = await api_store.job_insert_if_admitted(
-        conn, admissions=[admission(client_id, uuid.uuid4().hex, request, ApiSettings())],
+    (result,) = await ApiStore(conn).job_insert_if_admitted(
+        admissions=[admission(client_id, uuid.uuid4().hex, request, ApiSettings())],
         queue_max=1_000_000, client_queue_max=1_000_000, budget_usd=Decimal(1000))
     assert result.outcome == "inserted" and result.public_id is not None, result
     await conn.execute(

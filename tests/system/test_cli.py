@@ -11,7 +11,7 @@ from decimal import Decimal
 import psycopg
 import pytest
 
-from api import store as api_store
+from api.store import ApiStore
 from shared import keys, webhooks
 from shared.console_store import ConsoleStore
 from shared.status import ErrorCode, LlmOutcome
@@ -142,11 +142,11 @@ def test_webhooks_lists_endpoints_and_their_deliveries(database_url: str, histor
     async def hook() -> None:
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as conn:
             client = await client_id_of(conn, "ops")
-            endpoint = await api_store.webhook_endpoint_insert(
-                conn, client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
+            endpoint = await ApiStore(conn).webhook_endpoint_insert(
+                client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS,
                 secret=webhooks.new_secret(), max_per_client=10)
             assert endpoint is not None
-            await api_store.job_cancel(conn, client_id=client, job_id=uuid.UUID(history["waiting"]))
+            await ApiStore(conn).job_cancel(client_id=client, job_id=uuid.UUID(history["waiting"]))
 
     asyncio.run(hook())
     endpoints = storyjobs(database_url, "webhooks", "endpoints")

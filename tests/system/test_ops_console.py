@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from playwright.sync_api import Browser, ConsoleMessage, Page, expect
 
-from api import store as api_store
 from api.page import CONTENT_SECURITY_POLICY
+from api.store import ApiStore
 from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
 from sweeper import store as sweeper_store
@@ -676,9 +676,9 @@ def test_the_webhooks_screen_lists_endpoints_with_their_deliveries_and_retries_a
 
     async def endpoint(conn: psycopg.AsyncConnection[Any]) -> tuple[str, int, int, seed.Job]:
         acme, _ = await seed.client(conn, "acme")
-        row = await api_store.webhook_endpoint_insert(conn, client_id=acme, url="https://hooks.acme.example/in",
-                                                       events=webhooks.EVENTS, secret=webhooks.new_secret(),
-                                                       max_per_client=10)
+        row = await ApiStore(conn).webhook_endpoint_insert(client_id=acme, url="https://hooks.acme.example/in",
+                                                           events=webhooks.EVENTS, secret=webhooks.new_secret(),
+                                                           max_per_client=10)
         assert row is not None
         done, broken = await seed.insert_jobs(conn, [seed.completed(acme, 600), seed.failed(acme, 300, "llm_error")])
         ids = []

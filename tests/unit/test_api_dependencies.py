@@ -1,9 +1,9 @@
 """How Litestar resolves the api's dependencies: every route's dependencies
 form one chain, so that ``store`` and ``slots`` enter their deadline (an
 asyncio.timeout, bound to the task that enters it) in the request's own task,
-never in a task group beside another dependency; the client and the operator
-are read from the store that checked their key; and the poll resolves none at
-all (they cost 40 of its 300 us of CPU)."""
+never in a task group beside another dependency; the operator is read from
+the store that checked their key; and a client's routes resolve none at all,
+the poll's way (they cost 40 of its 300 us of CPU)."""
 
 from __future__ import annotations
 
@@ -14,8 +14,7 @@ from litestar.routes import HTTPRoute
 from psycopg_pool import AsyncConnectionPool
 
 from api.app import create_app
-from api.auth import provide_client_store
-from api.deps import provide_slots, provide_store
+from api.deps import provide_slots
 from api.ops.guard import provide_operator_store, store_checks_the_key
 from tests.support.settings import api_settings
 
@@ -57,22 +56,19 @@ def test_every_route_resolves_its_dependencies_one_at_a_time() -> None:
     """No route resolves two dependencies in one batch (a task group), so ``store`` and ``slots`` run in the request's task."""
     batches = _batches()
     entering = {where for where, order in batches.items() if any(batch & DEADLINE_DEPENDENCIES for batch in order)}
-    assert {("GET", "/ops/api/jobs"), ("DELETE", "/stories/jobs/{job_id:str}"), ("GET", "/stories/{story_id:str}"),
-            ("POST", "/stories/generate"), ("GET", "/readyz"), ("POST", "/webhook-endpoints")} <= entering
+    assert {("GET", "/ops/api/jobs"), ("POST", "/ops/api/cancel-pending"), ("GET", "/readyz")} <= entering
     shared = {where: order for where, order in batches.items() if any(len(batch) > 1 for batch in order)}
     assert shared == {}
 
 
-def test_the_client_and_the_operator_are_read_from_the_store_that_checked_their_key() -> None:
-    """Wherever a handler takes ``client`` or ``operator``, it is resolved after the ``store`` whose connection checked the key."""
+def test_the_operator_is_read_from_the_store_that_checked_their_key() -> None:
+    """Wherever a handler takes ``operator``, it is resolved after the ``store`` whose connection checked the key."""
     batches, providers = _batches(), _providers()
     for where, order in batches.items():
         names = [name for batch in order for name in batch]
-        for who, checker in (("client", provide_client_store), ("operator", provide_operator_store)):
-            if who in names:
-                assert "store" in names and names.index("store") < names.index(who), (where, names)
-                assert providers[where]["store"] is checker, where
-    assert "client" in [n for batch in batches[("DELETE", "/stories/jobs/{job_id:str}")] for n in batch]
+        if "operator" in names:
+            assert "store" in names and names.index("store") < names.index("operator"), (where, names)
+            assert providers[where]["store"] is provide_operator_store, where
     assert "operator" in [n for batch in batches[("POST", "/ops/api/cancel-pending")] for n in batch]
 
 
@@ -91,15 +87,19 @@ def test_every_console_endpoint_checks_the_operator_key_on_its_own_store() -> No
     assert all(_providers()[where]["store"] is provide_operator_store for where in checked)
 
 
-def test_the_routes_that_take_a_connection_for_part_of_their_answer_take_slots() -> None:
-    """POST /stories/generate (its connection given back before the admission batch's) and /readyz take ``slots``; a story read, ``store``."""
-    providers = _providers()
-    assert providers[("POST", "/stories/generate")].get("slots") is provide_slots
-    assert providers[("GET", "/readyz")].get("slots") is provide_slots
-    assert providers[("GET", "/stories/{story_id:str}")].get("store") is provide_store
-    assert "store" not in providers[("POST", "/stories/generate")]
+def test_readiness_takes_slots() -> None:
+    """/readyz takes ``slots``: it must see the failure to take a connection to say why."""
+    assert _providers()[("GET", "/readyz")].get("slots") is provide_slots
 
 
-def test_the_poll_resolves_no_dependency() -> None:
-    """GET /stories/jobs/{job_id} takes its store itself: no dependency, no task group, no cleanup group."""
-    assert _batches()[("GET", "/stories/jobs/{job_id:str}")] == []
+def test_every_client_route_resolves_no_dependency() -> None:
+    """Each client route takes its store itself, the poll's way: no dependency, no task group, no cleanup group."""
+    batches = _batches()
+    client_routes = {where for where in batches
+                     if where[1].startswith(("/stories/", "/webhook-endpoints")) and where[0] != "OPTIONS"}
+    assert {("POST", "/stories/generate"), ("GET", "/stories/jobs/{job_id:str}"),
+            ("DELETE", "/stories/jobs/{job_id:str}"), ("GET", "/stories/{story_id:str}"),
+            ("POST", "/webhook-endpoints"), ("GET", "/webhook-endpoints"),
+            ("DELETE", "/webhook-endpoints/{endpoint_id:str}"),
+            ("POST", "/webhook-endpoints/{endpoint_id:str}/rotate-secret")} == client_routes
+    assert {where: batches[where] for where in client_routes} == {where: [] for where in client_routes}
