@@ -6,11 +6,10 @@ are one set across them: a name defined twice, in one file or in two, is an
 error.
 
 A block starts with ``-- name: <name>``; the comment lines after it describe
-the query and are dropped; the rest, up to the next block, is one statement.
-A line ``-- include: <name>`` inside a statement stands for that block's
-text, from any file, so that two statements can share a part (the worker's
-round statement, with and without the rate limiter) without a second copy of
-it.
+the query and are dropped; the rest, up to the next block, is one statement,
+whole: a part several statements need is a SQL function or view in a
+migration (a view of a read, PL/pgSQL for a part that writes), never text
+pasted into them, so a query lives in one place.
 """
 
 from __future__ import annotations
@@ -20,13 +19,14 @@ import re
 from importlib.resources import files
 
 _NAME = re.compile(r"^-- name: (\w+)\s*$")
+# the text macro the statements once shared parts by
 _INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 # the files of queries; a migration's name starts with its number
 _QUERY_FILE = re.compile(r"^[a-z]\w*\.sql$")
 
 
 def _blocks(text: str, queries: dict[str, str]) -> None:
-    """Adds the blocks of text to queries, their includes not yet expanded."""
+    """Adds the blocks of text to queries."""
     name: str | None = None
     lines: list[str] = []
 
@@ -36,6 +36,9 @@ def _blocks(text: str, queries: dict[str, str]) -> None:
         statement = "\n".join(lines).strip().rstrip(";").strip()
         if not statement:
             raise ValueError(f"query {name!r} has no statement")
+        if _INCLUDE.search(statement):
+            raise ValueError(f"query {name!r} includes another block's text: "
+                             "make the shared part a SQL function or view in a migration")
         queries[name] = statement
 
     for line in text.splitlines():
@@ -56,15 +59,7 @@ def parse(*texts: str) -> dict[str, str]:
     queries: dict[str, str] = {}
     for text in texts:
         _blocks(text, queries)
-
-    def expand(name: str, seen: tuple[str, ...]) -> str:
-        if name in seen:
-            raise ValueError(f"query {name!r} includes itself")
-        if name not in queries:
-            raise ValueError(f"query {seen[-1]!r} includes {name!r}, which is not defined")
-        return _INCLUDE.sub(lambda match: expand(match.group(1), (*seen, name)), queries[name])
-
-    return {name: expand(name, ()) for name in queries}
+    return queries
 
 
 def _query_texts() -> list[str]:

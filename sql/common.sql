@@ -9,9 +9,9 @@
 --
 -- A block starts with `-- name: <table>_<verb>_<condition>`, then comment
 -- lines saying what it does and why, then one statement with %(named)s
--- parameters. A line `-- include: <name>` stands for another block's text
--- (of any file). Every status change names the status it expects in its
--- WHERE clause: zero rows means the caller lost a race.
+-- parameters, whole: a part several statements need is a SQL function or
+-- view in a migration. Every status change names the status it expects in
+-- its WHERE clause: zero rows means the caller lost a race.
 --
 -- Time is the database's: `coalesce(%(now)s::timestamptz, now())` lets a
 -- test pass its own "now" instead of sleeping.

@@ -212,20 +212,67 @@ FROM client;
 -- live-jobs indexes: the interactive queue (what QUEUE_MAX bounds,
 -- job_queue_depth, migration 017) apart from the batch lane's live jobs
 -- (what BATCH_QUEUE_MAX bounds), which wait for a batch by design.
--- Finished jobs are counted by when they finished, among
--- the rows from %(day_from_id)s up: the caller takes that id from
--- job_id_bounds at a day plus the longest a job can wait and run before the
--- sweeper fails it, so no job finished in the window is left out (unless the
--- sweeper was stopped for longer). Spend and the provider's answers come
--- from the ledger, read by time on its started_at index. A story billed but not
--- delivered is a failed job with billed calls. Each source is read once and
--- aggregated in one pass, the hour and the day side by side.
-WITH finished AS MATERIALIZED (
-    SELECT j.id, j.status, j.error_code, j.completed_at >= now() - interval '1 hour' AS last_hour
-    FROM story_jobs j
-    WHERE j.id >= %(day_from_id)s
+--
+-- The last hour and the last day are whole minutes: from the start of the
+-- minute an hour (a day) before now's. Finished jobs are counted by the
+-- minute they finished, the ledger's requests by the minute they started. A
+-- story billed but not delivered is a failed job with billed calls.
+--
+-- The minutes before the sweeper's last pass (the rollup's newest minute)
+-- are summed from the rollup (migration 024: at most 1,440 rows); the rest
+-- is read from the jobs and the ledger: the jobs that finished since that
+-- minute (ids from the pass's jobs_from_id up), the requests started since
+-- (on the ledger's started_at index), and the day's requests of the jobs
+-- that are running or finished since (by their primary key): the rollup's
+-- ended_* columns leave out exactly those, so each request is counted once,
+-- as it is now. Without such a pass within the day (no sweeper, or none
+-- since migration 024), the whole day is read that way, from
+-- %(day_from_id)s: the caller takes that id from job_id_bounds at a day
+-- plus the longest a job can wait and run before the sweeper fails it.
+WITH
+-- the day, the hour, and from where the tables are read (ops_day_pass,
+-- migration 024)
+pass AS MATERIALIZED (SELECT * FROM ops_day_pass),
+rolled AS (
+    SELECT coalesce(sum(r.completed) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_completed,
+           coalesce(sum(r.failed) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_failed,
+           coalesce(sum(r.cancelled) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_cancelled,
+           coalesce(sum(r.completed), 0) AS day_completed,
+           coalesce(sum(r.failed), 0) AS day_failed,
+           coalesce(sum(r.cancelled), 0) AS day_cancelled,
+           coalesce(sum(r.undelivered) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_undelivered,
+           coalesce(sum(r.undelivered_usd) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_undelivered_usd,
+           coalesce(sum(r.undelivered), 0) AS day_undelivered,
+           coalesce(sum(r.undelivered_usd), 0) AS day_undelivered_usd,
+           coalesce(sum(r.ended_billed_calls) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_billed_calls,
+           coalesce(sum(r.ended_spend_usd) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_spend_usd,
+           coalesce(sum(r.ended_input_tokens) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_input_tokens,
+           coalesce(sum(r.ended_output_tokens) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_output_tokens,
+           coalesce(sum(r.ended_rate_limited) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_rate_limited,
+           coalesce(sum(r.ended_overloaded) FILTER (WHERE r.minute >= p.hour_from), 0) AS hour_overloaded,
+           coalesce(sum(r.ended_billed_calls), 0) AS day_billed_calls,
+           coalesce(sum(r.ended_spend_usd), 0) AS day_spend_usd,
+           coalesce(sum(r.ended_input_tokens), 0) AS day_input_tokens,
+           coalesce(sum(r.ended_output_tokens), 0) AS day_output_tokens,
+           coalesce(sum(r.ended_rate_limited), 0) AS day_rate_limited,
+           coalesce(sum(r.ended_overloaded), 0) AS day_overloaded
+    FROM pass p
+    JOIN minute_rollup r ON r.minute >= p.day_from AND r.minute < p.read_from
+),
+finished AS MATERIALIZED (
+    SELECT j.id, j.status, j.error_code, j.completed_at >= p.hour_from AS last_hour
+    FROM story_jobs j, pass p
+    -- both bounds on the primary key: the day's, which the planner sees,
+    -- and the pass's (greatest() passes over a NULL: without it, the day's)
+    WHERE j.id >= %(day_from_id)s AND j.id >= (SELECT greatest(jobs_from_id, %(day_from_id)s) FROM pass)
       AND j.status IN ('completed', 'failed')
-      AND j.completed_at >= now() - interval '1 day'
+      AND j.completed_at >= p.read_from
+  UNION
+    -- a batch job can wait and run for days, longer than those ids assume:
+    -- the batch lane's finished jobs on their own index (migration 024)
+    SELECT j.id, j.status, j.error_code, j.completed_at >= p.hour_from AS last_hour
+    FROM story_jobs j, pass p
+    WHERE j.lane = 'batch' AND j.completed_at IS NOT NULL AND j.completed_at >= p.read_from
 ),
 jobs AS (
     SELECT count(*) FILTER (WHERE last_hour AND status = 'completed') AS hour_completed,
@@ -238,9 +285,9 @@ jobs AS (
 ),
 undelivered AS (
     SELECT count(*) FILTER (WHERE f.last_hour) AS hour_undelivered,
-           coalesce(sum(billed.cost_usd) FILTER (WHERE f.last_hour), 0)::numeric(14, 6) AS hour_undelivered_usd,
+           coalesce(sum(billed.cost_usd) FILTER (WHERE f.last_hour), 0) AS hour_undelivered_usd,
            count(*) AS day_undelivered,
-           coalesce(sum(billed.cost_usd), 0)::numeric(14, 6) AS day_undelivered_usd
+           coalesce(sum(billed.cost_usd), 0) AS day_undelivered_usd
     FROM finished f
     CROSS JOIN LATERAL (
         SELECT sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd)) AS cost_usd
@@ -250,35 +297,69 @@ undelivered AS (
     ) billed
     WHERE f.status = 'failed'
 ),
+-- the requests the rollup leaves to this read: started since its last
+-- pass, and the day's others of the jobs running or finished since
+read_calls AS (
+    SELECT l.started_at, l.billed, l.outcome, l.input_tokens, l.output_tokens, l.cost_usd, l.worst_case_usd
+    FROM llm_calls l
+    WHERE l.started_at >= (SELECT read_from FROM pass)
+  UNION ALL
+    SELECT l.started_at, l.billed, l.outcome, l.input_tokens, l.output_tokens, l.cost_usd, l.worst_case_usd
+    FROM (SELECT id FROM story_jobs WHERE status = 'running' UNION ALL SELECT id FROM finished) k
+    -- each job's calls on the primary key (OFFSET 0 keeps it a lookup per
+    -- job: the planner cannot know how few jobs these are and would scan
+    -- the day's ledger instead)
+    CROSS JOIN LATERAL (
+        SELECT l.* FROM llm_calls l, pass p
+        WHERE l.job_id = k.id AND l.started_at >= p.day_from AND l.started_at < p.read_from
+        OFFSET 0
+    ) l
+),
 calls AS (
     SELECT count(*) FILTER (WHERE last_hour AND billed) AS hour_billed_calls,
-           coalesce(sum(charge_usd) FILTER (WHERE last_hour), 0)::numeric(14, 6) AS hour_spend_usd,
-           coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_input_tokens,
-           coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0)::bigint AS hour_output_tokens,
+           coalesce(sum(charge_usd) FILTER (WHERE last_hour), 0) AS hour_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0) AS hour_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0) AS hour_output_tokens,
            count(*) FILTER (WHERE last_hour AND outcome = 'rate_limited') AS hour_rate_limited,
            count(*) FILTER (WHERE last_hour AND outcome = 'overloaded') AS hour_overloaded,
            count(*) FILTER (WHERE billed) AS day_billed_calls,
-           coalesce(sum(charge_usd), 0)::numeric(14, 6) AS day_spend_usd,
-           coalesce(sum(input_tokens) FILTER (WHERE billed), 0)::bigint AS day_input_tokens,
-           coalesce(sum(output_tokens) FILTER (WHERE billed), 0)::bigint AS day_output_tokens,
+           coalesce(sum(charge_usd), 0) AS day_spend_usd,
+           coalesce(sum(input_tokens) FILTER (WHERE billed), 0) AS day_input_tokens,
+           coalesce(sum(output_tokens) FILTER (WHERE billed), 0) AS day_output_tokens,
            count(*) FILTER (WHERE outcome = 'rate_limited') AS day_rate_limited,
            count(*) FILTER (WHERE outcome = 'overloaded') AS day_overloaded
     FROM (
         -- what each ended call is charged (migration 019); one still open is
         -- not spent yet: its job's reservation holds it
-        SELECT l.started_at >= now() - interval '1 hour' AS last_hour, l.billed, l.outcome,
-               l.input_tokens, l.output_tokens,
-               CASE WHEN l.outcome <> 'started'
-                    THEN llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd) END AS charge_usd
-        FROM llm_calls l
-        WHERE l.started_at >= now() - interval '1 day'
+        SELECT c.started_at >= p.hour_from AS last_hour, c.billed, c.outcome, c.input_tokens, c.output_tokens,
+               CASE WHEN c.outcome <> 'started'
+                    THEN llm_call_charge(c.billed, c.outcome, c.cost_usd, c.worst_case_usd) END AS charge_usd
+        FROM read_calls c, pass p
     ) day
 )
 SELECT queue.pending, queue.running,
        coalesce(extract(epoch FROM now() - queue.oldest_pending_created_at), 0)::float8 AS oldest_pending_age_s,
        (SELECT count(*) FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')) AS batch_live,
-       jobs.*, undelivered.*, calls.*
-FROM job_queue_depth queue, jobs, undelivered, calls;
+       r.hour_completed + j.hour_completed AS hour_completed, r.hour_failed + j.hour_failed AS hour_failed,
+       r.hour_cancelled + j.hour_cancelled AS hour_cancelled, r.day_completed + j.day_completed AS day_completed,
+       r.day_failed + j.day_failed AS day_failed, r.day_cancelled + j.day_cancelled AS day_cancelled,
+       r.hour_undelivered + u.hour_undelivered AS hour_undelivered,
+       (r.hour_undelivered_usd + u.hour_undelivered_usd)::numeric(14, 6) AS hour_undelivered_usd,
+       r.day_undelivered + u.day_undelivered AS day_undelivered,
+       (r.day_undelivered_usd + u.day_undelivered_usd)::numeric(14, 6) AS day_undelivered_usd,
+       r.hour_billed_calls + c.hour_billed_calls AS hour_billed_calls,
+       (r.hour_spend_usd + c.hour_spend_usd)::numeric(14, 6) AS hour_spend_usd,
+       (r.hour_input_tokens + c.hour_input_tokens)::bigint AS hour_input_tokens,
+       (r.hour_output_tokens + c.hour_output_tokens)::bigint AS hour_output_tokens,
+       r.hour_rate_limited + c.hour_rate_limited AS hour_rate_limited,
+       r.hour_overloaded + c.hour_overloaded AS hour_overloaded,
+       r.day_billed_calls + c.day_billed_calls AS day_billed_calls,
+       (r.day_spend_usd + c.day_spend_usd)::numeric(14, 6) AS day_spend_usd,
+       (r.day_input_tokens + c.day_input_tokens)::bigint AS day_input_tokens,
+       (r.day_output_tokens + c.day_output_tokens)::bigint AS day_output_tokens,
+       r.day_rate_limited + c.day_rate_limited AS day_rate_limited,
+       r.day_overloaded + c.day_overloaded AS day_overloaded
+FROM job_queue_depth queue, rolled r, jobs j, undelivered u, calls c;
 
 -- name: ops_history
 -- The console's history: the rollup's minutes from %(since)s (at most 10,080
@@ -313,8 +394,22 @@ ORDER BY 1;
 
 -- name: ops_writers_recent
 -- Which writers (the ledger's provider: "anthropic", or "offline" for the
--- built-in offline writer) sent requests in the last day, for the overview.
-SELECT DISTINCT provider FROM llm_calls WHERE started_at >= now() - interval '1 day' ORDER BY provider;
+-- built-in offline writer) sent requests in the last day (whole minutes, as
+-- the overview counts it), for the overview: the rollup's writers of each
+-- minute before the sweeper's last pass (at most 1,440 rows), and the
+-- ledger's from then on (its started_at index).
+WITH
+-- the day, the hour, and from where the tables are read (ops_day_pass,
+-- migration 024)
+pass AS MATERIALIZED (SELECT * FROM ops_day_pass),
+writers AS (
+    SELECT unnest(r.providers) AS provider
+    FROM pass p
+    JOIN minute_rollup r ON r.minute >= p.day_from AND r.minute < p.read_from
+  UNION ALL
+    SELECT l.provider FROM llm_calls l WHERE l.started_at >= (SELECT read_from FROM pass)
+)
+SELECT DISTINCT provider FROM writers ORDER BY provider;
 
 -- name: ops_client_today
 -- Each client's jobs created today (UTC), ids from %(from_id)s up, and its

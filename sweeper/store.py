@@ -128,12 +128,13 @@ async def webhook_delivery_gauges(conn: Conn, *, now: datetime | None = None) ->
 # -- the console's history -----------------------------------------------------------
 
 
-async def rollup_minutes(conn: Conn, *, from_minute: datetime, from_id: int, bounds_s: Sequence[float],
-                         pending: int, running: int) -> int:
-    """Recounts minute_rollup from from_minute to now; the minutes written."""
+async def rollup_minutes(conn: Conn, *, from_minute: datetime, from_id: int, ending_from_id: int,
+                         bounds_s: Sequence[float], pending: int, running: int) -> int:
+    """Recounts minute_rollup from from_minute to now; the minutes written.
+    ``ending_from_id`` is at or below every job that can end after now."""
     found = await fetch_scalars(conn, "rollup_minutes", {
-        "from_minute": from_minute, "from_id": from_id, "bounds_s": [float(b) for b in bounds_s],
-        "pending": pending, "running": running,
+        "from_minute": from_minute, "from_id": from_id, "ending_from_id": ending_from_id,
+        "bounds_s": [float(b) for b in bounds_s], "pending": pending, "running": running,
     })
     return int(found[0])
 
@@ -152,11 +153,18 @@ async def record_minutes(conn: Conn, settings: SweeperSettings, *, pending: int,
                          now: datetime | None = None) -> int:
     """Recounts the last minutes into minute_rollup (sweeper/rollup.py says
     which); the minutes written."""
+    now = now or datetime.now(UTC)
     last_written = await rollup_last_minute(conn)
-    from_minute, oldest = rollup.window(settings, now or datetime.now(UTC), last_written)
+    from_minute, oldest = rollup.window(settings, now, last_written)
     bounds = await job_id_bounds(conn, created_after=oldest, created_before=None)
-    written = await rollup_minutes(conn, from_minute=from_minute, from_id=bounds.lo_id, bounds_s=ROLLUP_BOUNDS_S,
-                                   pending=pending, running=running)
+    # the jobs that can end after this pass, for the overview: those a pass
+    # recounting only the late-commit window reads, however far back this one
+    # recounts
+    steady_minute, ending_oldest = rollup.window(settings, now)
+    ending = bounds if steady_minute == from_minute else await job_id_bounds(
+        conn, created_after=ending_oldest, created_before=None)
+    written = await rollup_minutes(conn, from_minute=from_minute, from_id=bounds.lo_id, ending_from_id=ending.lo_id,
+                                   bounds_s=ROLLUP_BOUNDS_S, pending=pending, running=running)
     await rollup_prune(conn)
     return written
 

@@ -196,8 +196,8 @@ async def test_every_read_of_the_ledger_by_time_reads_its_range_on_the_started_a
     row = await cur.fetchone()
     assert row is not None
     reads: list[tuple[str, dict[str, Any]]] = [
-        ("rollup_minutes", {"from_minute": row[0], "from_id": 1, "bounds_s": [1.0, 2.0], "pending": 0,
-                            "running": 0}),
+        ("rollup_minutes", {"from_minute": row[0], "from_id": 1, "ending_from_id": 1, "bounds_s": [1.0, 2.0],
+                            "pending": 0, "running": 0}),
         ("ops_overview", {"day_from_id": 1}),
         ("ops_workers", {}),
         ("ops_writers_recent", {}),
@@ -220,7 +220,8 @@ async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
     which reads the ledger and the jobs from that last minute on, not the whole history."""
     acme, _ = await seed.client(conn, "acme")
     await seed.insert_jobs(conn, [seed.completed(acme, 3600), seed.completed(acme, 60)])
-    await conn.execute("INSERT INTO minute_rollup (minute) VALUES (date_trunc('minute', now()) - interval '2 hours')")
+    await conn.execute("INSERT INTO minute_rollup (minute, jobs_from_id) "
+                       "VALUES (date_trunc('minute', now()) - interval '2 hours', 1)")
     await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
     cur = await conn.execute(
         "SELECT sum(completed), sum(spend_usd), count(*) FROM minute_rollup "
@@ -297,7 +298,7 @@ async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_k
         ("ops_overview", {"day_from_id": day_ago.lo_id}),
         ("ops_client_today", {"from_id": day_ago.lo_id, "day_start": datetime.now(UTC) - timedelta(days=1)}),
         ("rollup_minutes", {"from_minute": datetime.now(UTC) - timedelta(minutes=3), "from_id": day_ago.lo_id,
-                            "bounds_s": [1.0, 2.0], "pending": 0, "running": 0}),
+                            "ending_from_id": day_ago.lo_id, "bounds_s": [1.0, 2.0], "pending": 0, "running": 0}),
         ("ops_history", {"since": datetime.now(UTC) - timedelta(days=7), "step": timedelta(hours=1),
                          "origin": datetime.now(UTC)}),
     ]
@@ -325,7 +326,7 @@ async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_
     await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
     started = "(SELECT date_trunc('minute', started_at) FROM llm_calls)"
     cur = await conn.execute(f"SELECT spend_usd FROM minute_rollup WHERE minute = {started}")
-    assert await cur.fetchone() is None
+    assert (await cur.fetchone() or (0,))[0] == 0
     await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
                        "input_tokens = 10, output_tokens = 20")
     await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
@@ -335,3 +336,92 @@ async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_
     assert await cur.fetchone() == (Decimal("0.500000"), 0)
     cur = await conn.execute("SELECT sum(completed), sum(spend_usd) FROM minute_rollup")
     assert await cur.fetchone() == (1, Decimal("0.500000"))
+
+
+async def _overview_both_ways(conn: psycopg.AsyncConnection[Any]) -> tuple[Any, Any]:
+    """The overview and the writers as read with the rollup, and as read whole from the jobs and the ledger (the
+    rollup's rows deleted), in one transaction: at one now(), on one snapshot."""
+    async with conn.transaction(force_rollback=True):
+        read = []
+        for _ in range(2):
+            cur = await conn.execute(QUERIES["ops_overview"], {"day_from_id": 1})
+            row = await cur.fetchone()
+            assert row is not None and cur.description is not None
+            overview = dict(zip([column.name for column in cur.description], row, strict=True))
+            writers = await (await conn.execute(QUERIES["ops_writers_recent"])).fetchall()
+            read.append((overview, writers))
+            await conn.execute("DELETE FROM minute_rollup")
+    return read[0], read[1]
+
+
+async def test_the_overview_summed_from_the_rollup_is_the_overview_read_whole(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The day's minutes before the sweeper's last pass come from the rollup, the rest from the jobs and the
+    ledger: the figures equal those read whole from the jobs and the ledger, after a pass, when a job that was
+    running at the pass (its calls started 25 minutes ago, past the passes' recount window) has ended since, and
+    after the next pass; a batch job that waited and ran for 20 hours counts in the minute it finished."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.insert_jobs(conn, [
+        seed.completed(acme, 20 * 3600), seed.completed(acme, 2 * 3600, cost="0.030000"), seed.completed(acme, 1800),
+        seed.completed(acme, 2 * 86400),
+        seed.failed(acme, 2400, "llm_error", calls=[seed.Call("failed", cost_usd=Decimal("0.040000"))]),
+        seed.failed(acme, 3 * 3600, "cancelled"),
+        seed.Job(client_id=acme, status="completed", created_ago_s=800, started_ago_s=750, completed_ago_s=600,
+                 calls=[seed.Call("rate_limited", billed=False, started_ago_s=700),
+                        seed.Call("succeeded", input_tokens=10, output_tokens=20, cost_usd=Decimal("0.010000"))],
+                 story=seed.Story("The Fox", "Once upon a time.")),
+        seed.Job(client_id=acme, status="running", created_ago_s=1505, started_ago_s=1500,
+                 calls=[seed.Call("overloaded", billed=False, started_ago_s=1490),
+                        seed.Call("started", started_ago_s=1400)]),
+    ])
+    (batched,) = await seed.insert_jobs(conn, [seed.Job(
+        client_id=acme, status="completed", created_ago_s=20 * 3600, started_ago_s=19 * 3600, completed_ago_s=900,
+        calls=[seed.Call("succeeded", input_tokens=5, output_tokens=7, cost_usd=Decimal("0.002000"))],
+        story=seed.Story("The Fox", "Once upon a time."))])
+    await conn.execute("UPDATE story_jobs SET lane = 'batch' WHERE id = %s", (batched.id,))
+    # an interactive job lives up to these (the sweeper fails it after), as the running one does
+    settings = sweeper_settings(sweeper_interval_s=30.0, pending_timeout_s=1800.0, job_timeout_s=480.0)
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
+    from_rollup, whole = await _overview_both_ways(conn)
+    assert from_rollup == whole
+    overview = from_rollup[0]
+    assert (overview["day_completed"], overview["day_failed"], overview["day_cancelled"]) == (5, 2, 1)
+    assert (overview["day_undelivered"], overview["day_undelivered_usd"]) == (1, Decimal("0.040000"))
+    assert (overview["day_rate_limited"], overview["day_overloaded"]) == (1, 1)
+    assert from_rollup[1] == [("anthropic",)]
+
+    # the running job ends after the pass: its calls, started before it, are read from the ledger
+    await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
+                       "input_tokens = 10, output_tokens = 20 WHERE outcome = 'started'")
+    await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
+                       "story_id = gen_random_uuid() WHERE status = 'running'")
+    from_rollup, whole = await _overview_both_ways(conn)
+    assert from_rollup == whole
+    assert from_rollup[0]["day_completed"] == 6
+
+    await sweeper_store.record_minutes(conn, settings, pending=0, running=0)
+    from_rollup, whole = await _overview_both_ways(conn)
+    assert from_rollup == whole
+
+
+async def test_a_rollup_from_before_migration_25_is_recounted_for_the_day_and_read_around_until_then(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Rows without the overview's columns (written before migration 025): the overview reads the whole day from
+    the jobs and the ledger, and the next pass recounts the last 25 hours, after which the rollup's figures hold."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.insert_jobs(conn, [seed.completed(acme, 20 * 3600), seed.completed(acme, 600)])
+    await conn.execute("INSERT INTO minute_rollup (minute, completed) SELECT generate_series(date_trunc('minute', "
+                       "now()) - interval '8 days', date_trunc('minute', now()), interval '1 minute'), 0")
+    from_rollup, whole = await _overview_both_ways(conn)
+    assert from_rollup == whole
+    assert from_rollup[0]["day_completed"] == 2
+    written = await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0,
+                                                 running=0)
+    assert written >= 25 * 60
+    cur = await conn.execute("SELECT jobs_from_id IS NOT NULL, sum(completed) OVER () FROM minute_rollup "
+                             "ORDER BY minute DESC LIMIT 1")
+    assert await cur.fetchone() == (True, 2)
+    from_rollup, whole = await _overview_both_ways(conn)
+    assert from_rollup == whole

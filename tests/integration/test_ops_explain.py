@@ -133,14 +133,16 @@ async def test_time_bounds_are_found_by_probing_the_primary_key(conn: psycopg.As
 @pytest.mark.parametrize("query", ["ops_overview", "rollup_minutes"])
 async def test_the_overview_reads_finished_jobs_from_an_id_up(conn: psycopg.AsyncConnection[Any], query: str) -> None:
     """The overview and the sweeper's history rollup read finished jobs on the primary key from the id the caller
-    found (an index or bitmap scan), and live jobs on the live-jobs index, never scanning the table."""
+    found (an index or bitmap scan), the batch lane's on their own index, and live jobs on the live-jobs index,
+    never scanning the table."""
     first = await _fill(conn, analyze_first=False)
     scans = await _scans(conn, query, {
-        "day_from_id": FINISHED - 500, "from_id": FINISHED - 100, "pending": 0, "running": 0,
+        "day_from_id": FINISHED - 500, "from_id": FINISHED - 100, "ending_from_id": FINISHED - 100, "pending": 0,
+        "running": 0,
         "from_minute": first + timedelta(seconds=FINISHED - 60), "bounds_s": [float(b) for b in ROLLUP_BOUNDS_S]})
     assert not any(scan["Node Type"] == "Seq Scan" for scan in scans), _kinds(scans)
     indexes = {scan["Index Name"] for scan in scans if "Index Name" in scan}
-    assert indexes <= {"story_jobs_pkey", *LIVE_INDEXES}, indexes
+    assert indexes <= {"story_jobs_pkey", "story_jobs_batch_finished_idx", *LIVE_INDEXES}, indexes
     assert any(scan.get("Index Name") == "story_jobs_pkey" and "id >= " in scan["Index Cond"] for scan in scans)
 
 

@@ -58,8 +58,8 @@ def usd(value: Any) -> str:
     return f"${amount:.4f}"
 
 
-async def roll_up_the_last_hour(conn: psycopg.AsyncConnection[Any]) -> None:
-    """The sweeper's rollup over the last hour, as a pass with a long interval makes it."""
+async def roll_up_as_a_first_pass(conn: psycopg.AsyncConnection[Any]) -> None:
+    """The sweeper's rollup as its first pass makes it: the last 25 hours (sweeper.sql, rollup_last_minute)."""
     gauges = await sweeper_store.job_queue_gauges(conn)
     await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
                                        running=gauges.running)
@@ -135,7 +135,7 @@ def test_the_overview_shows_what_the_database_holds(
         await seed.insert_jobs(conn, jobs)
         await conn.execute("INSERT INTO budget_days (client_id, day, spent_usd, reserved_usd) "
                            "VALUES (0, (now() AT TIME ZONE 'UTC')::date, 1.5, 0.25)")
-        await roll_up_the_last_hour(conn)
+        await roll_up_as_a_first_pass(conn)
         return await seed.operator_key(conn)
 
     key = seed.seeded(database_url, history)
@@ -199,9 +199,10 @@ def test_the_overview_shows_what_the_database_holds(
 
     page.click("#ranges a[data-range=week]")
     expect(page.locator("#chart-bucket")).to_have_text("one bar per 60 minutes", timeout=WAIT_MS)
+    # the first pass recounted the last 25 hours (sweeper.sql, rollup_last_minute)
     hours = scalar(database_url, "SELECT count(DISTINCT date_trunc('hour', completed_at)) FROM story_jobs "
                                  "WHERE status = 'completed' AND completed_at >= date_trunc('minute', now()) "
-                                 "- interval '59 minutes'")
+                                 "- interval '25 hours'")
     expect(page.locator("#chart-jobs rect.completed")).to_have_count(hours)
     assert page.locator("#chart-jobs rect").count() >= hours
     capture(page, "ops-overview-week")

@@ -1,6 +1,5 @@
 """The named blocks of the callers' sql/*.sql files (shared/queries.py):
-parsed without their descriptions, includes put in place, mistakes refused at
-import."""
+parsed without their descriptions, whole, mistakes refused at import."""
 
 from __future__ import annotations
 
@@ -30,14 +29,6 @@ def test_a_query_defined_in_two_files_is_refused() -> None:
         parse("-- name: a\nSELECT 1;\n", "-- name: a\nSELECT 2;\n")
 
 
-def test_an_include_may_name_a_block_of_another_file() -> None:
-    """A block is included by its name wherever it is defined, before or after the including file."""
-    part = "-- name: part\nb AS (SELECT 2)\n"
-    whole = "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
-    expected = "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
-    assert parse(part, whole)["whole"] == parse(whole, part)["whole"] == expected
-
-
 def test_every_caller_has_its_file_of_queries() -> None:
     """The queries come from each caller's file: the worker's claim, the api's admission, the sweeper's rules,
     the console's lists and the common migrations' ledger are all loaded."""
@@ -45,24 +36,12 @@ def test_every_caller_has_its_file_of_queries() -> None:
             "schema_migrations_create"} <= QUERIES.keys()
 
 
-def test_an_included_block_stands_in_for_its_include_line() -> None:
-    """A statement's `-- include: NAME` line becomes that block's statement, so shared parts exist once."""
-    queries = parse(
-        "-- name: part\n-- a shared part\nb AS (SELECT 2)\n"
-        "-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT * FROM a, b;\n"
-    )
-    assert queries["whole"] == "WITH a AS (SELECT 1),\nb AS (SELECT 2)\nSELECT * FROM a, b"
-    assert "include" not in QUERIES["job_settle"] + QUERIES["job_claim"]
-
-
-@pytest.mark.parametrize(("text", "error"), [
-    ("-- name: a\nSELECT\n-- include: a\n", "includes itself"),
-    ("-- name: a\nSELECT\n-- include: b\n", "not defined"),
-])
-def test_an_include_of_itself_or_of_nothing_is_refused(text: str, error: str) -> None:
-    """A loop of includes, or an include of a block that does not exist, fails at import, naming it."""
-    with pytest.raises(ValueError, match=error):
-        parse(text)
+def test_a_statement_that_includes_another_blocks_text_is_refused() -> None:
+    """No text macro: a part several statements share is a SQL function or view in a migration, so a query
+    lives in one place; a statement with an `-- include:` line fails at import, naming it."""
+    with pytest.raises(ValueError, match="'whole' includes"):
+        parse("-- name: part\nb AS (SELECT 2)\n-- name: whole\nWITH a AS (SELECT 1),\n-- include: part\nSELECT 1;\n")
+    assert not any("-- include:" in statement for statement in QUERIES.values())
 
 
 def test_no_statement_writes_a_charge_of_its_own() -> None:
