@@ -22,7 +22,7 @@ from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
 from worker.draft_store import PgDraftStore
 from worker.helpers import start_helper
-from worker.store import PgWorkerStore
+from worker.pg_store import PgWorkerStore
 from worker.writing import StoryWriter
 
 log = structlog.get_logger()

@@ -45,8 +45,9 @@ from tests.bench.harness import (
 )
 from tests.support import postgres_server, worker_statements
 from tests.support.waiting import wait_until_sync
+from worker.pg_store import PgWorkerStore
 from worker.rows import ClaimedJob, Completion
-from worker.store import ClaimAsk, PgWorkerStore
+from worker.store import ClaimAsk
 
 NAME = "statement_cost"
 SPECS = {

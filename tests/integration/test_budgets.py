@@ -21,8 +21,9 @@ from shared.story_request import StoryRequest
 from sweeper import store as sweeper_store
 from tests.support import worker_statements
 from tests.support.database import client_id_of
+from worker.pg_store import PgWorkerStore
 from worker.rows import Completion, Failure
-from worker.store import ClaimAsk, PgWorkerStore
+from worker.store import ClaimAsk
 
 SETTINGS = ApiSettings()
 WORST = admission(1, "k", StoryRequest(prompt="a fox"), SETTINGS).worst_case_usd

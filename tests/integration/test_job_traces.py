@@ -23,7 +23,7 @@ from tests.support.tracing import every_attribute_text, named
 from tests.support.waiting import wait_until
 from worker.anthropic_writer import AnthropicWriter
 from worker.coordinator import Coordinator
-from worker.store import PgWorkerStore
+from worker.pg_store import PgWorkerStore
 
 PROMPT = "a walrus who collects moonbeams"
 STORY = "Title: Moonbeams\nThe walrus kept every moonbeam in a jar by the sea."

@@ -31,8 +31,8 @@ from tests.support.settings import LATER, SWEEP, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
 from worker.offline import OfflineWriter
+from worker.pg_store import settle_params
 from worker.rows import Failure
-from worker.store import settle_params
 
 
 @contextlib.asynccontextmanager

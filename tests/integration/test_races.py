@@ -30,8 +30,9 @@ from tests.support.settings import LATER, SWEEP, worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
 from worker.anthropic_writer import AnthropicWriter
+from worker.pg_store import PgWorkerStore
 from worker.rows import Completion
-from worker.store import ClaimAsk, PgWorkerStore, RoundWritten
+from worker.store import ClaimAsk, RoundWritten
 
 
 async def _claim_one(conn: psycopg.AsyncConnection[Any], worker_id: str) -> int:

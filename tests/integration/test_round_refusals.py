@@ -16,7 +16,7 @@ from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from worker.coordinator import Coordinator
 from worker.offline import OfflineWriter
-from worker.store import PgWorkerStore
+from worker.pg_store import PgWorkerStore
 
 # a claim is refused for good (not a transient error) by a trigger on its
 # UPDATE: as a broken row, a CHECK or a bug in the claim's half would refuse it

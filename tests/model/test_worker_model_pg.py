@@ -39,8 +39,9 @@ from tests.model.worker_model import MAX_TOKENS, OTHER_WORKER, JobState, WorkerM
 from tests.support import postgres_server, worker_statements
 from tests.support.database import create_key
 from tests.support.money import money_problems
+from worker.pg_store import PgWorkerStore
 from worker.rows import Completion
-from worker.store import ClaimAsk, PgWorkerStore, RoundWritten
+from worker.store import ClaimAsk, RoundWritten
 
 WORKER_ID = "w-model"
 _counter = itertools.count()

@@ -161,7 +161,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="claim-before-the-stories-are-settled",
         invariant="a refusal on the claim side never keeps a story that was paid for from being settled",
         tier="integration",
-        file="worker/store.py",
+        file="worker/pg_store.py",
         edits=(('            await conn.execute("ROLLBACK TO SAVEPOINT claim")\n',
                 '            await conn.execute("ROLLBACK")\n            raise\n'),),
         tests=("tests/integration/test_round_refusals.py",),

@@ -14,6 +14,7 @@ from shared.ratelimit import NO_LIMITS, ProviderView, RateLimits
 from shared.status import LlmOutcome
 from shared.store import Conn
 from worker.draft_store import PgDraftStore
+from worker.pg_store import PgWorkerStore
 from worker.rows import (
     ClaimResult,
     Completion,
@@ -23,7 +24,7 @@ from worker.rows import (
     RetryStart,
     SettleResult,
 )
-from worker.store import ClaimAsk, PgWorkerStore
+from worker.store import ClaimAsk
 
 DEFAULT_MAX_TOKENS = 4000
 

@@ -12,7 +12,7 @@ from psycopg_pool import AsyncConnectionPool
 from shared.config import WorkerSettings
 from worker.coordinator import Coordinator, new_worker_id
 from worker.draft_store import PgDraftStore
-from worker.store import PgWorkerStore
+from worker.pg_store import PgWorkerStore
 from worker.writing import StoryWriter
 
 
