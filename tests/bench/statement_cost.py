@@ -1,5 +1,6 @@
 """statement_cost: the database's instructions per job in the worker's round
-statement, counted by valgrind's callgrind.
+(its written stories settled, then its claim behind a savepoint, one
+transaction), counted by valgrind's callgrind.
 
 CPU time moves with whatever else a shared machine is doing; an instruction
 count does not (the same statements give the same count, to a fraction of a
@@ -8,8 +9,8 @@ measured on its own, in one run. The count leaves out what only the kernel
 does (the commit's write and fsync, the socket).
 
 A private Postgres from this machine's binaries runs under callgrind, which
-follows each backend it forks. One connection sends the round statement as a
-worker does: it completes the jobs it claimed in the previous round and
+follows each backend it forks. One connection sends the round as a worker
+does (worker/pg_store.py, one pipeline): it completes the jobs it claimed in the previous round and
 claims the next ones, one job a round and ten, without and with a rate limit
 configured, one job a round for a client with a webhook endpoint (whose
 completions write the outbox), and ten a round with stories of 6,000
@@ -51,14 +52,14 @@ from worker.store import ClaimAsk
 
 NAME = "statement_cost"
 SPECS = {
-    "one_kinstr_per_job": FigureSpec("round statement, one job a round: instructions per job", "k"),
-    "batched_kinstr_per_job": FigureSpec("round statement, ten jobs a round: instructions per job", "k"),
+    "one_kinstr_per_job": FigureSpec("round (settle, then claim), one job a round: instructions per job", "k"),
+    "batched_kinstr_per_job": FigureSpec("round (settle, then claim), ten jobs a round: instructions per job", "k"),
     "one_limited_kinstr_per_job": FigureSpec(
-        "round statement with a rate limit, one job a round: instructions per job", "k"),
+        "round with a rate limit, one job a round: instructions per job", "k"),
     "one_webhook_kinstr_per_job": FigureSpec(
-        "round statement for a client with a webhook endpoint, one job a round: instructions per job", "k"),
+        "round for a client with a webhook endpoint, one job a round: instructions per job", "k"),
     "long_story_batched_kinstr_per_job": FigureSpec(
-        "round statement, ten jobs a round, stories of 6,000 characters: instructions per job", "k"),
+        "round, ten jobs a round, stories of 6,000 characters: instructions per job", "k"),
 }
 _SENTENCE = "Once upon a time, a small fox could not sleep. "
 SHORT_STORY, LONG_STORY = _SENTENCE * 20, _SENTENCE * 128

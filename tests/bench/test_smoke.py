@@ -97,7 +97,7 @@ def test_quick_ops_list_writes_its_four_cases(server_url: str, tmp_path: Path) -
 
 def test_quick_statement_cost_counts_the_round_statement(server_url: str, tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only statement_cost` exits 0 and counts the instructions per job of
-    the round statement under callgrind, with and without a rate limit: a round of ten costs less per job
+    the round's transaction under callgrind, with and without a rate limit: a round of ten costs less per job
     than a round of one (one statement and one commit for ten), and the limiter's arithmetic, the webhook
     outbox's rows and longer stories cost more."""
     if shutil.which("valgrind") is None or statement_cost._server_bindir() is None:

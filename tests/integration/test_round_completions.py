@@ -1,4 +1,4 @@
-"""The round statement's completions: each written story reaches its own job,
+"""The round's settle of its written stories: each written story reaches its own job,
 whatever order the worker lists them in and whatever they hold."""
 
 from __future__ import annotations

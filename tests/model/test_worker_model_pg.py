@@ -4,7 +4,7 @@ that the SQL's guards are what the invariants check (the recording store
 keeps no copy of them). Faults are injected around the real statements:
 refused before they run, or their answer lost after they committed. Cancels
 are the api's statement, sweeps the sweeper's, another worker's claim the
-round statement under another worker id.
+claim under another worker id.
 
 Besides the Hypothesis run, the orders in which one guard alone keeps an end
 from a job no longer ours are played as scenarios, every time: an answer

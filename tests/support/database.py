@@ -26,7 +26,7 @@ from worker.rows import Completion
 
 
 def story_written(job_id: int) -> Completion:
-    """A worker's written story for job_id, first attempt, as the round statement takes it."""
+    """A worker's written story for job_id, first attempt, as the round's settle takes it."""
     return Completion(job_id=job_id, client_id=1, attempt=1, title="T", body="B", model="m", prompt_version="v",
                       input_tokens=1, output_tokens=2, cost_usd=Decimal("0.01"), request_id=None)
 
