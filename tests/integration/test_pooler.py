@@ -33,6 +33,7 @@ from tests.support.workers import running_worker
 from worker.offline import OfflineWriter
 from worker.pg_store import settle_params
 from worker.rows import Failure
+from worker.store import ClaimAsk
 
 
 @contextlib.asynccontextmanager
@@ -70,8 +71,9 @@ async def test_a_connection_with_session_options_is_refused_by_the_pooler_and_a_
 async def test_every_statement_runs_many_times_on_shared_server_connections(
     pgbouncer_factory: Callable[..., PgBouncer], database_name: str, conn: psycopg.AsyncConnection[Any]
 ) -> None:
-    """Claims, heartbeats, completions and failures, each run far past psycopg's prepare threshold by 8 tasks
-    sharing 2 server connections, never meet a missing or duplicate prepared statement."""
+    """Claims, heartbeats, completions (with a claim, in one pipelined transaction) and failures, each run far past
+    psycopg's prepare threshold by 8 tasks sharing 2 server connections, never meet a missing or duplicate prepared
+    statement."""
     bouncer = pgbouncer_factory(default_pool_size=2)
     client = await client_id_of(conn)
     for n in range(80):
@@ -95,7 +97,11 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    await worker_statements.job_settle(c, worker_id=worker_id, completions=[story_written(job.id)])
+                    # the round's one transaction: the story settled, a claim behind its savepoint, one pipeline
+                    store = worker_statements.store_on(c, worker_id=worker_id, provider="offline",
+                                                       model="offline-writer")
+                    written = await store.settle_and_claim([story_written(job.id)], ClaimAsk(0), NO_LIMITS)
+                    assert written.settled is not None and written.settled.completed_ids == [job.id]
             done += 1
 
     async with pooled(bouncer, database_name, max_size=8) as pool:

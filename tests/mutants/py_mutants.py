@@ -26,7 +26,7 @@ from cosmic_ray.mutating import mutate_code
 
 # the modules the issue names: what decides money, ownership and delivery
 MODULES: tuple[str, ...] = (
-    "worker/ends.py", "worker/claimer.py", "worker/held.py",
+    "worker/ends.py", "worker/claimer.py", "worker/held.py", "worker/pg_store.py",
     "worker/batch/anthropic_batches.py", "worker/batch/anthropic_reading.py", "worker/batch/collector.py",
     "worker/batch/lane.py", "worker/batch/offline_batches.py", "worker/batch/provider.py",
     "worker/batch/provider_structs.py", "worker/batch/reconciler.py", "worker/batch/rows.py",
