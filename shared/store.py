@@ -1,20 +1,20 @@
-"""The queries several callers share, and what every store module is built
-on: the connection type, rows as msgspec Structs, and one-line helpers that
-run a named query.
+"""The queries several callers share, and what every store is built on: the
+connection type and where a store takes its connections, rows as msgspec
+Structs, and one-line helpers that run a named query.
 
-Each caller runs its own queries through its own store class: over the
-small typed functions of its module in api/store.py (ApiStore),
-worker/store.py and sweeper/store.py; as a method per query in
-shared/console_store.py (ConsoleStore) for the console and the ``storyjobs``
-command; this one holds
-the migrations' ledger, the schema version, clients and keys as
-shared/keys.py creates them, and the reads more than one caller makes.
+Each caller runs its own queries through its own store class, a method per
+named query: ApiStore (api/store.py), PgWorkerStore (worker/pg_store.py),
+PgSweeperStore (sweeper/store.py), PgDeliveryStore (worker/delivery/store.py),
+BatchStore (worker/batch/store.py), and ConsoleStore (shared/console_store.py)
+for the console and the ``storyjobs`` command. A store takes a pool, or one
+open connection (autocommit, from shared.db): tests hold locks on a second
+connection to force a race. This module's own functions are the queries more
+than one caller runs: the migrations' ledger, the schema version, clients and
+keys as shared/keys.py creates them, and the reads several callers make.
 Handlers, loops and the CLI never hold SQL.
 
-Functions take an open connection (autocommit, from shared.db) so the caller
-decides which pool, and tests can hold locks on a second connection to force a
-race. Every status change returns what it changed; an empty answer is a lost
-race, which the caller logs and counts, never raises.
+Every status change returns what it changed; an empty answer is a lost race,
+which the caller logs and counts, never raises.
 """
 
 from __future__ import annotations

@@ -54,7 +54,6 @@ from shared import db, keys
 from shared.config import SweeperSettings
 from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
-from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.bench import private_postgres
@@ -263,7 +262,7 @@ async def _rollup_pass(url: str) -> None:
     hours (the loaded rows hold no overview columns), so that the overview sums the day from the rollup."""
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
                                 generic_plans=True) as conn:
-        await sweeper_store.record_minutes(conn, _sweeper_settings(url, 31 * DAY), pending=0, running=0)
+        await PgSweeperStore(conn).record_minutes(_sweeper_settings(url, 31 * DAY), pending=0, running=0)
 
 
 def _table_sizes_mb(url: str) -> dict[str, float]:
@@ -567,8 +566,8 @@ async def _prune_a_day(url: str) -> dict[str, float]:
                                 generic_plans=True) as conn:
         started = time.perf_counter()
         while True:
-            deleted = await sweeper_store.job_prune_finished(conn, retention_s=settings.job_retention_s,
-                                                            batch_size=settings.sweeper_batch_size)
+            deleted = len(await PgSweeperStore(conn).prune_finished(retention_s=settings.job_retention_s,
+                                                                    batch_size=settings.sweeper_batch_size))
             pruned += deleted
             if deleted == 0:
                 break

@@ -18,7 +18,7 @@ from prometheus_client import REGISTRY
 from psycopg_pool import AsyncConnectionPool
 
 from sweeper.rows import QueueGauges
-from sweeper.store import job_queue_gauges
+from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_batches import FakeBatches
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.support.database import client_id_of, enqueue, enqueue_batch
@@ -101,8 +101,8 @@ async def test_the_sweepers_queue_gauges_count_the_interactive_lane_only(conn: C
     client = await client_id_of(conn)
     await enqueue_batch(conn, client, "a kite numbered 1", waited_s=7200)
     await enqueue_batch(conn, client, "a kite numbered 2", waited_s=7200)
-    assert await job_queue_gauges(conn) == QueueGauges(pending=0, running=0, oldest_pending_age_seconds=0.0)
+    assert await PgSweeperStore(conn).queue_gauges() == QueueGauges(pending=0, running=0, oldest_pending_age_seconds=0.0)
     await enqueue(conn, client, "a dragon who cannot sleep")
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '30 seconds' WHERE lane = 'interactive'")
-    gauges = await job_queue_gauges(conn)
+    gauges = await PgSweeperStore(conn).queue_gauges()
     assert (gauges.pending, gauges.running) == (1, 0) and 29 <= gauges.oldest_pending_age_seconds < 3600

@@ -20,7 +20,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.store import ApiStore
 from shared.queries import QUERIES as Q
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
@@ -153,7 +153,7 @@ async def test_a_job_swept_while_its_batch_is_in_flight_is_charged_nothing_when_
     lane = _lane(pool, provider)
     await lane.tick_once()
     await conn.execute("UPDATE message_batches SET expires_at = now() - interval '2 hours'")
-    (swept,) = await sweeper_store.job_fail_stale(conn, **SWEEP)
+    (swept,) = await PgSweeperStore(conn).fail_stale(**SWEEP)
     assert swept.reason == "timed_out"
     ((_, _, charged),) = await _charges(conn)
     assert charged is not None and charged > 0
@@ -273,8 +273,8 @@ async def test_a_lost_intents_requests_are_read_so_its_jobs_are_pruned_in_their_
     await _lose_an_intent(conn, _lane(pool, provider), fake, client, "a lost lamp")
     cur = await conn.execute("SELECT result, read_at IS NOT NULL FROM message_batch_items")
     assert await cur.fetchall() == [("lost", True)]
-    pruned = await sweeper_store.job_prune_finished(conn, retention_s=30 * 86_400, batch_size=500,
-                                                    now=datetime.now(UTC) + timedelta(days=60))
+    pruned = len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86_400, batch_size=500,
+                                                           now=datetime.now(UTC) + timedelta(days=60)))
     assert pruned == 1
 
 

@@ -18,7 +18,7 @@ from api.admission import admission
 from api.store import ApiStore
 from shared.config import ApiSettings
 from shared.story_request import StoryRequest
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.support.database import client_id_of, waiting_on_a_lock
 from tests.support.waiting import wait_until
 
@@ -66,8 +66,8 @@ async def test_a_jobs_end_and_an_admission_do_not_deadlock_on_a_seq_scanned_budg
         await admitting.execute("UPDATE budget_days SET reserved_usd = reserved_usd WHERE client_id = 0")
         # the job's end is the sweeper's (queue_timeout): a client's cancel takes the admission lock first,
         # to give its turn back, and so queues behind the admission before any budget row
-        cancel = asyncio.ensure_future(sweeper_store.job_fail_stale(
-            cancelling, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1, judge_running=False,
+        cancel = asyncio.ensure_future(PgSweeperStore(cancelling).fail_stale(
+            heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1, judge_running=False,
             batch_size=10, lock_timeout_s=10, now=datetime.now(UTC) + timedelta(hours=1)))
         await wait_until(lambda: waiting_on_a_lock(conn), what="the job's end to wait for the all-clients row")
         # the admission's own statement locks the all-clients row, then the client's

@@ -18,7 +18,7 @@ from shared import store
 from shared.config import ApiSettings
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.support import worker_statements
 from tests.support.database import client_id_of
 from worker.pg_store import PgWorkerStore
@@ -116,8 +116,8 @@ async def test_the_sweeper_charges_a_dead_workers_job_its_worst_case_and_a_stale
     assert await _admit(conn, client, 2, budget=WORST * 10) == ["inserted"] * 2
     await _claim(conn, 1)
     later = datetime.now(UTC) + timedelta(hours=2)
-    swept = await sweeper_store.job_fail_stale(conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
-                                       judge_running=True, batch_size=10, lock_timeout_s=5, now=later)
+    swept = await PgSweeperStore(conn).fail_stale(heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
+                                                  judge_running=True, batch_size=10, lock_timeout_s=5, now=later)
     assert sorted(job.reason for job in swept) == ["queue_timeout", "timed_out"]
     assert await _day(conn) == (WORST, Decimal(0))
 

@@ -14,7 +14,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.store import ApiStore
 from shared.status import LlmOutcome
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue, job_rows, waiting_on_a_lock
@@ -137,12 +137,12 @@ async def test_a_retry_row_opened_while_the_job_is_being_ended_is_closed_by_whoe
                 await wait_until(lambda: waiting_on_a_lock(worker_conn), what="the cancellation to wait")
             else:
                 # SKIP LOCKED: the sweeper passes over a job whose row is held
-                assert await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+                assert await PgSweeperStore(conn).fail_stale(now=LATER, **SWEEP) == []
         if ender == "cancel":
             ended = await ending
             assert ended is not None and ended.cancelled
         else:
-            assert len(await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP)) == 1
+            assert len(await PgSweeperStore(conn).fail_stale(now=LATER, **SWEEP)) == 1
     assert await _ledger(conn) == [(1, "rate_limited", False, True), (2, "interrupted", True, True)]
 
 

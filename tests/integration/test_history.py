@@ -23,7 +23,6 @@ from shared import db, migrate, store
 from shared.console_stats import snapshot_warning
 from shared.queries import QUERIES
 from sweeper import metrics as sweeper_metrics
-from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import ops_seed as seed
@@ -222,7 +221,7 @@ async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
     await seed.insert_jobs(conn, [seed.completed(acme, 3600), seed.completed(acme, 60)])
     await conn.execute("INSERT INTO minute_rollup (minute, jobs_from_id) "
                        "VALUES (date_trunc('minute', now()) - interval '2 hours', 1)")
-    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
+    await PgSweeperStore(conn).record_minutes(sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
     cur = await conn.execute(
         "SELECT sum(completed), sum(spend_usd), count(*) FROM minute_rollup "
         "WHERE minute >= date_trunc('minute', now()) - interval '2 hours'")
@@ -323,7 +322,7 @@ async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_
     acme, _ = await seed.client(conn, "acme")
     (job,) = await seed.insert_jobs(conn, [seed.running(acme, 360)])
     settings = sweeper_settings(sweeper_interval_s=30.0)
-    await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=1)
     started = "(SELECT date_trunc('minute', started_at) FROM llm_calls)"
     cur = await conn.execute(f"SELECT spend_usd FROM minute_rollup WHERE minute = {started}")
     assert (await cur.fetchone() or (0,))[0] == 0
@@ -331,7 +330,7 @@ async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_
                        "input_tokens = 10, output_tokens = 20")
     await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
                        "story_id = gen_random_uuid() WHERE id = %s", (job.id,))
-    await sweeper_store.record_minutes(conn, settings, pending=0, running=0)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=0)
     cur = await conn.execute(f"SELECT spend_usd, completed FROM minute_rollup WHERE minute = {started}")
     assert await cur.fetchone() == (Decimal("0.500000"), 0)
     cur = await conn.execute("SELECT sum(completed), sum(spend_usd) FROM minute_rollup")
@@ -382,7 +381,7 @@ async def test_the_overview_summed_from_the_rollup_is_the_overview_read_whole(
     await conn.execute("UPDATE story_jobs SET lane = 'batch' WHERE id = %s", (batched.id,))
     # an interactive job lives up to these (the sweeper fails it after), as the running one does
     settings = sweeper_settings(sweeper_interval_s=30.0, pending_timeout_s=1800.0, job_timeout_s=480.0)
-    await sweeper_store.record_minutes(conn, settings, pending=0, running=1)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=1)
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
     overview = from_rollup[0]
@@ -400,7 +399,7 @@ async def test_the_overview_summed_from_the_rollup_is_the_overview_read_whole(
     assert from_rollup == whole
     assert from_rollup[0]["day_completed"] == 6
 
-    await sweeper_store.record_minutes(conn, settings, pending=0, running=0)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=0)
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
 
@@ -417,8 +416,8 @@ async def test_a_rollup_from_before_migration_25_is_recounted_for_the_day_and_re
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
     assert from_rollup[0]["day_completed"] == 2
-    written = await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=30.0), pending=0,
-                                                 running=0)
+    written = await PgSweeperStore(conn).record_minutes(sweeper_settings(sweeper_interval_s=30.0), pending=0,
+                                                        running=0)
     assert written >= 25 * 60
     cur = await conn.execute("SELECT jobs_from_id IS NOT NULL, sum(completed) OVER () FROM minute_rollup "
                              "ORDER BY minute DESC LIMIT 1")

@@ -210,7 +210,7 @@ async def test_a_swept_job_has_its_stream_closed_at_the_next_heartbeat(
     before it would have ended), records the partial usage as stopped, and does not complete the job."""
     from datetime import UTC, datetime, timedelta
 
-    from sweeper import store as sweeper_store
+    from sweeper.store import PgSweeperStore
 
     provider.fake.default = Plan(chunks=200, duration_s=60)
     interval = 0.3
@@ -222,8 +222,8 @@ async def test_a_swept_job_has_its_stream_closed_at_the_next_heartbeat(
             async with running_worker(settings, pool, writer, listen_url=database_url) as worker:
                 await enqueue(conn, client, "a restless moon")
                 await asyncio.to_thread(provider.fake.wait_for, lambda f: f.calls and f.calls[0].chunks_sent >= 2)
-                swept = await sweeper_store.job_fail_stale(
-                    conn, heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
+                swept = await PgSweeperStore(conn).fail_stale(
+                    heartbeat_timeout_s=60, job_timeout_s=480, pending_timeout_s=1800,
                     judge_running=True, batch_size=10, lock_timeout_s=5, now=datetime.now(UTC) + timedelta(hours=1))
                 assert len(swept) == 1
                 await asyncio.to_thread(provider.fake.wait_for, lambda f: f.calls[0].closed_early, 10)

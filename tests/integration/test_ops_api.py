@@ -20,7 +20,7 @@ from structlog.testing import capture_logs
 from api.ops import paging
 from shared import keys, store
 from shared.console_store import ConsoleStore
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem, new_key
 from tests.support.database import count
@@ -353,9 +353,9 @@ async def test_the_history_adds_up_to_the_last_hour_from_the_rollup_the_sweeper_
                                                  seed.Call("failed", cost_usd=Decimal("0.003"))]),
         seed.pending(acme, 5), seed.pending(acme, 3),
     ])
-    gauges = await sweeper_store.job_queue_gauges(conn)
-    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
-                                       running=gauges.running)
+    gauges = await PgSweeperStore(conn).queue_gauges()
+    await PgSweeperStore(conn).record_minutes(sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                              running=gauges.running)
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
         history = (await client.get(f"{OPS}/history", params={"range": "hour"})).json()

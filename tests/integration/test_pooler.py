@@ -22,7 +22,7 @@ from shared import db
 from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, RateLimits, claim_params
 from shared.status import ErrorCode, LlmOutcome
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.support import worker_statements
 from tests.support.api_client import api_client, new_key
 from tests.support.database import client_id_of, count, create_key, enqueue, job_rows, story_written
@@ -121,14 +121,14 @@ async def test_the_statement_timeout_is_kept_by_the_client_and_cancels_the_state
             started = time.monotonic()
             with pytest.raises(psycopg.errors.QueryCanceled, match="statement timeout"):
                 async with pool.connection() as pooled_conn:
-                    await sweeper_store.job_queue_gauges(pooled_conn)
+                    await PgSweeperStore(pooled_conn).queue_gauges()
             waited = time.monotonic() - started
             # cancelled on the server too: nothing is left waiting for the lock we still hold
             assert await count(conn, "SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
                                      "AND wait_event_type = 'Lock'") == 0
         assert 0.5 <= waited < 3
         async with pool.connection() as pooled_conn:
-            assert (await sweeper_store.job_queue_gauges(pooled_conn)).pending == 0
+            assert (await PgSweeperStore(pooled_conn).queue_gauges()).pending == 0
 
 
 async def test_admissions_from_three_replicas_through_the_pooler_stay_idempotent_and_strict(
@@ -198,7 +198,7 @@ async def test_a_job_swept_through_the_pooler_is_a_lost_race_for_its_worker(
     async with pooled(pgbouncer, database_name) as pool, pool.connection() as c:
         (job,) = (await worker_statements.job_claim(c, worker_id="w1", claim_limit=1,
                                                    provider="offline", model="offline-writer")).claimed
-        swept = await sweeper_store.job_fail_stale(c, now=LATER, **SWEEP)
+        swept = await PgSweeperStore(c).fail_stale(now=LATER, **SWEEP)
         assert [s.id for s in swept] == [job.id]
         (beat,) = await worker_statements.job_heartbeat(c, worker_id="w1", progress={job.id: 5})
         assert not beat.alive and beat.error_code == "timed_out"

@@ -15,7 +15,7 @@ from structlog.testing import capture_logs
 
 from shared.ratelimit import RateLimits
 from shared.status import ErrorCode, LlmOutcome
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.support import worker_statements
 from tests.support.database import (
@@ -55,9 +55,9 @@ async def test_completion_first_sweeper_changes_nothing(database_url: str, conn:
             assert settled.completed_ids == [job.id]
             # the completion is not committed yet and holds the row: the sweeper
             # (with a clock two hours ahead, so the job looks dead) skips it
-            assert await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+            assert await PgSweeperStore(conn).fail_stale(now=LATER, **SWEEP) == []
         # committed: a later pass finds a finished job and changes nothing either
-        assert await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP) == []
+        assert await PgSweeperStore(conn).fail_stale(now=LATER, **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == "completed" and row.story_id is not None
 
@@ -78,7 +78,7 @@ async def test_sweeper_first_completion_loses_and_story_is_orphaned(
             await asyncio.to_thread(fake.wait_for, lambda f: len(f.calls) == 1)
             sweeper_conn = await psycopg.AsyncConnection.connect(database_url, autocommit=True)
             async with sweeper_conn, sweeper_conn.transaction():
-                swept = await sweeper_store.job_fail_stale(sweeper_conn, now=LATER, **SWEEP)
+                swept = await PgSweeperStore(sweeper_conn).fail_stale(now=LATER, **SWEEP)
                 assert [s.public_id for s in swept] == [job_id]
                 hold.set()  # the story finishes; its completion now waits for our row lock
                 await wait_until(lambda: waiting_on_a_lock(conn), what="the completion to block")
@@ -168,7 +168,7 @@ async def test_sweeper_never_touches_a_finished_job(conn: psycopg.AsyncConnectio
         await worker_statements.job_fail_running(conn, worker_id="w1", failures=[Failure(
             job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
             call_outcome=LlmOutcome.FAILED, billed=True)])
-    assert await sweeper_store.job_fail_stale(conn, now=LATER + timedelta(days=30), **SWEEP) == []
+    assert await PgSweeperStore(conn).fail_stale(now=LATER + timedelta(days=30), **SWEEP) == []
     (row,) = await job_rows(conn)
     assert row.status == status
 

@@ -21,7 +21,6 @@ from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import client_id_of, count, enqueue
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
-from worker.delivery import store as delivery_store
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
 
@@ -111,7 +110,7 @@ async def test_the_claim_never_takes_a_delivery_past_the_schedule(conn: Conn) ->
         await _event(conn, client)
     await conn.execute("UPDATE webhook_deliveries SET attempts = CASE id WHEN 1 THEN %s WHEN 2 THEN 32767 ELSE 0 END, "
                        "lease = 5", (webhooks.MAX_ATTEMPTS,))
-    claimed = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    claimed = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
     assert [(c.id, c.attempts) for c in claimed] == [(3, 1)]
     cur = await conn.execute("SELECT id, state, attempts, leased_until IS NULL FROM webhook_deliveries ORDER BY id")
     assert await cur.fetchall() == [(1, "dead", webhooks.MAX_ATTEMPTS, True), (2, "dead", 32767, True),
@@ -127,7 +126,7 @@ async def test_an_attempt_whose_lease_lapsed_is_taken_again_up_to_the_schedule_a
     await _event(conn, client)
     seen = []
     for _ in range(webhooks.MAX_ATTEMPTS + 3):
-        seen += [c.attempts for c in await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)]
+        seen += [c.attempts for c in await PgDeliveryStore(conn).claim(limit=1, lease_s=60)]
         await _lapse_leases(conn)
     assert seen == list(range(1, webhooks.MAX_ATTEMPTS + 1))
     assert (await _state(conn, 1))[:2] == ("dead", webhooks.MAX_ATTEMPTS)
@@ -139,22 +138,22 @@ async def test_a_late_attempt_cannot_record_onto_the_attempts_after_an_operators
     client = await client_id_of(conn)
     await _endpoint(conn, client, "https://hooks.example.com/in")
     await _event(conn, client)
-    (late,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
+    (late,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
     await _lapse_leases(conn)
-    (second,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead",
-                                                      status_code=500, error="HTTP 500") is not None
+    (second,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
+    assert await PgDeliveryStore(conn).finish(delivery_id=second.id, lease=second.lease, outcome="dead",
+                                              status_code=500, error="HTTP 500") is not None
     assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is not None
-    (fresh,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
+    (fresh,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
     assert fresh.attempts == late.attempts == 1
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=late.id, lease=late.lease,
-                                                      outcome="delivered", status_code=200) is None
+    assert await PgDeliveryStore(conn).finish(delivery_id=late.id, lease=late.lease,
+                                              outcome="delivered", status_code=200) is None
     assert await _state(conn, fresh.id) == ("pending", 1, None)
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=fresh.id, lease=fresh.lease, outcome="retry",
-                                                      retry_in_s=5, status_code=503, error="HTTP 503") is not None
+    assert await PgDeliveryStore(conn).finish(delivery_id=fresh.id, lease=fresh.lease, outcome="retry",
+                                              retry_in_s=5, status_code=503, error="HTTP 503") is not None
     # recorded once: the same end again finds no attempt in flight
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=fresh.id, lease=fresh.lease,
-                                                      outcome="delivered", status_code=200) is None
+    assert await PgDeliveryStore(conn).finish(delivery_id=fresh.id, lease=fresh.lease,
+                                              outcome="delivered", status_code=200) is None
     assert (await _state(conn, fresh.id))[0] == "pending"
 
 
@@ -167,20 +166,20 @@ async def test_the_claim_serves_the_client_with_the_fewest_attempts_in_flight_fi
     await _endpoint(conn, other, "https://other.example.com/in")
     for _ in range(6):
         await _event(conn, hung)
-    held = await delivery_store.webhook_delivery_claim(conn, limit=4, lease_s=60)
+    held = await PgDeliveryStore(conn).claim(limit=4, lease_s=60)
     assert len(held) == 4
     await _event(conn, other)
-    (next_one,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
+    (next_one,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
     cur = await conn.execute("SELECT client_id FROM webhook_deliveries WHERE id = %s", (next_one.id,))
     assert await cur.fetchone() == (other,)
     # the hung client's attempts end; another event of the other client; two slots: one each
     for claim in held:
-        await delivery_store.webhook_delivery_finish(conn, delivery_id=claim.id, lease=claim.lease, outcome="retry",
-                                                   retry_in_s=3600, error="no answer")
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=next_one.id, lease=next_one.lease,
-                                               outcome="delivered", status_code=200)
+        await PgDeliveryStore(conn).finish(delivery_id=claim.id, lease=claim.lease, outcome="retry",
+                                           retry_in_s=3600, error="no answer")
+    await PgDeliveryStore(conn).finish(delivery_id=next_one.id, lease=next_one.lease,
+                                       outcome="delivered", status_code=200)
     await _event(conn, other)
-    pair = await delivery_store.webhook_delivery_claim(conn, limit=2, lease_s=60)
+    pair = await PgDeliveryStore(conn).claim(limit=2, lease_s=60)
     cur = await conn.execute("SELECT client_id FROM webhook_deliveries WHERE id = ANY(%s) ORDER BY client_id",
                              ([c.id for c in pair],))
     assert [r[0] for r in await cur.fetchall()] == sorted([hung, other])

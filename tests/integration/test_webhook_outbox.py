@@ -17,13 +17,12 @@ from shared import webhooks
 from shared.console_store import ConsoleStore
 from shared.status import ErrorCode, LlmOutcome
 from shared.store import job_cancel
-from sweeper import store as sweeper_store
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements
 from tests.support.database import client_id_of, count, enqueue, story_written
 from tests.support.settings import LATER, SWEEP, sweeper_settings
-from worker.delivery import store as delivery_store
+from worker.delivery.store import PgDeliveryStore
 from worker.rows import Failure
 
 
@@ -59,7 +58,7 @@ async def test_every_end_of_a_job_writes_its_event(conn: psycopg.AsyncConnection
         call_outcome=LlmOutcome.FAILED, billed=True)])
     assert (await ApiStore(conn).job_cancel(client_id=client, job_id=ids[2])) is not None
     assert (await job_cancel(conn, client_id=None, job_id=ids[3])) is not None
-    await sweeper_store.job_fail_stale(conn, now=LATER, **SWEEP)
+    await PgSweeperStore(conn).fail_stale(now=LATER, **SWEEP)
     assert await _events(conn) == [
         (1, "completed", None), (2, "failed", "llm_error"), (3, "failed", "cancelled"), (4, "failed", "cancelled"),
         (5, "failed", "queue_timeout"), (6, "failed", "queue_timeout")]
@@ -87,15 +86,15 @@ async def test_a_claimed_delivery_is_leased_and_its_stale_attempt_records_nothin
     client = await client_id_of(conn)
     await _endpoint(conn, client)
     await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "story"))
-    (first,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (first,) = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
     assert first.attempts == 1 and first.job_status == "failed" and first.error_code == "cancelled"
-    assert await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60) == []
+    assert await PgDeliveryStore(conn).claim(limit=10, lease_s=60) == []
     # the lease ends
     await conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second'")
-    (second,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (second,) = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
     assert second.id == first.id and second.attempts == 2
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="delivered") is None
-    assert await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="delivered") is not None
+    assert await PgDeliveryStore(conn).finish(delivery_id=first.id, lease=first.lease, outcome="delivered") is None
+    assert await PgDeliveryStore(conn).finish(delivery_id=second.id, lease=second.lease, outcome="delivered") is not None
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'delivered'") == 1
 
 
@@ -106,20 +105,20 @@ async def test_a_failed_attempt_is_due_again_after_its_wait_and_dead_ends_mark_t
     endpoint = await _endpoint(conn, client)
     for n in range(2):
         await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    first, second = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
-                                        status_code=500, error="HTTP 500")
+    first, second = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
+    await PgDeliveryStore(conn).finish(delivery_id=first.id, lease=first.lease, outcome="retry", retry_in_s=300,
+                                       status_code=500, error="HTTP 500")
     due_in = await count(conn, "SELECT extract(epoch FROM next_attempt_at - now())::int FROM webhook_deliveries "
                                "WHERE id = %s", first.id)
     assert 290 <= due_in <= 300
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
+    await PgDeliveryStore(conn).finish(delivery_id=second.id, lease=second.lease, outcome="dead", error="HTTP 500")
     (row,) = await ConsoleStore(conn).webhooks.webhook_endpoint_list()
     assert row.id == endpoint and row.failing_since is not None and (row.pending, row.dead) == (1, 1)
     assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is not None
     assert await ConsoleStore(conn).webhooks.webhook_delivery_retry(delivery_id=second.id) is None, "only a dead delivery is retried"
-    (again,) = await delivery_store.webhook_delivery_claim(conn, limit=10, lease_s=60)
+    (again,) = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
     assert again.id == second.id and again.attempts == 1
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
+    await PgDeliveryStore(conn).finish(delivery_id=again.id, lease=again.lease, outcome="delivered", status_code=200)
     (row,) = await ConsoleStore(conn).webhooks.webhook_endpoint_list()
     assert row.failing_since is None
 
@@ -130,8 +129,8 @@ async def test_a_410_disables_the_endpoint_and_drops_its_other_deliveries(conn: 
     await _endpoint(conn, client)
     for n in range(3):
         await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, f"story {n}"))
-    (first,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
+    (first,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
+    await PgDeliveryStore(conn).finish(delivery_id=first.id, lease=first.lease, outcome="gone", status_code=410)
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'dead'") == 3
     assert await count(conn, "SELECT count(*) FROM webhook_endpoints WHERE disabled_at IS NOT NULL") == 1
     await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "after"))
@@ -148,7 +147,7 @@ async def test_deliveries_are_pruned_with_their_jobs(conn: psycopg.AsyncConnecti
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days' "
                        "WHERE public_id = %s", (old,))
-    pruned = await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100)
+    pruned = len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=100))
     assert pruned == 1
     cur = await conn.execute("SELECT job_public_id FROM webhook_deliveries")
     assert [r[0] for r in await cur.fetchall()] == [recent]
@@ -165,10 +164,10 @@ async def test_a_job_is_not_pruned_while_one_of_its_deliveries_is_pending(conn: 
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() "
                        "WHERE id = (SELECT min(id) FROM webhook_deliveries)")
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', completed_at = now() - interval '40 days'")
-    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100) == 0
+    assert len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=100)) == 0
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'") == 1
     await conn.execute("UPDATE webhook_deliveries SET state = 'dead' WHERE state = 'pending'")
-    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=100) == 1
+    assert len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=100)) == 1
     assert await count(conn, "SELECT count(*) FROM webhook_deliveries") == 0
 
 
@@ -176,10 +175,10 @@ async def test_the_sweeper_gauge_reads_the_oldest_undelivered_event(conn: psycop
     """The gauges count undelivered rows and the age of the oldest, by the caller's clock."""
     client = await client_id_of(conn)
     await _endpoint(conn, client)
-    empty = await sweeper_store.webhook_delivery_gauges(conn)
+    empty = await PgSweeperStore(conn).webhook_delivery_gauges()
     assert (empty.undelivered, empty.oldest_undelivered_age_seconds) == (0, 0)
     await ApiStore(conn).job_cancel(client_id=client, job_id=await enqueue(conn, client, "story"))
-    gauges = await sweeper_store.webhook_delivery_gauges(conn, now=datetime.now(UTC) + timedelta(minutes=10))
+    gauges = await PgSweeperStore(conn).webhook_delivery_gauges(now=datetime.now(UTC) + timedelta(minutes=10))
     assert gauges.undelivered == 1 and 590 < gauges.oldest_undelivered_age_seconds < 610
 
 
@@ -210,7 +209,7 @@ async def test_jobs_kept_for_their_deliveries_never_stall_the_prune_behind_them(
                        "WHERE job_public_id = ANY(%s)", (expired,))
     await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', "
                        "completed_at = now() - interval '40 days'")
-    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=3) == 3
+    assert len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=3)) == 3
     cur = await conn.execute("SELECT public_id FROM story_jobs ORDER BY id")
     assert [r[0] for r in await cur.fetchall()] == kept
-    assert await sweeper_store.job_prune_finished(conn, retention_s=30 * 86400, batch_size=3) == 0
+    assert len(await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=3)) == 0

@@ -12,7 +12,7 @@ from api.store import ApiStore
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem
 from tests.support.database import count
-from worker.delivery import store as delivery_store
+from worker.delivery.store import PgDeliveryStore
 
 
 async def test_an_endpoint_is_created_with_its_secret_once_and_listed_without_it(
@@ -58,9 +58,9 @@ async def test_the_console_lists_endpoints_per_client_and_retries_a_dead_deliver
         endpoint = (await client.post("/webhook-endpoints", json={"url": "https://hooks.example.com/in"})).json()
     job = await seed.insert_job(conn, seed.pending(client_id, 60))
     assert await ApiStore(conn).job_cancel(client_id=client_id, job_id=job.public_id) is not None
-    (claimed,) = await delivery_store.webhook_delivery_claim(conn, limit=1, lease_s=60)
-    await delivery_store.webhook_delivery_finish(conn, delivery_id=claimed.id, lease=claimed.lease, outcome="dead", status_code=500,
-                                        error="HTTP 500")
+    (claimed,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
+    await PgDeliveryStore(conn).finish(delivery_id=claimed.id, lease=claimed.lease, outcome="dead", status_code=500,
+                                       error="HTTP 500")
     async with api_client(pool, operator) as console:
         listed = (await console.get("/ops/api/webhooks")).json()["endpoints"]
         (shown,) = listed

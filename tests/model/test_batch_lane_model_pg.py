@@ -64,7 +64,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from api.store import ApiStore
 from shared import db
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
 from tests.model.machine_pg import PostgresMachine
@@ -335,7 +335,7 @@ class BatchLaneMachine(PostgresMachine):
                                 "fence_at = fence_at - interval '2 days' WHERE state IN ('intent', 'sent')")
         await self.conn.execute("UPDATE story_jobs SET batch_ready_at = batch_ready_at - interval '2 days' "
                                 "WHERE batch_ready_at IS NOT NULL")
-        swept = await sweeper_store.job_fail_stale(self.conn, **SWEEP)
+        swept = await PgSweeperStore(self.conn).fail_stale(**SWEEP)
         if swept:
             event("the sweeper failed batch jobs")
 

@@ -43,11 +43,11 @@ from hypothesis.stateful import (
 from api.store import ApiStore
 from shared import webhooks
 from shared.console_store import ConsoleStore
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.model.machine_pg import PostgresMachine
 from tests.support.database import client_id_of, enqueue
-from worker.delivery import store as delivery_store
 from worker.delivery.rows import DeliveryOutcome, WebhookDeliveryClaim
+from worker.delivery.store import PgDeliveryStore
 
 LEASE_S = 60.0
 CLIENTS = ("a", "b", "c")
@@ -125,7 +125,7 @@ class DeliveryMachine(PostgresMachine):
         in_flight = {c: sum(1 for d in self.deliveries.values() if d.client == c and d.in_flight) for c in CLIENTS}
         due = {c: sum(1 for d in self.deliveries.values() if d.client == c and d.state == "pending" and d.due)
                for c in CLIENTS}
-        claimed = self.run(delivery_store.webhook_delivery_claim(self.conn, limit=limit, lease_s=LEASE_S))
+        claimed = self.run(PgDeliveryStore(self.conn).claim(limit=limit, lease_s=LEASE_S))
         assert len(claimed) <= limit
         taken = dict.fromkeys(CLIENTS, 0)
         for claim in claimed:
@@ -164,8 +164,8 @@ class DeliveryMachine(PostgresMachine):
         current = (model is not None and model.state == "pending" and model.lease == claim.lease
                    and (claim.id, claim.lease) not in self.recorded)
         retry_in = 5.0 if outcome == "retry" else 0.0
-        answer = self.run(delivery_store.webhook_delivery_finish(
-            self.conn, delivery_id=claim.id, lease=claim.lease, outcome=outcome, retry_in_s=retry_in,
+        answer = self.run(PgDeliveryStore(self.conn).finish(
+            delivery_id=claim.id, lease=claim.lease, outcome=outcome, retry_in_s=retry_in,
             status_code=status_code, error=None if outcome == "delivered" else "failed"))
         assert (answer is not None) == current, (claim, model, outcome)
         attempt.recorded = True
@@ -249,8 +249,8 @@ class DeliveryMachine(PostgresMachine):
     @rule()
     def the_sweeper_prunes(self) -> None:
         """The prune, as if every job had ended long ago: only jobs with no delivery pending go."""
-        self.run(sweeper_store.job_prune_finished(self.conn, retention_s=60, batch_size=100,
-                                                  now=datetime.now(UTC) + timedelta(days=1)))
+        self.run(PgSweeperStore(self.conn).prune_finished(retention_s=60, batch_size=100,
+                                                          now=datetime.now(UTC) + timedelta(days=1)))
         cur = self.run(self.conn.execute("SELECT id FROM story_jobs"))
         kept = {r[0] for r in self.run(cur.fetchall())}
         for job_id in self.jobs - kept:
@@ -284,11 +284,11 @@ class DeliveryMachine(PostgresMachine):
                     model.in_flight = False
             self.run(self.conn.execute("UPDATE webhook_deliveries SET next_attempt_at = now() - interval '1 second', "
                                        "leased_until = NULL WHERE state = 'pending'"))
-            claimed = self.run(delivery_store.webhook_delivery_claim(self.conn, limit=100, lease_s=LEASE_S))
+            claimed = self.run(PgDeliveryStore(self.conn).claim(limit=100, lease_s=LEASE_S))
             for claim in claimed:
                 failed = webhooks.retry_in_s(claim.attempts, None, scale=1.0) is None or claim.endpoint_disabled
-                assert self.run(delivery_store.webhook_delivery_finish(
-                    self.conn, delivery_id=claim.id, lease=claim.lease, outcome="dead" if failed else "retry",
+                assert self.run(PgDeliveryStore(self.conn).finish(
+                    delivery_id=claim.id, lease=claim.lease, outcome="dead" if failed else "retry",
                     retry_in_s=5.0, error="failed")) is not None
         cur = self.run(self.conn.execute("SELECT count(*) FROM webhook_deliveries WHERE state = 'pending'"))
         assert self.run(cur.fetchone()) == (0,), "a delivery that never ends"

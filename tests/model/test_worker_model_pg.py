@@ -34,7 +34,7 @@ from shared.config import ApiSettings
 from shared.ratelimit import RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.model.worker_model import MAX_TOKENS, OTHER_WORKER, JobState, WorkerMachine, World
 from tests.support import postgres_server, worker_statements
 from tests.support.database import create_key
@@ -156,9 +156,9 @@ class PgWorld:
         # a sweep of this job alone: its heartbeat made old, then the sweeper's pass
         await self.conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '1 hour' "
                                 "WHERE id = %s AND status = 'running'", (job_id,))
-        await sweeper_store.job_fail_stale(self.conn, heartbeat_timeout_s=600, job_timeout_s=86_400,
-                                   pending_timeout_s=86_400, judge_running=True, batch_size=10, lock_timeout_s=5,
-                                   now=datetime.now(UTC) + timedelta(seconds=1))
+        await PgSweeperStore(self.conn).fail_stale(
+            heartbeat_timeout_s=600, job_timeout_s=86_400, pending_timeout_s=86_400, judge_running=True,
+            batch_size=10, lock_timeout_s=5, now=datetime.now(UTC) + timedelta(seconds=1))
 
     async def claim_elsewhere(self) -> int | None:
         settled = await worker_statements.job_claim(self.conn, worker_id=OTHER_WORKER, claim_limit=1, provider="anthropic",

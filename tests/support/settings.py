@@ -18,7 +18,7 @@ FAST = {
 
 
 class SweepRules(TypedDict):
-    """sweeper_store.job_fail_stale's rules, as keyword arguments."""
+    """PgSweeperStore.fail_stale's rules, as keyword arguments."""
 
     heartbeat_timeout_s: float
     job_timeout_s: float
@@ -28,7 +28,7 @@ class SweepRules(TypedDict):
     lock_timeout_s: float
 
 
-# A sweeper pass (sweeper_store.job_fail_stale) as if run two hours from now: every
+# A sweeper pass (PgSweeperStore.fail_stale) as if run two hours from now: every
 # running job's heartbeat and every job's age is then past these timeouts.
 LATER = datetime.now(UTC) + timedelta(hours=2)
 SWEEP = SweepRules(heartbeat_timeout_s=60.0, job_timeout_s=480.0, pending_timeout_s=1800.0,

@@ -21,7 +21,7 @@ from api.page import CONTENT_SECURITY_POLICY
 from api.store import ApiStore
 from shared import webhooks
 from shared.rows import ROLLUP_BOUNDS_S
-from sweeper import store as sweeper_store
+from sweeper.store import PgSweeperStore
 from tests.support import ops_seed as seed
 from tests.support.settings import sweeper_settings
 from tests.system.procs import ApiProc, System
@@ -60,9 +60,9 @@ def usd(value: Any) -> str:
 
 async def roll_up_as_a_first_pass(conn: psycopg.AsyncConnection[Any]) -> None:
     """The sweeper's rollup as its first pass makes it: the last 25 hours (sweeper.sql, rollup_last_minute)."""
-    gauges = await sweeper_store.job_queue_gauges(conn)
-    await sweeper_store.record_minutes(conn, sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
-                                       running=gauges.running)
+    gauges = await PgSweeperStore(conn).queue_gauges()
+    await PgSweeperStore(conn).record_minutes(sweeper_settings(sweeper_interval_s=3600.0), pending=gauges.pending,
+                                              running=gauges.running)
 
 
 class Console:
