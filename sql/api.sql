@@ -57,8 +57,9 @@ SELECT pg_advisory_xact_lock(%(lock_key)s), set_config('jit', 'off', true),
 -- QUEUE_MAX index entries), and the bound is reset to the truth. Admissions
 -- therefore cost O(1), not O(queue). The batch lane's live jobs (pending, or
 -- running in or between batches) are counted, up to the maximum, on
--- story_jobs_batch_live_idx, and only when the batch asks for that lane: a
--- batch admission costs O(BATCH_QUEUE_MAX) index entries at most.
+-- story_jobs_batch_live_idx (batch_lane_live, migration 025), and only when
+-- the batch asks for that lane: a batch admission costs O(BATCH_QUEUE_MAX)
+-- index entries at most.
 --
 -- A request carries its worst-case cost (a batch job's at the batch price);
 -- where a budget applies (the day's, %(budget_usd)s, or its client's: its own
@@ -108,11 +109,7 @@ fresh AS MATERIALIZED (
 -- of its own.
 client_depth AS MATERIALIZED (
     SELECT c.lane, c.client_id, a.pending_at_most AS kept, a.last_turn,
-           CASE WHEN c.lane = 'batch' THEN (SELECT count(*) FROM (
-                          SELECT 1 FROM story_jobs s
-                          WHERE s.lane = 'batch' AND s.status IN ('pending', 'running')
-                            AND s.client_id = c.client_id
-                          LIMIT %(client_batch_queue_max)s) q)
+           CASE WHEN c.lane = 'batch' THEN batch_lane_live(c.client_id, %(client_batch_queue_max)s)
                 WHEN a.pending_at_most + c.asks <= %(client_queue_max)s THEN NULL
                 ELSE (SELECT count(*) FROM (
                           SELECT 1 FROM story_jobs s
@@ -137,10 +134,8 @@ queue AS MATERIALIZED (
                           SELECT 1 FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
                           ORDER BY created_at, id LIMIT %(queue_max)s) q)
            END AS counted,
-           (SELECT count(*) FROM (
-               SELECT 1 FROM story_jobs WHERE lane = 'batch' AND status IN ('pending', 'running')
-                                          AND EXISTS (SELECT 1 FROM client_ok WHERE lane = 'batch')
-               LIMIT %(batch_queue_max)s) q) AS batch_counted
+           CASE WHEN EXISTS (SELECT 1 FROM client_ok WHERE lane = 'batch')
+                THEN batch_lane_live(NULL, %(batch_queue_max)s) ELSE 0 END AS batch_counted
     FROM (SELECT count(*) AS asks FROM client_ok WHERE lane <> 'batch') n
     LEFT JOIN job_admission a ON a.client_id = 0
 ),
