@@ -86,7 +86,8 @@ SPECS = {
 }
 FAIR = QUERIES["job_claim"]
 # the claim before turns: first come, first served across all clients
-FIFO = FAIR.replace("ORDER BY turn, id", "ORDER BY created_at, id")
+# the claimable scan's order only (the limiter's array of needs keeps its own)
+FIFO = FAIR.replace("    ORDER BY turn, id\n    LIMIT", "    ORDER BY created_at, id\n    LIMIT", 1)
 assert FIFO != FAIR
 WINDOW = 100
 CLAIM_BLOCK = 50
