@@ -9,8 +9,6 @@ from typing import Any
 
 import msgspec
 
-from shared.pricing import Price
-
 
 class LeaseTaken(msgspec.Struct, frozen=True):
     """The submitter's lease is ours under ``token`` for ``lease_s``."""
@@ -82,11 +80,6 @@ class BatchItemRow(msgspec.Struct, frozen=True):
     input_usd_per_mtok: Decimal | None
     output_usd_per_mtok: Decimal | None
     trace_context: Any = None
-
-    def price(self, fallback: Price) -> Price:
-        if self.input_usd_per_mtok is None or self.output_usd_per_mtok is None:
-            return fallback
-        return Price(self.input_usd_per_mtok, self.output_usd_per_mtok)
 
 
 class RefusedAnswer(msgspec.Struct, frozen=True):
