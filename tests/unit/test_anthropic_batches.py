@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 from collections.abc import AsyncIterator
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
@@ -443,3 +443,19 @@ def test_a_batch_without_an_id_we_can_send_back_is_not_a_batch(batch_id: object)
     """An id that is empty, padded, has a slash, is too long or is no string names no batch we could retrieve."""
     assert batch_info({"id": batch_id, "processing_status": "ended"}, datetime.now(UTC)) is None
     assert batch_info({"id": "msgbatch_1", "processing_status": "ended"}, datetime.now(UTC)) is not None
+
+
+@pytest.mark.parametrize(("ahead_h", "believed"), [(BATCH_LIFETIME.total_seconds() / 3600 + 12, True),
+                                                   (BATCH_LIFETIME.total_seconds() / 3600 + 25, False)])
+def test_a_batch_time_ahead_of_our_clock_is_believed_within_a_day_of_skew(ahead_h: float, believed: bool) -> None:
+    """A batch's expiry is its lifetime after its creation; with our clock up to a day behind the provider's it
+    is believed, as it is; further ahead than that it is not, and is replaced by its creation plus the lifetime."""
+    now = datetime.now(UTC)
+    expires = now + timedelta(hours=ahead_h)
+    with capture_logs() as logs:
+        info = batch_info({"id": "msgbatch_1", "processing_status": "in_progress", "created_at": now.isoformat(),
+                           "expires_at": expires.isoformat()}, now)
+    assert info is not None
+    assert (info.expires_at == expires) is believed
+    assert (info.expires_at == now + BATCH_LIFETIME) is not believed
+    assert ("batch.expires_at" in [e.get("what") for e in logs]) is not believed

@@ -9,7 +9,7 @@ import pytest
 
 from shared.config import WorkerSettings
 from shared.prompt import INPUT_TOKENS_ESTIMATE_MAX
-from shared.ratelimit import LimiterState, ProviderView, RateLimits, claim_params
+from shared.ratelimit import LimiterState, ProviderView, RateLimits, claim_params, over_limit
 
 
 def test_a_minutes_limit_becomes_a_rate_and_a_burst_of_a_few_seconds() -> None:
@@ -105,3 +105,15 @@ def test_a_reset_becomes_a_duration_bounded_by_its_minute_whatever_the_host_cloc
                         remaining={"requests": 0.0}, limits={}, resets={"requests": reset})
     expected = {0.0: 20.0, 600.0: 0.0, -600.0: 60.0}[host_clock_off_s]
     assert view.pause_s(output_tokens_need=1000, now=10.0) == pytest.approx(expected)
+
+
+@pytest.mark.parametrize("kind", ["input", "output"])
+def test_a_job_of_exactly_a_minutes_limit_is_served_and_one_token_more_is_refused(kind: str) -> None:
+    """The provider serves a call of up to its limit per minute: a job needing exactly the configured limit
+    is admitted; one token more can never be served, and the api names the limit it exceeds."""
+    settings = (WorkerSettings(llm_input_tokens_per_minute=1000) if kind == "input"
+                else WorkerSettings(llm_output_tokens_per_minute=1000))
+    exactly = {"input_tokens": 1, "output_tokens": 1, f"{kind}_tokens": 1000}
+    more = {**exactly, f"{kind}_tokens": 1001}
+    assert over_limit(settings, **exactly) is None
+    assert over_limit(settings, **more) == f"LLM_{kind.upper()}_TOKENS_PER_MINUTE"
