@@ -12,6 +12,7 @@ from typing import Any
 import psycopg
 import psycopg_pool
 import pytest
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from shared.config import WorkerSettings
@@ -671,3 +672,21 @@ async def test_a_claim_that_never_got_a_connection_is_not_searched_for() -> None
     assert (await worker.round_once()).database_error is not None
     await worker.round_once()
     assert store.named("claims_of_lost_answer") == []
+
+
+async def test_a_jobs_run_is_measured_from_its_claim_to_its_end() -> None:
+    """storyjobs_job_run_seconds observes, per job, the time from its claim to the end of its work, by the
+    worker's clock: a story written 42 s after its claim adds 42 s to the histogram's sum."""
+    def run_seconds() -> float:
+        return REGISTRY.get_sample_value("storyjobs_job_run_seconds_sum") or 0.0
+
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter()
+    store.add_pending(1)
+    worker = _worker(store, writer, clock)
+    assert (await worker.round_once()).claimed == 1
+    before = run_seconds()
+    clock.now += 42.0
+    writer.gate(1).set()
+    await _let_tasks_run()
+    assert (await worker.round_once()).completed == 1
+    assert run_seconds() - before == pytest.approx(42.0)
