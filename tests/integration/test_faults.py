@@ -165,3 +165,23 @@ async def test_a_retry_waiting_on_a_cancellation_opens_no_row(
         started = await retry
         assert started.attempt is None and not started.owned
     assert await _ledger(conn) == [(1, "rate_limited", False, True)]
+
+
+async def test_a_retry_of_a_cancelled_job_opens_no_row_while_its_worker_runs_others(
+    conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """A retry asks about its own job: when that job was cancelled, no row is opened (so nothing is sent)
+    even though the same worker still runs other jobs."""
+    client = await client_id_of(conn)
+    cancelled_id = await enqueue(conn, client, "a fox")
+    await enqueue(conn, client, "a hen")
+    cancelled_job, running_job = await _claim(conn), await _claim(conn)
+    outcome = await ApiStore(conn).job_cancel(client_id=client, job_id=cancelled_id)
+    assert outcome is not None and outcome.cancelled
+    started = await worker_statements.llm_call_start(
+        conn, worker_id="w1", job_id=cancelled_job, previous_attempt=1, previous_outcome=LlmOutcome.RATE_LIMITED,
+        previous_error="429")
+    assert started.attempt is None and not started.owned
+    assert await worker_statements.job_heartbeat(conn, worker_id="w1", progress={running_job: 1}) != []
+    cur = await conn.execute("SELECT count(*) FROM llm_calls WHERE job_id = %s", (cancelled_job,))
+    assert await cur.fetchone() == (1,)
