@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 
 import psycopg
+from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
@@ -86,3 +87,29 @@ async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_g
     (failed,) = [e for e in logs if e["event"] == "webhook.record_failed"]
     (recorded,) = [f.delivery_id for f in store.finished]
     assert {failed["delivery_id"], recorded} == {first.id, second.id}
+
+
+async def test_an_attempts_duration_is_what_it_took() -> None:
+    """storyjobs_webhook_attempt_duration_seconds observes each attempt's own duration: one attempt to a
+    receiver on this machine adds one observation of well under its 5 s timeout."""
+
+    def observed() -> tuple[float, float]:
+        name = "storyjobs_webhook_attempt_duration_seconds"
+        return (REGISTRY.get_sample_value(f"{name}_count") or 0.0, REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
+
+    store = RecordingDeliveryStore()
+    with WebhookReceiver() as receiver:
+        secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        receiver.secrets.append(secret)
+        store.add(receiver.url, secret=secret, lease=1)
+        count_before, sum_before = observed()
+        deliverer = _deliverer(store)
+        running = asyncio.create_task(deliverer.run())
+        try:
+            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
+        finally:
+            deliverer.stop()
+            await running
+    count_after, sum_after = observed()
+    assert count_after - count_before == 1
+    assert 0 < sum_after - sum_before < 5.0
