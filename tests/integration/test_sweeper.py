@@ -275,3 +275,16 @@ async def test_a_batch_job_that_waited_past_its_day_fails_and_leaves_the_batch_l
     assert (await sweeper.sweep_once()).queue_timeout == 1
     assert [(r.status, r.error_code) for r in await job_rows(conn)] == [("failed", "queue_timeout")]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE batch_ready_at IS NOT NULL") == 0
+
+
+async def test_one_prune_statement_deletes_at_most_its_batch(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Each prune statement deletes at most SWEEPER_BATCH_SIZE jobs (what bounds its locks and its time): five
+    jobs past retention go two, two and one."""
+    client = await client_id_of(conn)
+    jobs = [await enqueue(conn, client, f"story {n}") for n in range(5)]
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                       "created_at = now() - interval '40 days', completed_at = now() - interval '40 days'")
+    store = PgSweeperStore(conn)
+    batches = [len(await store.prune_finished(retention_s=30 * 86400, batch_size=2)) for _ in range(4)]
+    assert batches == [2, 2, 1, 0]
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s)", jobs) == 0
