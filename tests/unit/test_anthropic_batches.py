@@ -459,3 +459,13 @@ def test_a_batch_time_ahead_of_our_clock_is_believed_within_a_day_of_skew(ahead_
     assert (info.expires_at == expires) is believed
     assert (info.expires_at == now + BATCH_LIFETIME) is not believed
     assert ("batch.expires_at" in [e.get("what") for e in logs]) is not believed
+
+
+async def test_an_empty_page_ends_the_walk_whatever_it_says_of_more(
+    batches: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A page with no batch is the list's end, even when it says there is more and names a cursor: the walk
+    stops there instead of paging on from a cursor the page did not show."""
+    ids = [(await batches.create(batch_requests(1, prefix=f"e{n}"))).id for n in range(2)]
+    fake.queue_fault("list", Fault(page_patch={"data": [], "has_more": True, "last_id": ids[1]}))
+    assert [b.id async for b in walk(batches, stop=lambda _b: False, page_size=1)] == []
