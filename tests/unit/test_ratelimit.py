@@ -117,3 +117,12 @@ def test_a_job_of_exactly_a_minutes_limit_is_served_and_one_token_more_is_refuse
     more = {**exactly, f"{kind}_tokens": 1001}
     assert over_limit(settings, **exactly) is None
     assert over_limit(settings, **more) == f"LLM_{kind.upper()}_TOKENS_PER_MINUTE"
+
+
+def test_a_kind_without_a_rate_is_not_waited_for_whatever_the_bucket_said_of_it() -> None:
+    """Only the kinds with a known rate refill at a pace to wait for: a bucket that still reports half a request
+    while only output tokens are limited makes the worker wait for the output tokens alone."""
+    limits = RateLimits(requests_rate=None, requests_capacity=None, input_tokens_rate=None,
+                        input_tokens_capacity=None, output_tokens_rate=100.0, output_tokens_capacity=8000.0)
+    held = LimiterState(requests=0.5, output_tokens=800.0, next_output_tokens=1000)
+    assert held.wait_s(limits) == pytest.approx(2.0)
