@@ -292,7 +292,8 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
 
 async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for() -> None:
     """A claim refused for good in the round that settles a written story is not blamed on the story: the
-    story was settled in its own statement and its job completes; the next round claims."""
+    claim is rolled back to its savepoint, the story settled before it commits and its job completes; the
+    next round claims."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
     worker = _worker(store, writer, clock)
@@ -690,3 +691,19 @@ async def test_a_jobs_run_is_measured_from_its_claim_to_its_end() -> None:
     await _let_tasks_run()
     assert (await worker.round_once()).completed == 1
     assert run_seconds() - before == pytest.approx(42.0)
+
+
+async def test_once_a_refused_batch_is_taken_apart_the_ends_are_batched_again() -> None:
+    """A batch of stories refused for its data is written one story at a time to find the culprit; once one
+    written alone is taken, the ends left are written together again, not one a round."""
+    store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
+    store.add_pending(3)
+    worker = _worker(store, writer, clock, worker_concurrency=3)
+    await worker.round_once()
+    await _let_tasks_run()
+    store.fail_next("settle", psycopg.errors.DataError("invalid byte sequence"))
+    assert (await worker.round_once()).database_error is not None
+    for _ in range(3):
+        await worker.round_once()
+    assert [len(stories) for stories in store.named("settle")] == [3, 1, 2]
+    assert store.statuses() == {1: JobStatus.COMPLETED, 2: JobStatus.COMPLETED, 3: JobStatus.COMPLETED}
