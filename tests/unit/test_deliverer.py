@@ -113,3 +113,21 @@ async def test_an_attempts_duration_is_what_it_took() -> None:
     count_after, sum_after = observed()
     assert count_after - count_before == 1
     assert 0 < sum_after - sum_before < 5.0
+
+
+async def test_a_deliverer_of_one_attempt_at_a_time_still_delivers() -> None:
+    """WEBHOOK_CONCURRENCY=1: the one free slot is claimed and the delivery is made."""
+    store = RecordingDeliveryStore()
+    with WebhookReceiver() as receiver:
+        secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        receiver.secrets.append(secret)
+        delivery = store.add(receiver.url, secret=secret, lease=3)
+        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
+                                              webhook_timeout_s=5.0, webhook_concurrency=1), store)
+        running = asyncio.create_task(deliverer.run())
+        try:
+            await wait_until(lambda: bool(store.finished), what="the attempt recorded", timeout=10)
+        finally:
+            deliverer.stop()
+            await running
+    assert store.finished == [Finished(delivery.id, 3, "delivered", 204, None)]
