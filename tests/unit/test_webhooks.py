@@ -126,3 +126,12 @@ async def test_the_sender_connects_to_the_resolved_address_with_the_original_hos
         (received,) = receiver.deliveries(None)
     assert received.path == "/hook" and received.verified
     assert received.headers["host"] == f"localhost:{receiver.port}"
+
+
+def test_the_retries_follow_the_documented_schedule_of_about_28_hours() -> None:
+    """docs/webhooks.md: retries after 5 s, 5 min, 30 min, 2 h, 5 h, 10 h and 10 h, eight attempts over about
+    28 hours; the waits never shorten, so a receiver that is down for long is not hammered at the end."""
+    schedule = webhooks.RETRY_SCHEDULE_S
+    assert all(later >= earlier for earlier, later in zip(schedule, schedule[1:], strict=False))
+    assert webhooks.MAX_ATTEMPTS == 8
+    assert 27 * 3600 < sum(schedule) < 29 * 3600
