@@ -14,9 +14,10 @@ from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api.pacing import DrainStatsCache
+from api.store import ApiStore
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer, Plan
 from tests.support.api_client import api_client
-from tests.support.database import count, job_rows
+from tests.support.database import client_id_of, count, enqueue, job_rows
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from tests.support.workers import running_worker
@@ -144,3 +145,19 @@ async def test_the_drain_statistics_are_read_from_the_pool_and_a_failed_read_lea
     with capture_logs() as logs:
         assert await DrainStatsCache(unopened, timeout_s=0.5).get() is None
     assert [e["event"] for e in logs] == ["api.drain_stats_unavailable"]
+
+
+@pytest.mark.parametrize(("oldest_started_s_ago", "claimed"), [(120, 3), (30, 0)])
+async def test_the_claims_of_the_last_minute_count_only_once_the_newest_jobs_reach_back_a_minute(
+    conn: psycopg.AsyncConnection[Any], oldest_started_s_ago: int, claimed: int,
+) -> None:
+    """claimed_last_minute (what Retry-After is paced by) counts the newest jobs claimed in the last minute once
+    those reach back a whole minute; a burst of claims younger than a minute (workers starting) is no rate."""
+    client = await client_id_of(conn)
+    for n in range(4):
+        await enqueue(conn, client, f"story {n}")
+    await conn.execute("UPDATE story_jobs SET status = 'running', worker_id = 'w', heartbeat_at = now(), "
+                       "started_at = now() - make_interval(secs => CASE WHEN id = (SELECT min(id) FROM story_jobs) "
+                       "THEN %s ELSE 10 END)", (oldest_started_s_ago,))
+    stats = await ApiStore(conn).job_drain_stats()
+    assert stats.claimed_last_minute == claimed
