@@ -275,6 +275,17 @@ async def test_a_stray_batch_found_after_a_lost_intent_is_cancelled_and_its_resu
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'ended'") == 1
 
 
+async def _late_batch_of_the_lost_intent(conn: Conn, fake: FakeBatches, prompt: str) -> str:
+    """A batch the provider makes late of the lost intent's one request (``prompt``): its id."""
+    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
+                             "JOIN message_batches b ON b.id = i.batch_id JOIN story_jobs j ON j.id = i.job_id "
+                             "WHERE b.state = 'lost'")
+    ((custom_id, model, max_tokens),) = await cur.fetchall()
+    return fake.make_batch([{"custom_id": custom_id, "params": {
+        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
+        "messages": [{"role": "user", "content": prompt}]}}])
+
+
 async def test_an_intent_lost_days_after_its_fence_still_takes_its_late_batch_for_a_stray(
     conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
 ) -> None:
@@ -289,12 +300,7 @@ async def test_an_intent_lost_days_after_its_fence_still_takes_its_late_batch_fo
     await lane.tick_once()
     await conn.execute("UPDATE message_batches SET fence_at = fence_at - interval '2 days'")
     assert (await lane.tick_once()).lost == 1
-    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
-                             "JOIN story_jobs j ON j.id = i.job_id")
-    ((custom_id, model, max_tokens),) = await cur.fetchall()
-    late = fake.make_batch([{"custom_id": custom_id, "params": {
-        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
-        "messages": [{"role": "user", "content": "a sleeping owl"}]}}])
+    late = await _late_batch_of_the_lost_intent(conn, fake, "a sleeping owl")
     assert (await lane.tick_once()).strays == 1
     fake.end_batch(late)
     await lane.tick_once()
@@ -356,13 +362,7 @@ async def test_a_lost_intents_late_batch_is_a_stray_never_the_next_intents_batch
         await enqueue_batch(conn, client, f"a later lark {n}")
     fake.queue(BatchPlan(status=500))
     await lane.tick_once()
-    cur = await conn.execute("SELECT i.custom_id, j.model, j.max_tokens FROM message_batch_items i "
-                             "JOIN message_batches b ON b.id = i.batch_id JOIN story_jobs j ON j.id = i.job_id "
-                             "WHERE b.state = 'lost'")
-    ((custom_id, model, max_tokens),) = await cur.fetchall()
-    fake.make_batch([{"custom_id": custom_id, "params": {
-        "model": model or "claude-sonnet-5-5", "max_tokens": max_tokens or 100,
-        "messages": [{"role": "user", "content": "a lost lark"}]}}])
+    await _late_batch_of_the_lost_intent(conn, fake, "a lost lark")
     found = await lane.tick_once()
     assert (found.adopted, found.strays) == (0, 1)
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
