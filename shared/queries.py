@@ -10,6 +10,11 @@ the query and are dropped; the rest, up to the next block, is one statement,
 whole: a part several statements need is a SQL function or view in a
 migration (a view of a read, PL/pgSQL for a part that writes), never text
 pasted into them, so a query lives in one place.
+
+A statement is kept without its comments and indentation (``compact``): what
+the file says about it is for its reader, not for each execution, and a short
+statement is one psycopg converts once and then finds in its cache (it skips
+the cache for statements over 4 kB: the worker's claim was one).
 """
 
 from __future__ import annotations
@@ -23,6 +28,38 @@ _NAME = re.compile(r"^-- name: (\w+)\s*$")
 _INCLUDE = re.compile(r"^-- include: (\w+)\s*$", re.MULTILINE)
 # the files of queries; a migration's name starts with its number
 _QUERY_FILE = re.compile(r"^[a-z]\w*\.sql$")
+# what compact() reads: the literals and quoted names it keeps whole, the
+# comments it drops, the runs of white space it shortens
+_TOKEN = re.compile(
+    r"""(?P<keep>'(?:[^']|'')*'|"(?:[^"]|"")*"|(?P<dollar>\$(?:[A-Za-z_]\w*)?\$).*?(?P=dollar))"""
+    r"|(?P<line_comment>--[^\n]*)"
+    r"|(?P<block_comment>/\*.*?\*/)"
+    r"|(?P<space>\s+)",
+    re.DOTALL,
+)
+
+
+def compact(statement: str) -> str:
+    """The statement without its comments, each run of white space and
+    comments one space, or one line break where the run had one; string
+    literals, quoted names and dollar-quoted bodies kept as written."""
+    parts: list[str] = []
+    gap = ""  # the separator owed before the next text: "", " " or "\n"
+    done = 0
+    for match in _TOKEN.finditer(statement):
+        text = statement[done:match.start()]
+        done = match.end()
+        if text or match.group("keep") is not None:
+            parts.extend((gap, text) if text else (gap,))
+            gap = ""
+        if match.group("keep") is not None:
+            parts.append(match.group(0))
+        elif match.group("space") is not None and "\n" in match.group(0):
+            gap = "\n"
+        else:
+            gap = gap or " "
+    parts.extend((gap, statement[done:]) if statement[done:] else ())
+    return "".join(parts).strip()
 
 
 def _blocks(text: str, queries: dict[str, str]) -> None:
@@ -39,7 +76,7 @@ def _blocks(text: str, queries: dict[str, str]) -> None:
         if _INCLUDE.search(statement):
             raise ValueError(f"query {name!r} includes another block's text: "
                              "make the shared part a SQL function or view in a migration")
-        queries[name] = statement
+        queries[name] = compact(statement)
 
     for line in text.splitlines():
         match = _NAME.match(line)

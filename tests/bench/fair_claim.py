@@ -87,7 +87,7 @@ SPECS = {
 FAIR = QUERIES["job_claim"]
 # the claim before turns: first come, first served across all clients
 # the claimable scan's order only (the limiter's array of needs keeps its own)
-FIFO = FAIR.replace("    ORDER BY turn, id\n    LIMIT", "    ORDER BY created_at, id\n    LIMIT", 1)
+FIFO = FAIR.replace("ORDER BY turn, id\nLIMIT", "ORDER BY created_at, id\nLIMIT", 1)
 assert FIFO != FAIR
 WINDOW = 100
 CLAIM_BLOCK = 50

@@ -4,16 +4,18 @@ parsed without their descriptions, whole, mistakes refused at import."""
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import pytest
 
-from shared.queries import QUERIES, parse
+from shared.queries import QUERIES, compact, parse
 
 
 def test_named_queries_are_parsed_without_their_descriptions() -> None:
-    """Each block becomes one statement named by its header, the comment lines after the header dropped."""
+    """Each block becomes one statement named by its header, the comment lines after the header dropped, and
+    the comments within it too."""
     parsed = parse("-- name: one\n-- what it does\nSELECT 1;\n\n-- name: two\nSELECT\n  -- inline\n  2;\n")
-    assert parsed == {"one": "SELECT 1", "two": "SELECT\n  -- inline\n  2"}
+    assert parsed == {"one": "SELECT 1", "two": "SELECT\n2"}
     assert all(statement and not statement.startswith("--") for statement in QUERIES.values())
 
 
@@ -50,3 +52,34 @@ def test_no_statement_writes_a_charge_of_its_own() -> None:
     writers = [name for name, text in QUERIES.items() if re.search(r"\bcharged_usd\b", text)]
     assert writers == []
     assert re.search(r"\bcharged_usd\b", parse("-- name: x\nUPDATE story_jobs SET charged_usd = 0;\n")["x"])
+
+
+def test_a_compacted_statement_parses_to_what_the_file_says() -> None:
+    """Dropping the comments and indentation changes no statement: each one's parse tree, by PostgreSQL's own
+    parser (pglast), fingerprints the same before and after, and a literal or a dollar-quoted body keeps its
+    dashes and spaces."""
+    from pglast.parser import ParseError, fingerprint
+
+    from tests.mutants.sql_mutants import blocks, to_numbered
+
+    compared = 0
+    for block in blocks(Path(__file__).resolve().parents[2]):
+        assert QUERIES[block.name] == compact(block.statement)
+        try:
+            before = fingerprint(to_numbered(block.statement)[0])
+        except ParseError:  # a part of a statement alone (a PL/pgSQL body): the database's tests run it
+            continue
+        assert fingerprint(to_numbered(QUERIES[block.name])[0]) == before, block.name
+        compared += 1
+    assert compared >= 0.9 * len(QUERIES)
+    assert compact("SELECT 'a -- b',  \"c--d\" -- e\n  , /* f */ $x$ -- g  h $x$") == \
+        "SELECT 'a -- b', \"c--d\"\n, $x$ -- g  h $x$"
+
+
+def test_the_rounds_statements_fit_psycopgs_query_cache() -> None:
+    """psycopg converts a statement's placeholders once and caches it, but only for statements of 4 kB or
+    less; the worker runs its claim and settle once a round, so they must stay under that size."""
+    from psycopg._queries import MAX_CACHED_STATEMENT_LENGTH
+
+    for name in ("job_claim", "job_settle", "job_heartbeat", "llm_call_start", "llm_call_finish"):
+        assert len(QUERIES[name].encode()) <= MAX_CACHED_STATEMENT_LENGTH, name
