@@ -190,8 +190,8 @@ class Claimer:
     def unanswered(self, ask: ClaimAsk, exc: Exception) -> None:
         """The claim's transaction failed without a known outcome: a claim
         without an answer may have committed, and its jobs are searched for
-        (``adopt``). (A claim the server refused and rolled back to its
-        savepoint committed nothing: the round does not call this.)"""
+        (``adopt``). (A claim the server refused committed nothing, and its
+        stories were then settled alone: the round does not call this.)"""
         if ask.limit and db.is_transient(exc) and not isinstance(exc, PoolTimeout):
             # no answer, or not one the server sent: it may have committed,
             # and its jobs are ours, never begun. A backend the server

@@ -12,8 +12,9 @@ lightly:
   storable, a fixed error text); if even that is refused the job stays held
   and the write is retried with backoff, never the request;
 * a refused batch is taken apart, one end at a time, before one of them is
-  blamed; a claim sent with the stories runs behind a savepoint
-  (worker/store.py), so a claim's refusal is never a story's.
+  blamed; a claim the server refuses with the stories is rolled back
+  and the stories sent again alone (worker/pg_store.py), so a claim's
+  refusal is never a story's.
 """
 
 from __future__ import annotations

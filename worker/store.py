@@ -68,9 +68,9 @@ class WorkerStore(Protocol):
         still ours, stories stored; with a rate limit, the shared bucket gets
         back what their claims reserved and their calls did not use), then
         up to ``ask.limit`` pending jobs that the shared bucket covers claimed,
-        each with its first ledger row; one transaction, one commit. The
-        claim runs behind a savepoint: a claim the database refuses is rolled
-        back to it and the stories commit all the same (``claim_refused``).
+        each with its first ledger row; one transaction, one commit. A claim
+        the database refuses takes nothing with it: the stories commit all the
+        same, in a transaction of their own (``claim_refused``).
         Raised: the stories' refusal (nothing committed), or an error after
         which neither is known to have committed or not."""
         ...

@@ -1,6 +1,6 @@
 """statement_cost: the database's instructions per job in the worker's round
-(its written stories settled, then its claim behind a savepoint, one
-transaction), counted by valgrind's callgrind.
+(its written stories settled, then its claim, one transaction sent as
+one pipeline), counted by valgrind's callgrind.
 
 CPU time moves with whatever else a shared machine is doing; an instruction
 count does not (the same statements give the same count, to a fraction of a
@@ -159,7 +159,7 @@ async def _rounds(url: str, *, rounds: int, batch: int, limited: bool, story: st
         held: list[ClaimedJob] = []
         for _ in range(20 + rounds):
             # a round as the worker sends it: the written stories settled,
-            # then the claim behind a savepoint, one transaction
+            # then the claim, one transaction
             written = await store.settle_and_claim([_completion(job, story) for job in held], ClaimAsk(batch), limits)
             assert written.claimed is not None
             held = written.claimed.claimed

@@ -183,7 +183,7 @@ class RecordingStore:
                                limits: RateLimits) -> RoundWritten:
         """Recorded as a "settle" and a "claim" call, each with its faults, as
         the real transaction fails: a refused settle commits nothing; a
-        refused claim is rolled back to its savepoint and the stories commit;
+        refused claim rolls back and the stories commit alone;
         a lost answer comes after both committed."""
         settle_fault = self._enter("settle", list(completions)) if completions else None
         claim_fault = None

@@ -97,7 +97,7 @@ async def test_every_statement_runs_many_times_on_shared_server_connections(
                         job_id=job.id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="x",
                         call_outcome=LlmOutcome.FAILED, billed=True)])
                 else:
-                    # the round's one transaction: the story settled, a claim behind its savepoint, one pipeline
+                    # the round's one transaction: the story settled and a claim, one pipeline
                     store = worker_statements.store_on(c, worker_id=worker_id, provider="offline",
                                                        model="offline-writer")
                     written = await store.settle_and_claim([story_written(job.id)], ClaimAsk(0), NO_LIMITS)

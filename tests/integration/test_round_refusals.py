@@ -1,6 +1,6 @@
 """A claim the database refuses: the worker's stories, which were paid for
-and are settled first in the round's one transaction, the claim behind a
-savepoint, are never failed for it; and stories the database refuses take
+and are settled first in the round's one transaction, are never failed
+for it (they are sent again alone); and stories the database refuses take
 the claim sent with them back too."""
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_fo
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, limited: bool,
 ) -> None:
     """A round whose claim is refused while it carries a written story stores the story and completes its
-    job (the claim rolled back to its savepoint), never fails it as unstorable; claims resume once they are
+    job (the round rolled back, the story then settled alone), never fails it as unstorable; claims resume once they are
     taken."""
     client = await client_id_of(conn)
     await enqueue(conn, client, "the story that was paid for")

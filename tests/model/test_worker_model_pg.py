@@ -69,8 +69,8 @@ class FaultyStore:
     async def settle_and_claim(self, completions: Sequence[Completion], ask: ClaimAsk | None,
                                limits: RateLimits) -> RoundWritten:
         """Faults by part, as the real transaction fails: a refused settle
-        commits nothing; a refused claim is rolled back to its savepoint and
-        the stories commit; a lost answer comes after both committed."""
+        commits nothing; a refused claim rolls back and the stories commit
+        alone; a lost answer comes after both committed."""
         settle_fault = self._take("settle") if completions else None
         claim_fault = self._take("claim") if ask is not None else None
         if settle_fault is not None and not settle_fault[1]:

@@ -292,7 +292,7 @@ async def test_a_story_the_database_refuses_fails_its_job_and_not_the_others() -
 
 async def test_a_claim_the_database_refuses_never_fails_a_story_that_was_paid_for() -> None:
     """A claim refused for good in the round that settles a written story is not blamed on the story: the
-    claim is rolled back to its savepoint, the story settled before it commits and its job completes; the
+    claim rolls back, the story sent with it commits alone and its job completes; the
     next round claims."""
     store, clock, writer = RecordingStore(), FakeClock(), GatedWriter(open_all=True)
     store.add_pending(1)
