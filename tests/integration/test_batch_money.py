@@ -1,7 +1,8 @@
 """The batch lane's money on Postgres against the fake provider's batch
 endpoints: a job's charge follows what its ledger says, whatever ended it and
 whenever its result arrives; a holder paused past its lease changes nothing;
-a lost intent holds nothing back; two intents never reuse an attempt.
+a lost intent holds nothing back; two intents never reuse an attempt; an
+intent never waits for a job a cancel is ending.
 
 Each test also checks every charge and budget row against the ledger
 (tests/support/money.py), reckoned apart from the database's derivation."""
@@ -361,3 +362,35 @@ async def test_a_refusal_recorded_while_a_cancel_ends_its_job_leaves_the_job_cha
     assert await _charges(conn) == [("failed", "cancelled", Decimal(0))]
     assert await _spent(conn) == 0
     assert await money_problems(conn) == []
+
+
+async def test_an_intent_takes_the_jobs_behind_one_a_cancel_is_ending_never_waiting_for_it(
+    conn: Conn, database_url: str,
+) -> None:
+    """A cancel is ending the oldest waiting job (its row held until the cancel commits) when the lane makes an
+    intent: the intent neither waits for that job nor takes it; it takes the jobs behind it, and the cancel ends
+    its job charged nothing."""
+    client = await client_id_of(conn)
+    held = await enqueue_batch(conn, client, "a held wren", waited_s=7200.0)
+    for n in range(2):
+        await enqueue_batch(conn, client, f"a free wren {n}")
+    # the lane's store on a connection that waits at most a second for any lock
+    impatient = AsyncConnectionPool(database_url, kwargs={"autocommit": True, "options": "-c lock_timeout=1000"},
+                                    min_size=1, max_size=1, open=False)
+    canceller = await psycopg.AsyncConnection.connect(database_url)
+    async with impatient, canceller:
+        store = BatchStore(impatient)
+        taken = await store.lease_take("w-1", 60.0)
+        assert taken is not None
+        async with canceller.transaction():
+            assert await ApiStore(canceller).job_cancel(client_id=client, job_id=held) is not None
+            intent = await store.intent_create(Lease("w-1", taken.token), 60.0, max_requests=10,
+                                               model="claude-test", provider="anthropic")
+    assert intent is not None and len(intent.items) == 2
+    cur = await conn.execute("SELECT status::text, error_code, charged_usd, batch_id IS NOT NULL FROM story_jobs "
+                             "ORDER BY id")
+    assert await cur.fetchall() == [("failed", "cancelled", Decimal(0), False), ("running", None, None, True),
+                                    ("running", None, None, True)]
+    assert await count(conn, "SELECT request_count FROM message_batches") == 2
+    assert await money_problems(conn) == []
+
