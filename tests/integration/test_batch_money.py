@@ -18,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
 
 from api.store import ApiStore
 from shared.queries import QUERIES as Q
@@ -392,5 +393,49 @@ async def test_an_intent_takes_the_jobs_behind_one_a_cancel_is_ending_never_wait
     assert await cur.fetchall() == [("failed", "cancelled", Decimal(0), False), ("running", None, None, True),
                                     ("running", None, None, True)]
     assert await count(conn, "SELECT request_count FROM message_batches") == 2
+    assert await money_problems(conn) == []
+
+
+async def _lease_runs_out(pool: AsyncConnectionPool) -> None:
+    async with pool.connection() as c:
+        await c.execute("UPDATE batch_leases SET until = now() - interval '1 second'")
+
+
+class _LeaseRunsOutDuringTheCreate(BatchStore):
+    """The real store, whose lease has run out (once) when the create's answer
+    is recorded: a holder paused during its create call past its lease."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        super().__init__(pool)
+        self.ran_out = False
+
+    async def sent(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.ran_out:
+            self.ran_out = True
+            await _lease_runs_out(self._pool)
+        return await super().sent(*args, **kwargs)
+
+
+async def test_a_create_answered_after_the_lease_ran_out_is_logged_as_the_lease_lost_and_adopted_by_listing(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A holder's create is answered once its lease has run out: it records nothing and logs that the lease was
+    lost (what an operator reading the log learns), leaving the intent to the next holder, who adopts the batch by
+    listing; its story is stored, billed once."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a slow heron")
+    stale = _lane(pool, provider, "w-stale", store=_LeaseRunsOutDuringTheCreate(pool))
+    with capture_logs() as logs:
+        await stale.tick_once()
+    (lost,) = [e for e in logs if e["event"] == "batch.lease_lost"]
+    assert lost["provider_batch_id"] == fake.batches[0].id
+    assert not [e for e in logs if e["event"] == "batch.already_known"]
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
+    fresh = _lane(pool, provider, "w-fresh")
+    assert (await fresh.tick_once()).adopted == 1
+    fake.end_batch(fake.batches[0].id)
+    await fresh.tick_once()
+    assert [status for status, _, _ in await _charges(conn)] == ["completed"]
+    assert sorted(fake.bills_by_custom_id().values()) == [1]
     assert await money_problems(conn) == []
 
