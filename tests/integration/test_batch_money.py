@@ -439,3 +439,31 @@ async def test_a_create_answered_after_the_lease_ran_out_is_logged_as_the_lease_
     assert sorted(fake.bills_by_custom_id().values()) == [1]
     assert await money_problems(conn) == []
 
+
+class _LeaseRunsOutAfterTheIntent(BatchStore):
+    """The real store, whose lease runs out once its intent is committed: a
+    holder paused between its intent and its create call past its lease."""
+
+    async def intent_create(self, *args: Any, **kwargs: Any) -> Any:
+        intent = await super().intent_create(*args, **kwargs)
+        await _lease_runs_out(self._pool)
+        return intent
+
+
+async def test_an_intent_whose_lease_ran_out_before_its_create_is_closed_unbilled_and_its_jobs_wait_again(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A holder whose lease ran out between its intent and its create call (and which takes the lease again, under
+    a new token) sends nothing: the intent is closed as not sent, each ledger row not billed, and its jobs wait
+    for a later batch, however few attempts are allowed: a create never sent fails no job and charges nothing."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue_batch(conn, client, f"an unsent gull {n}")
+    lane = _lane(pool, provider, store=_LeaseRunsOutAfterTheIntent(pool))
+    assert (await lane.tick_once()).waiting == 3
+    assert fake.creates == []
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'refused'") == 1
+    assert await _attempts(conn) == [(1, "not_sent")] * 3
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
+                             "AND batch_ready_at IS NOT NULL") == 3
+    assert await money_problems(conn) == []
