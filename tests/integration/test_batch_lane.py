@@ -1,9 +1,10 @@
 """The batch lane on Postgres against the fake provider's batch endpoints,
 one tick at a time: a batch submitted, collected and ingested; each fault
 the provider can throw at it (a create whose answer is lost, with or
-without the batch made, a results stream cut halfway, errored, expired and
-canceled requests, a refused request); cancels; two would-be submitters.
-The fake's record of what it billed is how each test proves "billed once"."""
+without the batch made, a results stream cut halfway or leaving a request
+out, errored, expired and canceled requests, a refused request); cancels;
+two would-be submitters. The fake's record of what it billed is how each
+test proves "billed once"."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.support.database import (
     enqueue,
     enqueue_batch,
 )
+from tests.support.money import money_problems
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.lane import BatchLane
@@ -157,6 +159,29 @@ async def test_a_results_stream_cut_halfway_and_read_again_changes_nothing(
     assert (first.completed, second.completed) == (2, 2)
     assert await count(conn, "SELECT count(*) FROM stories") == 4
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE billed") == 4
+
+
+async def test_a_request_its_ended_batchs_results_leave_out_fails_charged_its_worst_case(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """An ended batch whose results stream names two of its three requests: those two are completed; the third,
+    which may have billed, gets its result all the same, of unknown outcome: its job fails as llm_error, its
+    ledger row billed at its worst case, which is the job's charge, and the batch is read."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue_batch(conn, client, f"a quiet heron numbered {n}")
+    fake.queue_items_for("numbered 1", ItemPlan(line=""))
+    lane = _lane(pool, provider)
+    await lane.tick_once()
+    fake.end_batch(fake.batches[0].id)
+    read = await lane.tick_once()
+    assert (read.completed, read.failed) == (2, 1)
+    assert await _jobs(conn) == [("completed", None, True), ("failed", "llm_error", False), ("completed", None, True)]
+    cur = await conn.execute("SELECT c.outcome::text, c.billed, c.worst_case_usd = j.charged_usd FROM llm_calls c "
+                             "JOIN story_jobs j ON j.id = c.job_id WHERE j.status = 'failed'")
+    assert await cur.fetchall() == [("interrupted", True, True)]
+    assert await count(conn, "SELECT count(*) FROM message_batch_items WHERE read_at IS NULL") == 0
+    assert await money_problems(conn) == []
 
 
 async def test_requests_that_billed_nothing_go_into_a_later_batch_until_their_attempts_run_out(

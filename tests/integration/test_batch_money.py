@@ -1,7 +1,8 @@
 """The batch lane's money on Postgres against the fake provider's batch
 endpoints: a job's charge follows what its ledger says, whatever ended it and
 whenever its result arrives; a holder paused past its lease changes nothing;
-a lost intent holds nothing back; two intents never reuse an attempt.
+a lost intent holds nothing back; two intents never reuse an attempt; an
+intent never waits for a job a cancel is ending.
 
 Each test also checks every charge and budget row against the ledger
 (tests/support/money.py), reckoned apart from the database's derivation."""
@@ -17,6 +18,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
 
 from api.store import ApiStore
 from shared.queries import QUERIES as Q
@@ -360,4 +362,108 @@ async def test_a_refusal_recorded_while_a_cancel_ends_its_job_leaves_the_job_cha
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE NOT billed") == 1
     assert await _charges(conn) == [("failed", "cancelled", Decimal(0))]
     assert await _spent(conn) == 0
+    assert await money_problems(conn) == []
+
+
+async def test_an_intent_takes_the_jobs_behind_one_a_cancel_is_ending_never_waiting_for_it(
+    conn: Conn, database_url: str,
+) -> None:
+    """A cancel is ending the oldest waiting job (its row held until the cancel commits) when the lane makes an
+    intent: the intent neither waits for that job nor takes it; it takes the jobs behind it, and the cancel ends
+    its job charged nothing."""
+    client = await client_id_of(conn)
+    held = await enqueue_batch(conn, client, "a held wren", waited_s=7200.0)
+    for n in range(2):
+        await enqueue_batch(conn, client, f"a free wren {n}")
+    # the lane's store on a connection that waits at most a second for any lock
+    impatient = AsyncConnectionPool(database_url, kwargs={"autocommit": True, "options": "-c lock_timeout=1000"},
+                                    min_size=1, max_size=1, open=False)
+    canceller = await psycopg.AsyncConnection.connect(database_url)
+    async with impatient, canceller:
+        store = BatchStore(impatient)
+        taken = await store.lease_take("w-1", 60.0)
+        assert taken is not None
+        async with canceller.transaction():
+            assert await ApiStore(canceller).job_cancel(client_id=client, job_id=held) is not None
+            intent = await store.intent_create(Lease("w-1", taken.token), 60.0, max_requests=10,
+                                               model="claude-test", provider="anthropic")
+    assert intent is not None and len(intent.items) == 2
+    cur = await conn.execute("SELECT status::text, error_code, charged_usd, batch_id IS NOT NULL FROM story_jobs "
+                             "ORDER BY id")
+    assert await cur.fetchall() == [("failed", "cancelled", Decimal(0), False), ("running", None, None, True),
+                                    ("running", None, None, True)]
+    assert await count(conn, "SELECT request_count FROM message_batches") == 2
+    assert await money_problems(conn) == []
+
+
+async def _lease_runs_out(pool: AsyncConnectionPool) -> None:
+    async with pool.connection() as c:
+        await c.execute("UPDATE batch_leases SET until = now() - interval '1 second'")
+
+
+class _LeaseRunsOutDuringTheCreate(BatchStore):
+    """The real store, whose lease has run out (once) when the create's answer
+    is recorded: a holder paused during its create call past its lease."""
+
+    def __init__(self, pool: AsyncConnectionPool) -> None:
+        super().__init__(pool)
+        self.ran_out = False
+
+    async def sent(self, *args: Any, **kwargs: Any) -> Any:
+        if not self.ran_out:
+            self.ran_out = True
+            await _lease_runs_out(self._pool)
+        return await super().sent(*args, **kwargs)
+
+
+async def test_a_create_answered_after_the_lease_ran_out_is_logged_as_the_lease_lost_and_adopted_by_listing(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A holder's create is answered once its lease has run out: it records nothing and logs that the lease was
+    lost (what an operator reading the log learns), leaving the intent to the next holder, who adopts the batch by
+    listing; its story is stored, billed once."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a slow heron")
+    stale = _lane(pool, provider, "w-stale", store=_LeaseRunsOutDuringTheCreate(pool))
+    with capture_logs() as logs:
+        await stale.tick_once()
+    (lost,) = [e for e in logs if e["event"] == "batch.lease_lost"]
+    assert lost["provider_batch_id"] == fake.batches[0].id
+    assert not [e for e in logs if e["event"] == "batch.already_known"]
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
+    fresh = _lane(pool, provider, "w-fresh")
+    assert (await fresh.tick_once()).adopted == 1
+    fake.end_batch(fake.batches[0].id)
+    await fresh.tick_once()
+    assert [status for status, _, _ in await _charges(conn)] == ["completed"]
+    assert sorted(fake.bills_by_custom_id().values()) == [1]
+    assert await money_problems(conn) == []
+
+
+class _LeaseRunsOutAfterTheIntent(BatchStore):
+    """The real store, whose lease runs out once its intent is committed: a
+    holder paused between its intent and its create call past its lease."""
+
+    async def intent_create(self, *args: Any, **kwargs: Any) -> Any:
+        intent = await super().intent_create(*args, **kwargs)
+        await _lease_runs_out(self._pool)
+        return intent
+
+
+async def test_an_intent_whose_lease_ran_out_before_its_create_is_closed_unbilled_and_its_jobs_wait_again(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A holder whose lease ran out between its intent and its create call (and which takes the lease again, under
+    a new token) sends nothing: the intent is closed as not sent, each ledger row not billed, and its jobs wait
+    for a later batch, however few attempts are allowed: a create never sent fails no job and charges nothing."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue_batch(conn, client, f"an unsent gull {n}")
+    lane = _lane(pool, provider, store=_LeaseRunsOutAfterTheIntent(pool))
+    assert (await lane.tick_once()).waiting == 3
+    assert fake.creates == []
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'refused'") == 1
+    assert await _attempts(conn) == [(1, "not_sent")] * 3
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
+                             "AND batch_ready_at IS NOT NULL") == 3
     assert await money_problems(conn) == []

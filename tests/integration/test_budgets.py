@@ -1,16 +1,20 @@
 """Spend budgets on a real Postgres: admission reserves worst cases under the
 admission lock, and every way a job ends turns its reservation into what it
-cost, exactly once."""
+cost, exactly once; a story refused for the budget is told to retry when the
+budget's day ends."""
 
 from __future__ import annotations
 
 import asyncio
+import math
 import uuid
+from datetime import UTC, datetime, time, timedelta
 from decimal import Decimal
 from typing import Any
 
 import psycopg
 import pytest
+from psycopg_pool import AsyncConnectionPool
 
 from api.admission import admission
 from api.store import ApiStore
@@ -20,6 +24,7 @@ from shared.status import ErrorCode, LlmOutcome
 from shared.story_request import StoryRequest
 from sweeper.store import PgSweeperStore
 from tests.support import worker_statements
+from tests.support.api_client import api_client, assert_problem, new_key
 from tests.support.database import client_id_of
 from worker.pg_store import PgWorkerStore
 from worker.rows import Completion, Failure
@@ -163,3 +168,25 @@ async def test_a_worker_store_fails_jobs_and_gives_back_their_tokens(
         cur = await conn.execute("SELECT output_tokens FROM llm_rate_buckets")
         row = await cur.fetchone()
         assert row is not None and row[0] == pytest.approx(10_000, abs=1)
+
+
+async def _seconds_to_midnight_utc(conn: psycopg.AsyncConnection[Any]) -> float:
+    """How long until the UTC day ends, by the database's clock."""
+    (now,) = await (await conn.execute("SELECT now()")).fetchone() or (None,)
+    assert isinstance(now, datetime)
+    midnight = datetime.combine(now.astimezone(UTC).date() + timedelta(days=1), time(), tzinfo=UTC)
+    return (midnight - now).total_seconds()
+
+
+async def test_a_story_over_the_budget_is_told_to_retry_at_midnight_utc_by_the_databases_clock(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, api_key: str,
+) -> None:
+    """A POST refused for the spend budget answers 429 budget-exhausted with Retry-After the seconds left until
+    the budget's day ends, midnight UTC by the database's clock, rounded up: neither sooner, when the budget
+    still has no room, nor later."""
+    async with api_client(pool, api_key, budget_usd_per_day=Decimal("0.000001")) as client:
+        before = await _seconds_to_midnight_utc(conn)
+        answer = await client.post("/stories/generate", json={"prompt": "a fox"}, headers=new_key())
+        after = await _seconds_to_midnight_utc(conn)
+    assert assert_problem(answer, 429)["type"] == "/problems/budget-exhausted"
+    assert math.ceil(after) <= int(answer.headers["retry-after"]) <= math.ceil(before)

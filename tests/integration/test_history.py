@@ -228,6 +228,23 @@ async def test_a_pass_after_an_outage_fills_the_minutes_the_sweeper_missed(
     assert await cur.fetchone() == (2, Decimal("0.040000"), 121)
 
 
+async def test_a_pass_after_an_outage_fills_the_minutes_missed_since_a_rollup_from_before_migration_24(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """The last pass, by a sweeper from before migration 024 (its rows without jobs_from_id), wrote two days ago:
+    the next pass recounts from that minute, not only the last 25 hours, so every minute since holds its jobs, one
+    finished 30 hours ago among them."""
+    acme, _ = await seed.client(conn, "acme")
+    await seed.insert_jobs(conn, [seed.completed(acme, 30 * 3600), seed.completed(acme, 60)])
+    await conn.execute("INSERT INTO minute_rollup (minute, completed) "
+                       "VALUES (date_trunc('minute', now()) - interval '2 days', 0)")
+    await PgSweeperStore(conn).record_minutes(sweeper_settings(sweeper_interval_s=30.0), pending=0, running=0)
+    # no minute missing between the one two days ago and now's
+    cur = await conn.execute("SELECT sum(completed), count(*) = extract(epoch FROM max(minute) - min(minute)) / 60 + 1 "
+                             "FROM minute_rollup")
+    assert await cur.fetchone() == (2, True)
+
+
 async def test_a_snapshot_held_open_shows_its_age_in_the_gauges_and_a_warning_in_the_console(
     conn: psycopg.AsyncConnection[Any], database_url: str, pool: AsyncConnectionPool,
 ) -> None:

@@ -62,7 +62,12 @@ class Submitter:
         renewed = await self._store.lease_take(fence.holder, lease_s)
         if renewed is None or renewed.token != fence.token:
             log.warning("batch.lease_lost_before_create", batch=intent.id)
-            answer = await self._store.refused(fence, intent.id, outcome="not_sent", error_code="llm_unavailable",
+            if renewed is None:
+                # another holder's now: the refusal, fenced, would change nothing
+                return
+            # taken again under a new token: the intent, never sent, closed under it
+            answer = await self._store.refused(Lease(fence.holder, renewed.token), intent.id, outcome="not_sent",
+                                               error_code="llm_unavailable",
                                                error_text="the lane lost its lease before the batch was sent",
                                                max_attempts=self.settings.batch_max_attempts + len(requests))
             result.waiting += answer.waiting
