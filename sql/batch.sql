@@ -154,13 +154,22 @@ SELECT EXISTS (SELECT 1 FROM sent) AS sent, (SELECT id FROM known) AS known_as,
 -- as errored, and its jobs wait for a later batch, or fail unbilled
 -- (%(error_code)s) once they have had %(max_attempts)s attempts
 -- (batch_attempts_unbilled, migration 019).
+--
+-- Fenced by the lease, but for one write: the holder that made an intent
+-- closes it as never sent (%(outcome)s 'not_sent') with or without the
+-- lease. What it knows about its own create cannot be stale, and the
+-- intent's state is the fence (a loss the next holder declared, or a batch
+-- it adopted, moved it first); otherwise a holder whose lease ran out
+-- before its create would leave the intent to be declared lost, its jobs
+-- failed at their worst case for a batch that was never sent.
 WITH lease AS MATERIALIZED (
     SELECT batch_lease_held(%(holder)s, %(token)s) AS held
 ),
 refused AS MATERIALIZED (
     UPDATE message_batches b SET state = 'refused', ended_at = now()
     FROM lease
-    WHERE lease.held AND b.id = %(batch_id)s AND b.state = 'intent'
+    WHERE (lease.held OR (%(outcome)s = 'not_sent' AND b.holder = %(holder)s))
+      AND b.id = %(batch_id)s AND b.state = 'intent'
     RETURNING b.id
 ),
 items_read AS MATERIALIZED (

@@ -450,6 +450,56 @@ class _LeaseRunsOutAfterTheIntent(BatchStore):
         return intent
 
 
+class _LeaseTakenByAnotherAfterTheIntent(BatchStore):
+    """The real store, whose lease runs out once its intent is committed and
+    is taken by another holder before this one tries to renew it."""
+
+    async def intent_create(self, *args: Any, **kwargs: Any) -> Any:
+        intent = await super().intent_create(*args, **kwargs)
+        await _lease_runs_out(self._pool)
+        assert await BatchStore(self._pool).lease_take("w-other", 60.0) is not None
+        return intent
+
+
+async def test_an_intent_never_sent_is_closed_unbilled_by_its_maker_while_another_holds_the_lease(
+    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+) -> None:
+    """A holder whose lease another holder took between its intent and its create call sends nothing, and closes
+    the intent it made as not sent all the same: nothing billed, its jobs wait for a later batch. Left as an
+    intent, the next holder would declare it lost and fail its jobs at their worst case for a batch never sent."""
+    client = await client_id_of(conn)
+    for n in range(2):
+        await enqueue_batch(conn, client, f"an unsent tern {n}")
+    lane = _lane(pool, provider, "w-1", store=_LeaseTakenByAnotherAfterTheIntent(pool))
+    assert (await lane.tick_once()).waiting == 2
+    assert fake.creates == []
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'refused'") == 1
+    assert await _attempts(conn) == [(1, "not_sent")] * 2
+    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
+                             "AND batch_ready_at IS NOT NULL") == 2
+    assert await money_problems(conn) == []
+
+
+async def test_only_the_holder_that_made_an_intent_closes_it_as_never_sent_without_the_lease(
+    conn: Conn, pool: AsyncConnectionPool,
+) -> None:
+    """Another holder, which does not hold the lease, cannot close an intent it did not make as never sent: it
+    cannot know whether the create was sent, and only a loss declared under the lease may end such an intent."""
+    client = await client_id_of(conn)
+    await enqueue_batch(conn, client, "a heron in the reeds")
+    store = BatchStore(pool)
+    taken = await store.lease_take("w-1", 60.0)
+    assert taken is not None
+    intent = await store.intent_create(Lease("w-1", taken.token), 60.0, max_requests=10, model="m", provider="p")
+    assert intent is not None
+    await _lease_runs_out(pool)
+    answer = await store.refused(Lease("w-2", taken.token + 1), intent.id, outcome="not_sent",
+                                 error_code="llm_unavailable", error_text="x", max_attempts=3)
+    assert answer.refused == 0
+    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'intent'") == 1
+    assert await _attempts(conn) == [(1, "started")]
+
+
 async def test_an_intent_whose_lease_ran_out_before_its_create_is_closed_unbilled_and_its_jobs_wait_again(
     conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
 ) -> None:

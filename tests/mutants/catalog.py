@@ -348,6 +348,16 @@ MUTANTS: tuple[Mutant, ...] = (
                "tests/model/test_batch_lane_model_pg.py"),
     ),
     Mutant(
+        name="never-sent-closed-by-any-holder",
+        invariant="only the holder that made an intent may close it as never sent without the lease",
+        tier="integration",
+        file="sql/batch.sql",
+        edits=(("    WHERE (lease.held OR (%(outcome)s = 'not_sent' AND b.holder = %(holder)s))\n",
+                "    WHERE (lease.held OR %(outcome)s = 'not_sent')\n"),),
+        tests=("tests/integration/test_batch_money.py::"
+               "test_only_the_holder_that_made_an_intent_closes_it_as_never_sent_without_the_lease",),
+    ),
+    Mutant(
         name="loss-declared-without-the-lease",
         invariant="a holder paused past its lease declares no intent lost: the new holder reconciles it",
         tier="model",

@@ -62,11 +62,9 @@ class Submitter:
         renewed = await self._store.lease_take(fence.holder, lease_s)
         if renewed is None or renewed.token != fence.token:
             log.warning("batch.lease_lost_before_create", batch=intent.id)
-            if renewed is None:
-                # another holder's now: the refusal, fenced, would change nothing
-                return
-            # taken again under a new token: the intent, never sent, closed under it
-            answer = await self._store.refused(Lease(fence.holder, renewed.token), intent.id, outcome="not_sent",
+            # the intent, never sent, closed by the holder that made it,
+            # whoever holds the lease now (sql/batch.sql, batch_refused)
+            answer = await self._store.refused(fence, intent.id, outcome="not_sent",
                                                error_code="llm_unavailable",
                                                error_text="the lane lost its lease before the batch was sent",
                                                max_attempts=self.settings.batch_max_attempts + len(requests))
