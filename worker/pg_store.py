@@ -156,7 +156,7 @@ async def _settle_then_claim(conn: Conn, settle: tuple[str, dict[str, Any]],
     it, or neither. When the server refuses the claim, the stories are sent
     again alone: nothing the claim does wrong is blamed on a story that was
     paid for. (A savepoint between them did the same in the one transaction,
-    at four more statements a round, half the round's cost on the client.)"""
+    at four more statements a round, a quarter of its cost on the client.)"""
     # each statement's cursor made before it is sent: which of them the
     # server answered tells, after an error, which one it refused
     settled, claimed = conn.cursor(), conn.cursor()
