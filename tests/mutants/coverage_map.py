@@ -59,13 +59,16 @@ class CoverageMap:
     def tests_of_statement(self, name: str) -> list[str]:
         return self._passing(self.statements.get(name, []))
 
-    def tests_of_line(self, file: str, line: int) -> list[str]:
-        """The tests that ran the line; for a line run only at import (a
-        signature, a class body, a constant), every test that ran the module."""
+    def tests_of_line(self, file: str, line: int, *, at_import: bool = False) -> list[str]:
+        """The tests that ran the line; for a line run at import (a
+        signature, a class body, a constant), every test that ran the module:
+        which test an import is counted to is an accident (the first to
+        import it in its process, a test that starts a process), not a sign
+        of which tests read what the line made."""
         lines = self.lines.get(file, {})
         if line not in lines:
             return []
-        if lines[line]:
+        if lines[line] and not at_import:
             return self._passing(lines[line])
         return self._passing([test for tests in lines.values() for test in tests])
 

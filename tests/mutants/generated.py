@@ -19,6 +19,7 @@ run with its diff.
 from __future__ import annotations
 
 import argparse
+import ast
 import hashlib
 import json
 import os
@@ -161,7 +162,18 @@ def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list
 def covering_tests(mutant: GeneratedMutant, cmap: coverage_map.CoverageMap) -> list[str]:
     if isinstance(mutant, sql_mutants.SqlMutant):
         return cmap.tests_of_statement(mutant.statement)
-    return cmap.tests_of_line(mutant.file, mutant.line)
+    return cmap.tests_of_line(mutant.file, mutant.line, at_import=runs_at_import(mutant.original, mutant.line))
+
+
+def runs_at_import(source: str, line: int) -> bool:
+    """Whether the line runs when its module is imported: outside every
+    function's body (module and class level, signatures, decorators)."""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            body = node.body if isinstance(node.body, list) else [node.body]
+            if body[0].lineno <= line <= (node.end_lineno or body[-1].lineno):
+                return False
+    return True
 
 
 def tests_hash(root: Path, tests: list[str]) -> str:

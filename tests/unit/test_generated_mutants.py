@@ -76,3 +76,21 @@ def test_a_line_run_only_at_import_is_covered_by_every_test_that_ran_its_module(
     assert cmap.tests_of_line("worker/ends.py", 10) == ["t::a"]
     assert cmap.tests_of_line("worker/ends.py", 99) == []
     assert cmap.tests_of_line("worker/held.py", 3) == []
+
+
+def test_a_line_run_at_import_is_covered_by_every_test_of_its_module_whichever_test_imported_it() -> None:
+    """The test an import is counted to is an accident (the first to import the module in its process, or one that
+    starts a process): a mutant of a constant, a class body or a signature runs every test of its module, one in a
+    function's body only the tests that ran that line."""
+    source = ("LIMIT = 5 * 60.0\n"
+              "\n"
+              "class Row:\n"
+              "    frozen = True\n"
+              "\n"
+              "def wait(after: float = LIMIT) -> float:\n"
+              "    return after * 2\n")
+    assert [generated.runs_at_import(source, line) for line in (1, 4, 6, 7)] == [True, True, True, False]
+    cmap = CoverageMap(lines={"worker/ends.py": {1: ["t::imported_first"], 7: ["t::waits"]}},
+                       durations={"t::imported_first": 1.0, "t::waits": 2.0})
+    assert cmap.tests_of_line("worker/ends.py", 1, at_import=True) == ["t::imported_first", "t::waits"]
+    assert cmap.tests_of_line("worker/ends.py", 7) == ["t::waits"]
