@@ -461,25 +461,6 @@ class _LeaseTakenByAnotherAfterTheIntent(BatchStore):
         return intent
 
 
-async def test_an_intent_never_sent_is_closed_unbilled_by_its_maker_while_another_holds_the_lease(
-    conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
-) -> None:
-    """A holder whose lease another holder took between its intent and its create call sends nothing, and closes
-    the intent it made as not sent all the same: nothing billed, its jobs wait for a later batch. Left as an
-    intent, the next holder would declare it lost and fail its jobs at their worst case for a batch never sent."""
-    client = await client_id_of(conn)
-    for n in range(2):
-        await enqueue_batch(conn, client, f"an unsent tern {n}")
-    lane = _lane(pool, provider, "w-1", store=_LeaseTakenByAnotherAfterTheIntent(pool))
-    assert (await lane.tick_once()).waiting == 2
-    assert fake.creates == []
-    assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'refused'") == 1
-    assert await _attempts(conn) == [(1, "not_sent")] * 2
-    assert await count(conn, "SELECT count(*) FROM story_jobs WHERE status = 'running' "
-                             "AND batch_ready_at IS NOT NULL") == 2
-    assert await money_problems(conn) == []
-
-
 async def test_only_the_holder_that_made_an_intent_closes_it_as_never_sent_without_the_lease(
     conn: Conn, pool: AsyncConnectionPool,
 ) -> None:
@@ -500,16 +481,21 @@ async def test_only_the_holder_that_made_an_intent_closes_it_as_never_sent_witho
     assert await _attempts(conn) == [(1, "started")]
 
 
+@pytest.mark.parametrize("store_class", [_LeaseRunsOutAfterTheIntent, _LeaseTakenByAnotherAfterTheIntent],
+                         ids=["lease-taken-again", "lease-taken-by-another"])
 async def test_an_intent_whose_lease_ran_out_before_its_create_is_closed_unbilled_and_its_jobs_wait_again(
     conn: Conn, pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
+    store_class: type[BatchStore],
 ) -> None:
-    """A holder whose lease ran out between its intent and its create call (and which takes the lease again, under
-    a new token) sends nothing: the intent is closed as not sent, each ledger row not billed, and its jobs wait
-    for a later batch, however few attempts are allowed: a create never sent fails no job and charges nothing."""
+    """A holder whose lease ran out between its intent and its create call sends nothing, whether it takes the
+    lease again under a new token or another holder took it: the intent it made is closed as not sent, each ledger
+    row not billed, and its jobs wait for a later batch, however few attempts are allowed: a create never sent
+    fails no job and charges nothing. (Left as an intent, the next holder would declare it lost and fail its jobs
+    at their worst case.)"""
     client = await client_id_of(conn)
     for n in range(3):
         await enqueue_batch(conn, client, f"an unsent gull {n}")
-    lane = _lane(pool, provider, store=_LeaseRunsOutAfterTheIntent(pool))
+    lane = _lane(pool, provider, store=store_class(pool))
     assert (await lane.tick_once()).waiting == 3
     assert fake.creates == []
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'refused'") == 1
