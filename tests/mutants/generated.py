@@ -366,7 +366,7 @@ def main_all(args: argparse.Namespace) -> int:
         # whatever the population's other changes did to a fresh draw
         recorded = json.loads((REPORT / "results.json").read_text())
         args.seed = recorded["seed"]
-        keys = {m["key"] for m in recorded["mutants"]}
+        keys = {m["key"] for m in recorded["mutants"] if not args.files or m["file"] in args.files}
         sample = [m for m in eligible if m.key in keys]
         gone = len(keys) - len(sample)
         if gone:
