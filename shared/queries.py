@@ -49,16 +49,15 @@ def compact(statement: str) -> str:
     for match in _TOKEN.finditer(statement):
         text = statement[done:match.start()]
         done = match.end()
-        if text or match.group("keep") is not None:
-            parts.extend((gap, text) if text else (gap,))
-            gap = ""
         if match.group("keep") is not None:
-            parts.append(match.group(0))
-        elif match.group("space") is not None and "\n" in match.group(0):
-            gap = "\n"
-        else:
-            gap = gap or " "
-    parts.extend((gap, statement[done:]) if statement[done:] else ())
+            parts += [gap, text, match.group(0)]
+            gap = ""
+            continue
+        if text:
+            parts += [gap, text]
+            gap = ""
+        gap = "\n" if match.group("space") is not None and "\n" in match.group(0) else gap or " "
+    parts += [gap, statement[done:]]
     return "".join(parts).strip()
 
 
