@@ -442,23 +442,21 @@ async def test_a_create_answered_after_the_lease_ran_out_is_logged_as_the_lease_
 
 class _LeaseRunsOutAfterTheIntent(BatchStore):
     """The real store, whose lease runs out once its intent is committed: a
-    holder paused between its intent and its create call past its lease."""
+    holder paused between its intent and its create call past its lease;
+    taken meanwhile by ``taken_by`` when set."""
+
+    taken_by: str | None = None
 
     async def intent_create(self, *args: Any, **kwargs: Any) -> Any:
         intent = await super().intent_create(*args, **kwargs)
         await _lease_runs_out(self._pool)
+        if self.taken_by is not None:
+            assert await BatchStore(self._pool).lease_take(self.taken_by, 60.0) is not None
         return intent
 
 
-class _LeaseTakenByAnotherAfterTheIntent(BatchStore):
-    """The real store, whose lease runs out once its intent is committed and
-    is taken by another holder before this one tries to renew it."""
-
-    async def intent_create(self, *args: Any, **kwargs: Any) -> Any:
-        intent = await super().intent_create(*args, **kwargs)
-        await _lease_runs_out(self._pool)
-        assert await BatchStore(self._pool).lease_take("w-other", 60.0) is not None
-        return intent
+class _LeaseTakenByAnotherAfterTheIntent(_LeaseRunsOutAfterTheIntent):
+    taken_by = "w-other"
 
 
 async def test_only_the_holder_that_made_an_intent_closes_it_as_never_sent_without_the_lease(
