@@ -94,3 +94,38 @@ def test_a_line_run_at_import_is_covered_by_every_test_of_its_module_whichever_t
                        durations={"t::imported_first": 1.0, "t::waits": 2.0})
     assert cmap.tests_of_line("worker/ends.py", 1, at_import=True) == ["t::imported_first", "t::waits"]
     assert cmap.tests_of_line("worker/ends.py", 7) == ["t::waits"]
+
+
+def test_recorded_tests_renamed_or_merged_since_the_report_run_as_they_are_named_today() -> None:
+    collected = {
+        "tests/integration/test_a.py::test_kept",
+        "tests/integration/test_a.py::test_merged[by-another]",
+        "tests/integration/test_a.py::test_merged[taken-again]",
+        "tests/integration/test_a.py::test_now_plain",
+        "tests/integration/test_b.py::test_other",
+        "tests/integration/test_c.py::test_one",
+        "tests/integration/test_c.py::test_two",
+    }
+    recorded = [
+        "tests/integration/test_a.py::test_kept",
+        "tests/integration/test_a.py::test_merged",
+        "tests/integration/test_a.py::test_now_plain[x]",
+        "tests/integration/test_c.py::test_renamed",
+        "tests/integration/test_c.py::test_one",
+        "tests/integration/test_gone.py::test_any",
+    ]
+    assert generated.tests_now(recorded, collected) == [
+        "tests/integration/test_a.py::test_kept",
+        "tests/integration/test_a.py::test_merged[by-another]",
+        "tests/integration/test_a.py::test_merged[taken-again]",
+        "tests/integration/test_a.py::test_now_plain",
+        "tests/integration/test_c.py",
+    ]
+    # in the recorded order: the first to fail ends the run
+    assert generated.tests_now(list(reversed(recorded)), collected) == [
+        "tests/integration/test_c.py",
+        "tests/integration/test_a.py::test_now_plain",
+        "tests/integration/test_a.py::test_merged[by-another]",
+        "tests/integration/test_a.py::test_merged[taken-again]",
+        "tests/integration/test_a.py::test_kept",
+    ]
