@@ -18,9 +18,11 @@ run: install
 	$(BIN)/python -m tools.devrun
 
 # the whole suite on a real Postgres (TEST_DATABASE_URL, else Docker, else
-# embedded), in two processes: most of its time is spent waiting on processes
+# embedded), in two processes: most of its time is spent waiting on processes.
+# worksteal: a process that runs out of tests takes the other's last ones,
+# so a few long system tests queued on one side do not end the run alone
 test: install
-	$(BIN)/python -m pytest -n 2
+	$(BIN)/python -m pytest -n 2 --dist worksteal
 
 # the named mutants (tests/mutants/catalog.py), each in a scratch copy
 # against the tests that should kill it; fails if one survives

@@ -133,7 +133,11 @@ def test_the_parents_page_and_the_console_load_offline_and_keep_keys_for_the_tab
     assert console.page.evaluate("[sessionStorage.getItem('storyjobs.operatorKey'), localStorage.length]") == [
         operator_key, 0]
     console.page.goto(api.base_url + "/ops/#/clients")
+    # the clients' rows render above the log: clicked before they land, the
+    # click can meet the row that moved under it instead of the summary
+    expect(console.page.locator("#clients-rows tr", has_text="acme")).to_be_visible(timeout=WAIT_MS)
     console.page.click("#actions-log summary")
+    expect(console.page.locator("#actions-log")).to_have_attribute("open", "")
     row = console.page.locator("#actions-rows tr").first
     expect(row).to_contain_text("client_keys_revoke", timeout=WAIT_MS)
     expect(row).to_contain_text(f"ada ({keys.prefix_of(operator_key)})")
