@@ -78,6 +78,13 @@ class StoryRequestBody(MsgspecDTO[StoryRequest]):
         return schema_creator.for_field_definition(FieldDefinition.from_annotation(StoryRequest))
 
 
+def budget_retry_after(day_ends_in_s: float) -> int:
+    """After a budget 429: whole seconds until the budget resets at midnight
+    UTC, rounded up so that a retry never lands before it; at least 1, since 0
+    would ask for a retry at once."""
+    return max(1, math.ceil(day_ends_in_s))
+
+
 def _invalid_body(field: str, message: str) -> ProblemError:
     return ProblemError(400, "Invalid request", f"{field}: {message}",
                         errors=[FieldError(field=field, message=message)], reason="invalid_request")
@@ -191,7 +198,7 @@ async def _enqueue(api_state: ApiState, api_key: ApiKey, key: str, data: StoryRe
         raise ProblemError(429, "Budget exhausted",
                            f"{which} has no room for this story's worst case; nothing was stored, retry "
                            "with the same key after the budget resets at midnight UTC",
-                           headers={_RETRY_AFTER: str(max(1, math.ceil(result.day_ends_in_s)))},
+                           headers={_RETRY_AFTER: str(budget_retry_after(result.day_ends_in_s))},
                            reason=result.outcome, type=BUDGET_EXHAUSTED)
     if result.outcome in ("batch_queue_full", "client_batch_queue_full"):
         which = "the batch queue" if result.outcome == "batch_queue_full" else "your batch queue"

@@ -14,6 +14,7 @@ from litestar.params import JSONBody
 from structlog.testing import capture_logs
 
 from api import pacing
+from api.enqueue import budget_retry_after
 from api.problems import EXCEPTION_HANDLERS
 from api.rows import DrainStats
 from shared.config import ApiSettings, ConfigError
@@ -106,6 +107,18 @@ def test_a_full_queue_asks_to_retry_after_the_queue_should_take_its_next_job(
     job's expected end, one slot's share of a run when it is overdue, else the last minute's claims), 5 s when
     nothing is measured."""
     assert pacing.queue_full_retry_after(stats) == seconds
+
+
+@pytest.mark.parametrize(
+    ("day_ends_in_s", "seconds"),
+    [(86_399.2, 86_400), (3_600.0, 3_600), (1.2, 2), (1.0, 1), (0.4, 1), (0.0, 1)],
+)
+def test_a_spent_budget_asks_to_retry_at_midnight_utc_and_in_its_last_second_after_one(
+    day_ends_in_s: float, seconds: int
+) -> None:
+    """Retry-After after a budget 429 is the seconds to midnight UTC rounded up, never before the reset and
+    never 0: in the day's last second, 1."""
+    assert budget_retry_after(day_ends_in_s) == seconds
 
 
 @pytest.mark.parametrize(
