@@ -350,13 +350,12 @@ def _score(counts: Counter[str]) -> str:
 
 
 def write_report(outcomes: list[Outcome], sizes: dict[str, int], *, seed: str, seconds: float,
-                 cmap: coverage_map.CoverageMap | None, folder: Path = REPORT) -> str:
+                 map_seconds: float | None, map_test_files: list[str] | None, folder: Path = REPORT) -> str:
     folder.mkdir(parents=True, exist_ok=True)
     summary = table(outcomes, sizes)
     (folder / "results.json").write_text(json.dumps(
         {"seed": seed, "seconds": round(seconds), "population": sizes,
-         "map_seconds": cmap.seconds if cmap else None,
-         "map_test_files": cmap.test_files if cmap else None,
+         "map_seconds": map_seconds, "map_test_files": map_test_files,
          "mutants": [asdict(o) for o in sorted(outcomes, key=lambda o: (o.file, o.key))]},
         indent=1, sort_keys=True) + "\n")
     lines = [f"# Generated mutants: seed {seed}, {len(outcomes)} sampled, {seconds:.0f} s\n",
@@ -393,10 +392,13 @@ def main_all(args: argparse.Namespace) -> int:
     eligible = [m for m in every if m.file in SQL_FILES or m.file in py_mutants.MODULES]
     if args.files:
         eligible = [m for m in eligible if m.file in args.files]
+    kept: list[Outcome] = []
     if args.again:
         # the report's sample once more, after new tests: the same mutants,
         # whatever the population's other changes did to a fresh draw
         recorded = json.loads((REPORT / "results.json").read_text())
+        # over some files, the report keeps its other files' verdicts
+        kept = [Outcome(**m) for m in recorded["mutants"] if args.files and m["file"] not in args.files]
         args.seed = recorded["seed"]
         keys = {m["key"] for m in recorded["mutants"] if not args.files or m["file"] in args.files}
         sample = [m for m in eligible if m.key in keys]
@@ -414,7 +416,13 @@ def main_all(args: argparse.Namespace) -> int:
                      f"{'built in' if built else 'cached, built in'} {cmap.seconds:.0f} s; "
                      f"{len(cmap.durations)} tests passed unmutated, {len(cmap.failed)} failed (left out)\n")
     outcomes = run_sample(sample, cmap, jobs=args.jobs)
-    summary = write_report(outcomes, sizes, seed=args.seed, seconds=time.monotonic() - started, cmap=cmap)
+    if kept:
+        # a run over some files does not say how long the whole sample takes
+        summary = write_report(outcomes + kept, sizes, seed=args.seed, seconds=recorded["seconds"],
+                               map_seconds=recorded["map_seconds"], map_test_files=recorded["map_test_files"])
+    else:
+        summary = write_report(outcomes, sizes, seed=args.seed, seconds=time.monotonic() - started,
+                               map_seconds=cmap.seconds, map_test_files=cmap.test_files)
     sys.stdout.write(summary)
     sys.stdout.write(f"report: {REPORT.relative_to(REPO)}/README.md; {time.monotonic() - started:.0f} s\n")
     bad = [o for o in outcomes if o.verdict not in ("killed", "equivalent")]
