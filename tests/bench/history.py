@@ -56,7 +56,6 @@ from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
-from tests.bench import private_postgres
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -66,7 +65,7 @@ from tests.bench.harness import (
     FigureSpec,
     percentile,
 )
-from tests.support import postgres_server, worker_statements
+from tests.support import postgres_server, private_postgres, worker_statements
 from worker.rows import ClaimedJob, Completion
 
 NAME = "history"

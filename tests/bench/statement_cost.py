@@ -36,7 +36,6 @@ from api.store import ApiStore
 from shared import db
 from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.webhooks import EVENTS, new_secret
-from tests.bench import private_postgres
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -44,7 +43,7 @@ from tests.bench.harness import (
     BenchResult,
     FigureSpec,
 )
-from tests.support import postgres_server, worker_statements
+from tests.support import postgres_server, private_postgres, worker_statements
 from tests.support.waiting import wait_until_sync
 from worker.pg_store import PgWorkerStore
 from worker.rows import ClaimedJob, Completion

@@ -6,6 +6,7 @@ pass; and what holds VACUUM back (an open snapshot) is seen and warned of."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 from datetime import UTC, datetime, timedelta
@@ -22,10 +23,12 @@ from api.store import ApiStore
 from shared import db, migrate, store
 from shared.console_stats import snapshot_warning
 from shared.queries import QUERIES
+from shared.rows import SnapshotAges
 from sweeper import metrics as sweeper_metrics
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import ops_seed as seed
+from tests.support import postgres_server, private_postgres
 from tests.support.api_client import api_client
 from tests.support.pgbouncer import PgBouncer
 from tests.support.settings import sweeper_settings
@@ -290,6 +293,44 @@ async def test_without_pg_monitor_the_snapshot_ages_are_unknown(conn: psycopg.As
     finally:
         await conn.execute("RESET ROLE")
         await conn.execute(sql.SQL("DROP ROLE {}").format(sql.Identifier(role)))
+
+
+def test_the_oldest_transaction_counts_a_prepared_transaction_of_this_database_and_none_of_another() -> None:
+    """A prepared transaction holds VACUUM back until it is committed or rolled back, with no session open: the
+    oldest transaction's age counts this database's and not another database's. Prepared transactions are off
+    by default (max_prepared_transactions = 0), so this runs on a private server that allows them."""
+    bindirs = private_postgres.server_bindirs()
+    if not bindirs:
+        pytest.skip("no Postgres server binaries (initdb) on this machine")
+    with private_postgres.private_server(bindirs[0], settings={"max_prepared_transactions": "2"},
+                                         what="a Postgres that allows prepared transactions") as server:
+        ours = postgres_server.create_migrated_database(server.url, "storyjobs")
+        elsewhere = postgres_server.create_migrated_database(server.url, "elsewhere")
+
+        def prepare(url: str, name: str) -> None:
+            with psycopg.connect(url, autocommit=True) as held:
+                held.execute("BEGIN")
+                held.execute("SELECT pg_current_xact_id()")
+                held.execute(sql.SQL("PREPARE TRANSACTION {}").format(sql.Literal(name)))
+
+        async def ages() -> SnapshotAges:
+            async with await psycopg.AsyncConnection.connect(ours, autocommit=True) as conn:
+                return await store.database_snapshot_ages(conn)
+
+        prepare(elsewhere, "elsewhere")
+        try:
+            assert asyncio.run(ages()).oldest_transaction_age_s is None
+            prepare(ours, "ours")
+            try:
+                age = asyncio.run(ages()).oldest_transaction_age_s
+                assert age is not None and 0 <= age < 60
+            finally:
+                with psycopg.connect(ours, autocommit=True) as conn:
+                    conn.execute("ROLLBACK PREPARED 'ours'")
+            assert asyncio.run(ages()).oldest_transaction_age_s is None
+        finally:
+            with psycopg.connect(elsewhere, autocommit=True) as conn:
+                conn.execute("ROLLBACK PREPARED 'elsewhere'")
 
 
 async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_key(

@@ -1,7 +1,8 @@
-"""A private Postgres for a benchmark that must control the server itself
-(statement_cost runs it under callgrind; history wants autovacuum on and JIT
-available, as operators run it): initdb in a temporary folder, a free port,
-started as the postgres user when we are root, stopped and removed after."""
+"""A private Postgres for a benchmark or a test that must control the server
+itself (statement_cost runs it under callgrind; history wants autovacuum on
+and JIT available, as operators run it; a test needs prepared transactions,
+off by default): initdb in a temporary folder, a free port, started as the
+postgres user when we are root, stopped and removed after."""
 
 from __future__ import annotations
 
