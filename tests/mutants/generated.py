@@ -150,8 +150,9 @@ def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list
             patterns.add(rf"\b{re.escape(dotted)}\b")
             patterns.add(rf"from {re.escape(package)} import [^\n]*\b{re.escape(module)}\b")
     found = {name for name, text in texts.items() if any(re.search(p, text) for p in patterns)}
-    if "sql/api.sql" in files:
-        # the api's statements run behind its routes, which its tests call by URL
+    if "sql/api.sql" in files or any(file.startswith("api/") for file in files):
+        # the api's statements and handlers run behind its routes, which its
+        # tests call by URL
         found.update(name for name in texts if name.startswith("tests/integration/test_api_"))
     for named in MUTANTS:
         if named.file in files:
