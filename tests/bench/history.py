@@ -25,6 +25,8 @@ for the claim that follows), then, in turn:
   connection set up as a worker's: mean of each;
 * the console's endpoints (overview, workers, clients, a week's history, the
   jobs list's first page): p50 and p99;
+* the clients screen's counts over yesterday, a whole UTC day (the screen
+  reads today, which holds as much only late in the day): p50 and p99;
 * `storyjobs stats` in-process (a connection, the same reads): median;
 * a sweeper pass with nothing to prune: median;
 * admission after an ANALYZE taken while 2,000 jobs waited (then drained
@@ -44,6 +46,7 @@ import statistics
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
 
@@ -52,8 +55,10 @@ import psycopg
 
 from shared import db, keys
 from shared.config import SweeperSettings
+from shared.console_store import ConsoleStore
 from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
+from shared.store import job_id_bounds
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.bench.harness import (
@@ -87,6 +92,8 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("settle_mean_ms", "the settle statement, one job, mean", "ms"),
     *[(f"{name}_{p}_ms", f"GET {path}{' ' + str(params) if params else ''}, {p}", "ms")
       for name, (path, params) in CONSOLE.items() for p in ("p50", "p99")],
+    ("clients_whole_day_p50_ms", "the clients screen's counts of a whole UTC day (yesterday's), p50", "ms"),
+    ("clients_whole_day_p99_ms", "the clients screen's counts of a whole UTC day (yesterday's), p99", "ms"),
     ("stats_ms", "`storyjobs stats` (connect and read), median", "ms"),
     ("sweep_ms", "a sweeper pass, nothing to prune, median", "ms"),
     ("post_after_backlog_p50_ms", "POST after an ANALYZE taken under a 2,000-job backlog, p50", "ms"),
@@ -326,6 +333,10 @@ def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: i
             _percentiles(figures, name, _alternating(lambda state, path=path, params=params: _timed(  # type: ignore[misc]
                 lambda: clients[state].get(path, params=params, headers=_bearer(made[state].operator)),
                 max(1, console_requests // BLOCKS), warmup=2)))
+        # the clients screen reads today, which holds more jobs the later it is: over yesterday, its
+        # statement reads what it reads at the end of a day, whatever the hour the bench runs
+        _percentiles(figures, "clients_whole_day", _alternating(lambda state: asyncio.run(
+            _clients_whole_day(urls[state], max(1, console_requests // BLOCKS)))))
         for state, measured in _alternating(lambda state: asyncio.run(_stats(urls[state], 2))).items():
             figures[state]["stats_ms"] = statistics.median(measured)
         for state, measured in _alternating(lambda state: asyncio.run(_sweeps(urls[state], 1))).items():
@@ -504,6 +515,22 @@ async def _claim_and_settle(url: str, rounds: int) -> list[tuple[str, float]]:
             if not held:
                 raise RuntimeError("the claim found no pending job: post more jobs than rounds")
     return timed
+
+
+async def _clients_whole_day(url: str, count: int, *, warmup: int = 2) -> list[float]:
+    """The clients screen's counts of a day (each client's jobs and failures) over yesterday, UTC, as the
+    console reads today's: from the day's first id."""
+    day_start = datetime.now(UTC).replace(hour=0, minute=0, second=0, microsecond=0) - timedelta(days=1)
+    measured = []
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as conn:
+        bounds = await job_id_bounds(conn, created_after=day_start, created_before=None)
+        clients = ConsoleStore(conn).clients
+        for n in range(warmup + count):
+            started = time.perf_counter()
+            await clients.ops_client_today(from_id=bounds.lo_id, day_start=day_start)
+            if n >= warmup:
+                measured.append((time.perf_counter() - started) * 1000)
+    return measured
 
 
 async def _stats(url: str, count: int) -> list[float]:
