@@ -412,13 +412,20 @@ writers AS (
 SELECT DISTINCT provider FROM writers ORDER BY provider;
 
 -- name: ops_client_today
--- Each client's jobs created today (UTC), ids from %(from_id)s up, and its
--- failures among them (cancellations aside), for the clients screen.
-SELECT client_id, count(*) AS jobs,
-       count(*) FILTER (WHERE status = 'failed' AND error_code IS DISTINCT FROM 'cancelled') AS failed
-FROM story_jobs
-WHERE id >= %(from_id)s AND created_at >= %(day_start)s
-GROUP BY client_id;
+-- Each client's jobs created on the UTC day that starts at %(day_start)s, as
+-- their inserts counted them (client_days, migration 026), and its failures
+-- among them (cancellations aside), ids from %(from_id)s up, on the failed
+-- jobs' own index: what is read is the day's failures, not the day's jobs.
+SELECT d.client_id, d.jobs, coalesce(f.failed, 0) AS failed
+FROM client_days d
+LEFT JOIN (
+    SELECT j.client_id, count(*) AS failed
+    FROM story_jobs j
+    WHERE j.status = 'failed' AND j.error_code IS DISTINCT FROM 'cancelled'
+      AND j.id >= %(from_id)s AND j.created_at >= %(day_start)s
+    GROUP BY j.client_id
+) f ON f.client_id = d.client_id
+WHERE d.day = budget_day(%(day_start)s);
 
 -- name: ops_workers
 -- The workers seen in the last hour: those holding running jobs (with their

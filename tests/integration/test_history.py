@@ -336,9 +336,10 @@ def test_the_oldest_transaction_counts_a_prepared_transaction_of_this_database_a
 async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_key(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
-    """With 60,000 finished jobs over a month, the overview, the clients' today and the rollup reach jobs only
-    through the primary key from the id that job_id_bounds found for their window; the history reads the
-    rollup alone (eight days of minutes at most, whatever the jobs)."""
+    """With 60,000 finished jobs over a month, the overview and the rollup reach jobs only through the primary
+    key from the id that job_id_bounds found for their window, and the clients' today through the failed jobs'
+    index from that id (the day's jobs are counted as they are made); the history reads the rollup alone
+    (eight days of minutes at most, whatever the jobs)."""
     await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 10) g")
     await conn.execute(
         "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
@@ -368,7 +369,8 @@ async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_k
             assert {n.get("Relation Name") for n in nodes} - {None} == {"minute_rollup"}
             continue
         assert not [n for n in nodes if n["Node Type"] == "Seq Scan" and n.get("Relation Name") == "story_jobs"], query
-        by_id = [n for n in nodes if n.get("Index Name") == "story_jobs_pkey" and "id >=" in n.get("Index Cond", "")]
+        index = "story_jobs_failed_idx" if query == "ops_client_today" else "story_jobs_pkey"
+        by_id = [n for n in nodes if n.get("Index Name") == index and "id >=" in n.get("Index Cond", "")]
         assert by_id, (query, [(n["Node Type"], n.get("Index Name")) for n in nodes])
 
 
@@ -482,3 +484,60 @@ async def test_a_rollup_from_before_migration_25_is_recounted_for_the_day_and_re
     assert await cur.fetchone() == (True, 2)
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
+
+
+async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_each_one_after(
+    server_url: str,
+) -> None:
+    """Migration 026 counts each client's jobs made today before it (and none of yesterday's, nor of earlier
+    days), found from the day's first id; every job inserted after it is counted by its trigger, a statement of
+    many jobs of several clients and days at once included."""
+    name = f"storyjobs_clients_today_{os.getpid()}"
+    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        async with await psycopg.AsyncConnection.connect(postgres_server.with_dbname(server_url, name),
+                                                         autocommit=True) as conn:
+            await store.schema_migrations_create(conn)
+            for migration in migrate.migrations():
+                if migration.name == "clients_today":
+                    break
+                await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
+                                                   ddl=migration.ddl)
+            await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 4) g")
+            # three days of jobs, oldest first as admissions make them: every 7 minutes, client by turn
+            await conn.execute(
+                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+                "created_at) SELECT 1 + g % 4, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+                "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '2 days' "
+                "+ g * interval '7 minutes' FROM generate_series(0, 1000) g "
+                "WHERE g * interval '7 minutes' < now() - (date_trunc('day', now() AT TIME ZONE 'UTC') "
+                "AT TIME ZONE 'UTC' - interval '2 days')")
+
+            async def by_day(table: str) -> dict[tuple[Any, int], int]:
+                query = ("SELECT day, client_id, jobs FROM client_days" if table == "client_days" else
+                         "SELECT budget_day(created_at), client_id, count(*) FROM story_jobs GROUP BY 1, 2")
+                cur = await conn.execute(query)
+                return {(day, client): jobs for day, client, jobs in await cur.fetchall()}
+
+            cur = await conn.execute("SELECT budget_day(now())")
+            today = (await cur.fetchone() or [None])[0]
+            made = await by_day("story_jobs")
+            migration = next(m for m in migrate.migrations() if m.name == "clients_today")
+            await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
+                                               ddl=migration.ddl)
+            assert await by_day("client_days") == {k: v for k, v in made.items() if k[0] == today}
+            await conn.execute(
+                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+                "created_at) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+                "now() - (g % 2) * interval '3 days' FROM generate_series(1, 50) g")
+            after = await by_day("story_jobs")
+            inserted = {k: after[k] - made.get(k, 0) for k in after if after[k] != made.get(k, 0)}
+            assert {k[0] for k in inserted} > {today}, "the later jobs span today and an earlier day"
+            before_today = {k: v for k, v in made.items() if k[0] == today}
+            assert await by_day("client_days") == {
+                k: before_today.get(k, 0) + inserted.get(k, 0) for k in before_today.keys() | inserted.keys()}
+    finally:
+        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
+            await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))

@@ -7,6 +7,7 @@ from __future__ import annotations
 import itertools
 import random
 import uuid
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -599,3 +600,63 @@ async def test_an_operator_sets_a_clients_weight_and_the_list_shows_it(
     assert before == {"acme": 1, "globex": 1} and after == {"acme": 4, "globex": 1}
     (event,) = [e for e in logs if e["event"] == "ops.client_weight_set"]
     assert (event["client_id"], event["weight"], event["operator"]) == (acme, 4, "ada")
+
+
+async def test_the_clients_screen_counts_each_clients_jobs_made_today_and_its_failures_among_them(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """Each client's jobs created today (UTC), however they were made (admitted through the api or written as
+    history), and its failures among them (cancellations aside; yesterday's left out), are what a count of the
+    jobs themselves says, before and after an operator cancels one and a job of today fails."""
+    acme, acme_key = await seed.client(conn, "acme")
+    globex, _ = await seed.client(conn, "globex")
+    await seed.client(conn, "initech")
+    cur = await conn.execute("SELECT extract(epoch FROM now() - (date_trunc('day', now() AT TIME ZONE 'UTC') "
+                             "AT TIME ZONE 'UTC'))::float8")
+    row = await cur.fetchone()
+    assert row is not None
+    today_s: float = row[0]
+    jobs = []
+    for n in range(30):
+        owner = acme if n % 3 else globex
+        # ten of them today, in its first nine tenths; the others yesterday, before its last hour
+        created = today_s * (n + 1) / 11 if n < 10 else today_s + 3600 * (n - 8)
+        made = (seed.failed(owner, 0, "cancelled" if n % 4 == 1 else "llm_error") if n % 2
+                else seed.completed(owner, 0) if n % 5 else seed.running(owner, 0))
+        jobs.append(replace(made, created_ago_s=created, started_ago_s=None if made.started_ago_s is None
+                            else created * 0.9, completed_ago_s=None if made.completed_ago_s is None
+                            else created * 0.8))
+    pending = seed.pending(globex, today_s / 20)
+    await seed.insert_jobs(conn, [*jobs, pending])
+    async with api_client(pool, acme_key) as client:
+        for n in range(3):
+            posted = await client.post("/stories/generate", json={"prompt": f"a fox {n}"},
+                                       headers=new_key())
+            assert posted.status_code == 202, posted.text
+
+    async def screen() -> dict[int, tuple[int, int]]:
+        async with api_client(pool, await seed.operator_key(conn)) as client:
+            listed = (await client.get(f"{OPS}/clients")).json()["clients"]
+        return {c["client_id"]: (c["today"]["jobs"], c["today"]["failed"]) for c in listed}
+
+    async def counted() -> dict[int, tuple[int, int]]:
+        cur = await conn.execute(
+            "SELECT c.id, count(j.id)::int, (count(j.id) FILTER (WHERE j.status = 'failed' "
+            "AND j.error_code IS DISTINCT FROM 'cancelled'))::int FROM api_clients c LEFT JOIN story_jobs j "
+            "ON j.client_id = c.id AND j.created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
+            "GROUP BY c.id")
+        return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
+
+    before = await counted()
+    assert await screen() == before
+    assert before[acme][0] == 9 and before[globex][0] == 5 and before[acme][1] + before[globex][1] > 0
+    assert sum(jobs for jobs, _ in before.values()) < await count(conn, "SELECT count(*) FROM story_jobs")
+    async with api_client(pool, await seed.operator_key(conn)) as client:
+        cancelled = await client.post(f"{OPS}/jobs/{pending.public_id}/cancel")
+        assert cancelled.status_code == 200, cancelled.text
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'llm_error', completed_at = now() "
+                       "WHERE client_id = %s AND status = 'running' AND created_at >= date_trunc('day', now() "
+                       "AT TIME ZONE 'UTC') AT TIME ZONE 'UTC'", (globex,))
+    after = await counted()
+    assert after != before
+    assert await screen() == after

@@ -32,6 +32,7 @@ STATEMENTS: dict[str, dict[str, Any]] = {
     "budget_days_today": {"now": None},
     "llm_rate_bucket_list": _LIMITS,
     "ops_overview": {"day_from_id": 1},
+    "ops_client_today": {"from_id": 1, "day_start": datetime(2026, 1, 1, tzinfo=UTC)},
     "job_queue_gauges": {"now": None},
 }
 
