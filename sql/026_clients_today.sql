@@ -7,9 +7,10 @@
 -- day of jobs read for every look, 190 ms at 330,000 jobs a day. A trigger
 -- counts them as they are inserted instead, once per statement (an
 -- admission's batch is one row per client here), so that every way a job is
--- made is counted and none can forget to. Only admissions insert jobs, and
--- they run one at a time under their advisory lock (job_admission_lock), so
--- these rows are never waited for. A row a day per client that made a job:
+-- made is counted and none can forget to. In the services only admissions
+-- insert jobs, and they run one at a time under their advisory lock
+-- (job_admission_lock), so these rows are never waited for. A row a day per
+-- client that made a job:
 -- 365,000 a year for 1,000 clients, a few tens of megabytes; kept like the
 -- budgets' days.
 CREATE TABLE client_days (
@@ -58,10 +59,12 @@ BEGIN
             hi := mid;
         END IF;
     END LOOP;
+    -- each job on its own day: a migration that waited past midnight for
+    -- its lock has counted the new day's first jobs too
     INSERT INTO client_days (day, client_id, jobs)
-    SELECT budget_day(day_start), j.client_id, count(*) FROM story_jobs j
+    SELECT budget_day(j.created_at), j.client_id, count(*) FROM story_jobs j
     WHERE j.id >= lo AND j.created_at >= day_start
-    GROUP BY j.client_id;
+    GROUP BY 1, 2;
 END
 $$;
 

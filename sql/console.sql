@@ -416,16 +416,20 @@ SELECT DISTINCT provider FROM writers ORDER BY provider;
 -- their inserts counted them (client_days, migration 026), and its failures
 -- among them (cancellations aside), ids from %(from_id)s up, on the failed
 -- jobs' own index: what is read is the day's failures, not the day's jobs.
-SELECT d.client_id, d.jobs, coalesce(f.failed, 0) AS failed
-FROM client_days d
-LEFT JOIN (
+-- The day's start comes from the api's clock: the failures are bounded to
+-- the same day as the counts, and a client's failures are never dropped for
+-- want of its count.
+SELECT coalesce(d.client_id, f.client_id) AS client_id, coalesce(d.jobs, 0) AS jobs,
+       coalesce(f.failed, 0) AS failed
+FROM (SELECT client_id, jobs FROM client_days WHERE day = budget_day(%(day_start)s)) d
+FULL JOIN (
     SELECT j.client_id, count(*) AS failed
     FROM story_jobs j
     WHERE j.status = 'failed' AND j.error_code IS DISTINCT FROM 'cancelled'
       AND j.id >= %(from_id)s AND j.created_at >= %(day_start)s
+      AND j.created_at < %(day_start)s::timestamptz + interval '1 day'
     GROUP BY j.client_id
-) f ON f.client_id = d.client_id
-WHERE d.day = budget_day(%(day_start)s);
+) f ON f.client_id = d.client_id;
 
 -- name: ops_workers
 -- The workers seen in the last hour: those holding running jobs (with their

@@ -344,7 +344,8 @@ async def test_every_read_of_the_jobs_by_time_reads_an_id_range_on_the_primary_k
     await conn.execute(
         "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
         "completed_at, created_at) SELECT 1 + g % 10, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', "
-        "'cancelled', now() - (60000 - g) * interval '43 seconds', now() - (60000 - g) * interval '43 seconds' "
+        "CASE WHEN g % 20 = 0 THEN 'llm_error' ELSE 'cancelled' END, now() - (60000 - g) * interval '43 seconds', "
+        "now() - (60000 - g) * interval '43 seconds' "
         "FROM generate_series(1, 60000) g")
     await conn.execute("INSERT INTO minute_rollup (minute) SELECT generate_series(date_trunc('minute', now()) "
                        "- interval '8 days', date_trunc('minute', now()), interval '1 minute')")
@@ -490,8 +491,9 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
     server_url: str,
 ) -> None:
     """Migration 026 counts each client's jobs made today before it (and none of yesterday's, nor of earlier
-    days), found from the day's first id; every job inserted after it is counted by its trigger, a statement of
-    many jobs of several clients and days at once included."""
+    days), found from the day's first id, each on its own day (the next day's first jobs too, which a migration
+    that waited past midnight for its lock finds); every job inserted after it is counted by its trigger, a
+    statement of many jobs of several clients and days at once included."""
     name = f"storyjobs_clients_today_{os.getpid()}"
     async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
         await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
@@ -521,13 +523,21 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
                 cur = await conn.execute(query)
                 return {(day, client): jobs for day, client, jobs in await cur.fetchall()}
 
+            # and jobs of the next day's first minutes, as a migration whose transaction began before
+            # midnight finds once it has its lock after it: each is counted on its own day
+            await conn.execute(
+                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+                "created_at) SELECT 1 + g % 2, 'next' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+                "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '1 day' + g * interval "
+                "'1 minute' FROM generate_series(1, 3) g")
             cur = await conn.execute("SELECT budget_day(now())")
             today = (await cur.fetchone() or [None])[0]
             made = await by_day("story_jobs")
             migration = next(m for m in migrate.migrations() if m.name == "clients_today")
             await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
                                                ddl=migration.ddl)
-            assert await by_day("client_days") == {k: v for k, v in made.items() if k[0] == today}
+            assert await by_day("client_days") == {k: v for k, v in made.items() if k[0] >= today}
+            assert {k[0] for k in made} > {today}
             await conn.execute(
                 "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
                 "created_at) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
@@ -535,7 +545,7 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
             after = await by_day("story_jobs")
             inserted = {k: after[k] - made.get(k, 0) for k in after if after[k] != made.get(k, 0)}
             assert {k[0] for k in inserted} > {today}, "the later jobs span today and an earlier day"
-            before_today = {k: v for k, v in made.items() if k[0] == today}
+            before_today = {k: v for k, v in made.items() if k[0] >= today}
             assert await by_day("client_days") == {
                 k: before_today.get(k, 0) + inserted.get(k, 0) for k in before_today.keys() | inserted.keys()}
     finally:

@@ -627,7 +627,10 @@ async def test_the_clients_screen_counts_each_clients_jobs_made_today_and_its_fa
                             else created * 0.9, completed_ago_s=None if made.completed_ago_s is None
                             else created * 0.8))
     pending = seed.pending(globex, today_s / 20)
-    await seed.insert_jobs(conn, [*jobs, pending])
+    # a failure of tomorrow's first minute (a clock ahead), counted on neither side of today
+    tomorrow = replace(seed.failed(acme, 0, "llm_error"), created_ago_s=today_s - 86_460, started_ago_s=None,
+                       completed_ago_s=today_s - 86_470)
+    await seed.insert_jobs(conn, [*jobs, pending, tomorrow])
     async with api_client(pool, acme_key) as client:
         for n in range(3):
             posted = await client.post("/stories/generate", json={"prompt": f"a fox {n}"},
@@ -643,8 +646,7 @@ async def test_the_clients_screen_counts_each_clients_jobs_made_today_and_its_fa
         cur = await conn.execute(
             "SELECT c.id, count(j.id)::int, (count(j.id) FILTER (WHERE j.status = 'failed' "
             "AND j.error_code IS DISTINCT FROM 'cancelled'))::int FROM api_clients c LEFT JOIN story_jobs j "
-            "ON j.client_id = c.id AND j.created_at >= date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' "
-            "GROUP BY c.id")
+            "ON j.client_id = c.id AND budget_day(j.created_at) = budget_day(now()) GROUP BY c.id")
         return {row[0]: (row[1], row[2]) for row in await cur.fetchall()}
 
     before = await counted()
