@@ -151,9 +151,10 @@ def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list
             patterns.add(rf"from {re.escape(package)} import [^\n]*\b{re.escape(module)}\b")
     found = {name for name, text in texts.items() if any(re.search(p, text) for p in patterns)}
     if "sql/api.sql" in files or any(file.startswith("api/") for file in files):
-        # the api's statements and handlers run behind its routes, which its
-        # tests call by URL
-        found.update(name for name in texts if name.startswith("tests/integration/test_api_"))
+        # the api's statements and handlers run behind its routes, which
+        # tests call by URL without importing them
+        found.update(name for name, text in texts.items()
+                     if name.startswith("tests/integration/test_api_") or '"/stories/' in text)
     for named in MUTANTS:
         if named.file in files:
             found.update(test.split("::", 1)[0] for test in named.tests)
@@ -184,6 +185,11 @@ def collected_tests(root: Path, files: Iterable[str]) -> set[str]:
         return set()
     listed = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider",
                              *present], cwd=root, capture_output=True, text=True, check=False)
+    # 5: nothing collected; anything else but 0 is a file that does not
+    # import, which must be said, not taken for tests that are gone
+    if listed.returncode not in (0, 5):
+        raise RuntimeError(f"pytest could not collect the recorded tests' files:\n{listed.stdout[-2000:]}"
+                           f"{listed.stderr[-2000:]}")
     return {line for line in listed.stdout.splitlines() if "::" in line}
 
 
@@ -398,8 +404,11 @@ def main_all(args: argparse.Namespace) -> int:
         # the report's sample once more, after new tests: the same mutants,
         # whatever the population's other changes did to a fresh draw
         recorded = json.loads((REPORT / "results.json").read_text())
-        # over some files, the report keeps its other files' verdicts
-        kept = [Outcome(**m) for m in recorded["mutants"] if args.files and m["file"] not in args.files]
+        # over some files, the report keeps its other files' verdicts, of
+        # the mutants still made from the code
+        made = {m.key for m in every}
+        kept = [Outcome(**m) for m in recorded["mutants"]
+                if args.files and m["file"] not in args.files and m["key"] in made]
         args.seed = recorded["seed"]
         keys = {m["key"] for m in recorded["mutants"] if not args.files or m["file"] in args.files}
         sample = [m for m in eligible if m.key in keys]
@@ -471,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample", type=int, default=400, help="mutants sampled (default 400)")
     parser.add_argument("--seed", default=None, help="the sample's seed (default: 'mutants-all', or the commit with --ci)")
     parser.add_argument("--jobs", type=int, default=2, help="mutants run at once, each in a copy of its own")
-    parser.add_argument("--files", nargs="*", help="only these files' mutants")
+    parser.add_argument("--files", nargs="*", help="with --again: only these files' mutants")
     parser.add_argument("--ci", action="store_true", help="a few verified mutants chosen by the commit")
     parser.add_argument("--again", action="store_true", help="the report's sample again (after new tests)")
     parser.add_argument("--population", action="store_true", help="print the population per file and operator")
@@ -485,6 +494,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.ci:
         args.seed = args.seed or commit_seed()
         return main_ci(args)
+    if args.files and not args.again:
+        # a fresh sample of a few files would replace the whole report
+        parser.error("--files runs the report's sample again over those files: give --again too")
     args.seed = args.seed or "mutants-all"
     return main_all(args)
 
