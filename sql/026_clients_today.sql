@@ -10,9 +10,8 @@
 -- made is counted and none can forget to. In the services only admissions
 -- insert jobs, and they run one at a time under their advisory lock
 -- (job_admission_lock), so these rows are never waited for. A row a day per
--- client that made a job:
--- 365,000 a year for 1,000 clients, a few tens of megabytes; kept like the
--- budgets' days.
+-- client that made a job: 365,000 a year for 1,000 clients, a few tens of
+-- megabytes; kept like the budgets' days.
 CREATE TABLE client_days (
     day        date NOT NULL,
     client_id  bigint NOT NULL,
