@@ -12,9 +12,9 @@ from typing import Any
 import psycopg
 import pytest
 
-from shared import migrate, store
+from shared import migrate
 from tests.support.money import money_problems
-from tests.support.postgres_server import with_dbname
+from tests.support.postgres_server import database_migrated_before
 
 NAME = "money_follows_the_ledger"
 
@@ -22,22 +22,8 @@ NAME = "money_follows_the_ledger"
 @pytest.fixture
 async def before(server_url: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
     """A database migrated up to the version before the charges' derivation."""
-    name = "storyjobs_charge_migration"
-    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
-        await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
-        await admin.execute(f"CREATE DATABASE {name}")
-    try:
-        async with await psycopg.AsyncConnection.connect(with_dbname(server_url, name), autocommit=True) as conn:
-            await store.schema_migrations_create(conn)
-            for migration in migrate.migrations():
-                if migration.name == NAME:
-                    break
-                await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
-                                                   ddl=migration.ddl)
-            yield conn
-    finally:
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
-            await admin.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    async with database_migrated_before(server_url, "storyjobs_charge_migration", NAME) as conn:
+        yield conn
 
 
 async def _job(conn: psycopg.AsyncConnection[Any], key: str, *, lane: str, status: str, error_code: str | None,

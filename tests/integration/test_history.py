@@ -494,60 +494,44 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
     days), found from the day's first id, each on its own day (the next day's first jobs too, which a migration
     that waited past midnight for its lock finds); every job inserted after it is counted by its trigger, a
     statement of many jobs of several clients and days at once included."""
-    name = f"storyjobs_clients_today_{os.getpid()}"
-    async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
-        await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-        await admin.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
-    try:
-        async with await psycopg.AsyncConnection.connect(postgres_server.with_dbname(server_url, name),
-                                                         autocommit=True) as conn:
-            await store.schema_migrations_create(conn)
-            for migration in migrate.migrations():
-                if migration.name == "clients_today":
-                    break
-                await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
-                                                   ddl=migration.ddl)
-            await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 4) g")
-            # three days of jobs, oldest first as admissions make them: every 7 minutes, client by turn
-            await conn.execute(
-                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
-                "created_at) SELECT 1 + g % 4, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
-                "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '2 days' "
-                "+ g * interval '7 minutes' FROM generate_series(0, 1000) g "
-                "WHERE g * interval '7 minutes' < now() - (date_trunc('day', now() AT TIME ZONE 'UTC') "
-                "AT TIME ZONE 'UTC' - interval '2 days')")
+    async with postgres_server.database_migrated_before(server_url, f"storyjobs_clients_today_{os.getpid()}",
+                                                        "clients_today") as conn:
+        await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 4) g")
+        # three days of jobs, oldest first as admissions make them: every 7 minutes, client by turn
+        await conn.execute(
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+            "created_at) SELECT 1 + g % 4, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+            "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' - interval '2 days' "
+            "+ g * interval '7 minutes' FROM generate_series(0, 1000) g "
+            "WHERE g * interval '7 minutes' < now() - (date_trunc('day', now() AT TIME ZONE 'UTC') "
+            "AT TIME ZONE 'UTC' - interval '2 days')")
 
-            async def by_day(table: str) -> dict[tuple[Any, int], int]:
-                query = ("SELECT day, client_id, jobs FROM client_days" if table == "client_days" else
-                         "SELECT budget_day(created_at), client_id, count(*) FROM story_jobs GROUP BY 1, 2")
-                cur = await conn.execute(query)
-                return {(day, client): jobs for day, client, jobs in await cur.fetchall()}
+        async def by_day(table: str) -> dict[tuple[Any, int], int]:
+            query = ("SELECT day, client_id, jobs FROM client_days" if table == "client_days" else
+                     "SELECT budget_day(created_at), client_id, count(*) FROM story_jobs GROUP BY 1, 2")
+            cur = await conn.execute(query)
+            return {(day, client): jobs for day, client, jobs in await cur.fetchall()}
 
-            # and jobs of the next day's first minutes, as a migration whose transaction began before
-            # midnight finds once it has its lock after it: each is counted on its own day
-            await conn.execute(
-                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
-                "created_at) SELECT 1 + g % 2, 'next' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
-                "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '1 day' + g * interval "
-                "'1 minute' FROM generate_series(1, 3) g")
-            cur = await conn.execute("SELECT budget_day(now())")
-            today = (await cur.fetchone() or [None])[0]
-            made = await by_day("story_jobs")
-            migration = next(m for m in migrate.migrations() if m.name == "clients_today")
-            await store.schema_migration_apply(conn, version=migration.version, name=migration.name,
-                                               ddl=migration.ddl)
-            assert await by_day("client_days") == {k: v for k, v in made.items() if k[0] >= today}
-            assert {k[0] for k in made} > {today}
-            await conn.execute(
-                "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
-                "created_at) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
-                "now() - (g % 2) * interval '3 days' FROM generate_series(1, 50) g")
-            after = await by_day("story_jobs")
-            inserted = {k: after[k] - made.get(k, 0) for k in after if after[k] != made.get(k, 0)}
-            assert {k[0] for k in inserted} > {today}, "the later jobs span today and an earlier day"
-            before_today = {k: v for k, v in made.items() if k[0] >= today}
-            assert await by_day("client_days") == {
-                k: before_today.get(k, 0) + inserted.get(k, 0) for k in before_today.keys() | inserted.keys()}
-    finally:
-        async with await psycopg.AsyncConnection.connect(server_url, autocommit=True) as admin:
-            await admin.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
+        # and jobs of the next day's first minutes, as a migration whose transaction began before
+        # midnight finds once it has its lock after it: each is counted on its own day
+        await conn.execute(
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+            "created_at) SELECT 1 + g % 2, 'next' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+            "date_trunc('day', now() AT TIME ZONE 'UTC') AT TIME ZONE 'UTC' + interval '1 day' + g * interval "
+            "'1 minute' FROM generate_series(1, 3) g")
+        cur = await conn.execute("SELECT budget_day(now())")
+        today = (await cur.fetchone() or [None])[0]
+        made = await by_day("story_jobs")
+        await migrate.migrate(conn)
+        assert await by_day("client_days") == {k: v for k, v in made.items() if k[0] >= today}
+        assert {k[0] for k in made} > {today}
+        await conn.execute(
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
+            "created_at) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+            "now() - (g % 2) * interval '3 days' FROM generate_series(1, 50) g")
+        after = await by_day("story_jobs")
+        inserted = {k: after[k] - made.get(k, 0) for k in after if after[k] != made.get(k, 0)}
+        assert {k[0] for k in inserted} > {today}, "the later jobs span today and an earlier day"
+        before_today = {k: v for k, v in made.items() if k[0] >= today}
+        assert await by_day("client_days") == {
+            k: before_today.get(k, 0) + inserted.get(k, 0) for k in before_today.keys() | inserted.keys()}

@@ -13,14 +13,14 @@ import os
 import shutil
 import tempfile
 import warnings
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import psycopg
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 
-from shared import migrate
+from shared import migrate, store
 
 
 def _docker_answers() -> bool:
@@ -82,6 +82,31 @@ def create_migrated_database(url: str, name: str) -> str:
 
     asyncio.run(run_migrations())
     return with_dbname(url, name)
+
+
+@contextlib.asynccontextmanager
+async def database_migrated_before(url: str, name: str, migration: str) -> AsyncIterator[psycopg.AsyncConnection[Any]]:
+    """Database ``name``, (re)created and migrated up to the migration before
+    the one named ``migration``, for a test of what that migration does to
+    the rows it finds (``migrate.migrate`` applies it); dropped after."""
+    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
+    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as server:
+        await server.execute(drop)
+        await server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    try:
+        async with await psycopg.AsyncConnection.connect(with_dbname(url, name), autocommit=True) as conn:
+            await store.schema_migrations_create(conn)
+            for earlier in migrate.migrations():
+                if earlier.name == migration:
+                    break
+                await store.schema_migration_apply(conn, version=earlier.version, name=earlier.name,
+                                                   ddl=earlier.ddl)
+            else:
+                raise ValueError(f"no migration named {migration}")
+            yield conn
+    finally:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as server:
+            await server.execute(drop)
 
 
 def create_database_from_template(url: str, name: str, template: str) -> str:
