@@ -9,10 +9,11 @@
 -- A worker's claim: up to %(claim_limit)s pending jobs, in their clients'
 -- turns, go pending -> running in one statement however many it takes, each
 -- with its first ledger row before its LLM call can start (a failed insert
--- fails the whole statement, claim included). It runs after the round's
--- written stories are settled (job_settle), behind a savepoint of the same
--- transaction (worker/store.py), so that nothing the claim does wrong can
--- touch a story that was paid for.
+-- fails the whole statement, claim included). It follows the round's
+-- written stories (job_settle) in one pipeline and one transaction
+-- (worker/pg_store.py); when the server refuses it, the stories are sent
+-- again alone, so that nothing the claim does wrong can touch a story that
+-- was paid for.
 --
 -- The rate limit is a parameter (shared/ratelimit.py's claim_params):
 -- %(limited)s when any rate is configured (%(requests_rate)s,
@@ -172,9 +173,10 @@ given_back AS MATERIALIZED (
 SELECT coalesce((SELECT array_agg(id) FROM ended), '{}') AS failed_ids, (SELECT count(*) FROM given_back) AS given_back;
 
 -- name: job_settle
--- A round's written stories, in a transaction of their own, apart from the
--- claim that follows (so that nothing the claim does wrong is blamed on a
--- story, which was paid for), one commit however many the round carries:
+-- A round's written stories, one commit however many the round carries,
+-- with the claim that follows (worker/pg_store.py sends them again alone
+-- when the server refuses the claim: nothing the claim does wrong is blamed
+-- on a story, which was paid for):
 -- each story inserted, its call's ledger row closed as billed at its cost,
 -- and its job running -> completed where it is still ours (jobs_end). With a
 -- rate limit (%(limited)s), the model's bucket gets back what their claims

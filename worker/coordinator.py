@@ -11,7 +11,8 @@ refusal policy (worker/ends.py), the claimer with the rate limits and
 adoption (worker/claimer.py), the shutdown (worker/shutdown.py); the
 heartbeat, the draft writer and the listener only report or write their
 own. A round writes the ends that are due, then settles written stories and
-claims for the free slots: two statements, each its own transaction, so a
+claims for the free slots: two statements in one pipeline and one
+transaction, the stories sent again alone when the claim is refused, so a
 claim's refusal never touches a story that was paid for.
 
 Every database error is logged once per episode and waited out with the
