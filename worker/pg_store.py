@@ -161,10 +161,11 @@ async def _settle_then_claim(conn: Conn, settle: tuple[str, dict[str, Any]],
     # server answered tells, after an error, which one it refused
     settled, claimed = conn.cursor(), conn.cursor()
     try:
-        async with conn.pipeline() as pipeline:
+        # the pipeline's exit sends the one Sync and reads every answer: a
+        # sync() of our own before it cost a second Sync and a round trip
+        async with conn.pipeline():
             await settled.execute(*settle)
             await claimed.execute(*claim)
-            await pipeline.sync()
     except db.DB_ERRORS as exc:
         if (not conn.closed and _answered(settled) and not _answered(claimed)
                 and conn.info.transaction_status == pq.TransactionStatus.IDLE):
