@@ -39,8 +39,10 @@ mutants-all: install
 	$(BIN)/python -m tests.mutants.generated --sample $(MUTANTS_SAMPLE)
 
 # CI's share of them: a few the report verified, chosen by the commit
+# (.ci/run runs them one at a time, beside the named mutants)
+MUTANTS_CI_JOBS ?= 2
 mutants-ci: install
-	$(BIN)/python -m tests.mutants.generated --ci --sample 6
+	$(BIN)/python -m tests.mutants.generated --ci --sample 6 --jobs $(MUTANTS_CI_JOBS)
 
 # the benchmarks, pgqueuer and procrastinate beside storyjobs; results under tests/bench/results/
 bench: $(VENV)/.installed-bench
