@@ -69,19 +69,25 @@ def drop_database(url: str, name: str) -> None:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
 
 
-def create_migrated_database(url: str, name: str) -> str:
-    """(Re)creates database ``name``, migrated; returns its connection string."""
+def create_database(url: str, name: str) -> str:
+    """(Re)creates database ``name``, empty; returns its connection string."""
     drop_database(url, name)
     with admin(url) as conn:
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    return with_dbname(url, name)
+
+
+def create_migrated_database(url: str, name: str) -> str:
+    """(Re)creates database ``name``, migrated; returns its connection string."""
+    created = create_database(url, name)
 
     async def run_migrations() -> None:
-        conn = await psycopg.AsyncConnection.connect(with_dbname(url, name), autocommit=True)
+        conn = await psycopg.AsyncConnection.connect(created, autocommit=True)
         async with conn:
             await migrate.migrate(conn)
 
     asyncio.run(run_migrations())
-    return with_dbname(url, name)
+    return created
 
 
 @contextlib.asynccontextmanager
@@ -89,12 +95,9 @@ async def database_migrated_before(url: str, name: str, migration: str) -> Async
     """Database ``name``, (re)created and migrated up to the migration before
     the one named ``migration``, for a test of what that migration does to
     the rows it finds (``migrate.migrate`` applies it); dropped after."""
-    drop = sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name))
-    async with await psycopg.AsyncConnection.connect(url, autocommit=True) as server:
-        await server.execute(drop)
-        await server.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+    created = create_database(url, name)
     try:
-        async with await psycopg.AsyncConnection.connect(with_dbname(url, name), autocommit=True) as conn:
+        async with await psycopg.AsyncConnection.connect(created, autocommit=True) as conn:
             await store.schema_migrations_create(conn)
             for earlier in migrate.migrations():
                 if earlier.name == migration:
@@ -105,8 +108,7 @@ async def database_migrated_before(url: str, name: str, migration: str) -> Async
                 raise ValueError(f"no migration named {migration}")
             yield conn
     finally:
-        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as server:
-            await server.execute(drop)
+        drop_database(url, name)
 
 
 def create_database_from_template(url: str, name: str, template: str) -> str:
