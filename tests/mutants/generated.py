@@ -283,6 +283,13 @@ def run_sample(mutants: list[GeneratedMutant], cmap: coverage_map.CoverageMap | 
             outcomes[mutant.key] = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator,
                                            "not covered", 0.0, [], "no test executes it", mutant.diff)
             continue
+        if mutant.key in known:
+            # listed with why no test can tell it from the code: not run
+            # again (a survivor costs every covering test's time); take its
+            # entry out to have it judged anew
+            outcomes[mutant.key] = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator,
+                                           "equivalent", 0.0, tests, known[mutant.key], mutant.diff)
+            continue
         cache_key = f"{mutant.key}:{tests_hash(root, tests)}"
         hit = cache.get(cache_key)
         if hit is not None:
