@@ -400,7 +400,7 @@ class BatchLaneMachine(PostgresMachine):
         records = [result_record(r, items[r.custom_id], default_max_tokens=lane.settings.llm_max_tokens)
                    for r in results if r.custom_id in items]
         if records and lane.lease is not None:
-            await BatchStore(self.pool).ingest(lane.lease, owner, records, max_attempts=MAX_ATTEMPTS)
+            await BatchStore(self.pool).ingest(lane.lease, owner, records, max_attempts=MAX_ATTEMPTS, free=False)
 
     @precondition(lambda self: bool(self.lost - self.made_late))
     @rule(data=st.data(), ends=st.sampled_from(sorted(ITEM_PLANS)))

@@ -136,9 +136,10 @@ class BatchStore:
             return await fetch_all(conn, BatchItemRow, "batch_items_of", {"batch_id": batch_id})
 
     async def ingest(self, lease: Lease, batch_id: int, results: Sequence[ResultRecord], *, max_attempts: int,
-                     free: bool = False) -> IngestAnswer:
+                     free: bool) -> IngestAnswer:
         """A chunk of results of the batch whose items they are, in one
-        transaction; idempotent. ``free``: the provider bills nothing (offline)."""
+        transaction; idempotent. ``free``: the provider bills nothing
+        (offline); no default, so that no caller charges by omission."""
         answer: IngestAnswer = await _one(self._pool, IngestAnswer, "batch_results_ingest", {
             **_fence(lease), "batch_id": batch_id, "results": jsonb(list(results)), "max_attempts": max_attempts,
             "free": free})
