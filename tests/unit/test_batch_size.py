@@ -10,6 +10,7 @@ from datetime import UTC, datetime
 import pytest
 
 from worker.batch.anthropic_reading import batch_info
+from worker.batch.provider_structs import BatchCounts
 
 
 @pytest.mark.parametrize(("status", "counts"), [
@@ -23,4 +24,5 @@ def test_a_batch_of_eight_requests_is_eight_in_every_state_they_reach(status: st
     info = batch_info({"id": "msgbatch_1", "processing_status": status, "request_counts": counts},
                       datetime.now(UTC))
     assert info is not None
+    assert info.counts == BatchCounts(**counts)
     assert info.counts.total == 8

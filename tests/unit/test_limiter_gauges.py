@@ -1,7 +1,7 @@
 """What the shared rate bucket holds, as each claim round heard it, on the
-worker's /metrics (storyjobs_llm_ratelimit_available, by kind), on a
-recording store: the gauge an operator watches to see the bucket run dry
-before the claims stop."""
+worker's /metrics (storyjobs_llm_ratelimit_available, by kind, set by
+worker.claimer after each claim), on a recording store: the gauge an
+operator watches to see the bucket run dry before the claims stop."""
 
 from __future__ import annotations
 

@@ -9,10 +9,9 @@ import psycopg
 
 from shared.config import WorkerSettings
 from tests.fakes.recording_worker_store import RecordingStore
+from worker.claimer import STATEMENT_TIMEOUT_S
 from worker.coordinator import Coordinator
 from worker.offline import OfflineWriter
-
-STATEMENT_TIMEOUT_S = 30.0
 
 
 async def test_a_lost_claim_that_commits_just_before_its_statement_timeout_is_still_adopted() -> None:
@@ -20,8 +19,7 @@ async def test_a_lost_claim_that_commits_just_before_its_statement_timeout_is_st
     ended it: the worker is still searching then, adopts its job, and runs it once."""
     store, now = RecordingStore(), [1000.0]
     settings = WorkerSettings(worker_concurrency=2, metrics_port=0)
-    worker = Coordinator(settings, store, OfflineWriter(0), listen=False, clock=lambda: now[0],
-                         statement_timeout_s=STATEMENT_TIMEOUT_S)
+    worker = Coordinator(settings, store, OfflineWriter(0), listen=False, clock=lambda: now[0])
     store.fail_next("claim", psycopg.OperationalError("connection lost"))
     assert (await worker.round_once()).database_error is not None
     # a round a second, each searching and finding nothing yet
