@@ -123,7 +123,7 @@ class WebhookReceiver:
             with self._lock:
                 self.hanging -= 1
             mode = self.mode if self.mode != "hang" else "fail"
-        status = {"ok": 204, "fail": 500, "gone": 410, "retry_after": 503, "redirect": 302}[mode]
+        status = {"ok": 204, "ok_200": 200, "fail": 500, "gone": 410, "retry_after": 503, "redirect": 302}[mode]
         try:
             body = json.loads(raw)
         except ValueError:

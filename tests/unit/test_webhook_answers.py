@@ -1,0 +1,51 @@
+"""What a receiver's answer and a URL without a port mean to a webhook's
+attempt (worker.delivery.loop, worker.delivery.send): every 2xx is
+delivered, 200 as much as 204; a name is resolved for its scheme's port."""
+
+from __future__ import annotations
+
+import asyncio
+import ssl
+
+import pytest
+
+from shared.webhooks import Address, UnsafeUrl
+from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
+from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from worker.delivery import send
+from worker.delivery.loop import Deliverer
+
+
+async def test_a_200_answer_is_delivered() -> None:
+    """A receiver answering 200 OK (the most common answer) has its event recorded as delivered, once."""
+    store = RecordingDeliveryStore()
+    with WebhookReceiver() as receiver:
+        receiver.answer("ok_200")
+        delivery = store.add(receiver.url, lease=3)
+        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
+                                              webhook_timeout_s=5.0), store)
+        running = asyncio.create_task(deliverer.run())
+        try:
+            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
+        finally:
+            deliverer.stop()
+            await running
+        assert len(receiver.deliveries(status=200)) == 1
+    assert store.finished == [Finished(delivery.id, 3, "delivered", 200, None)]
+
+
+@pytest.mark.parametrize(("url", "port"), [("http://hooks.example/hook", 80), ("https://hooks.example/hook", 443)])
+async def test_a_url_without_a_port_is_resolved_for_its_schemes_port(url: str, port: int) -> None:
+    """http (allowed where private addresses are) is resolved, and so connected, on port 80; https on 443."""
+    asked: list[tuple[str, int]] = []
+
+    async def nowhere(host: str, asked_port: int) -> list[Address]:
+        asked.append((host, asked_port))
+        return []
+
+    with pytest.raises(UnsafeUrl, match="resolves to no address"):
+        await send.post(url, {}, b"{}", allow_private=True, timeout_s=5.0, ssl_context=ssl.create_default_context(),
+                        resolver=nowhere)
+    assert asked == [("hooks.example", port)]
