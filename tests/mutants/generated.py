@@ -403,6 +403,8 @@ def main_all(args: argparse.Namespace) -> int:
     started = time.monotonic()
     every = population(REPO)
     sizes = dict(Counter(m.file for m in every))
+    if args.again and args.survivors:
+        return main_survivors(args, every, sizes, started)
     eligible = [m for m in every if m.file in SQL_FILES or m.file in py_mutants.MODULES]
     if args.files:
         eligible = [m for m in eligible if m.file in args.files]
@@ -444,6 +446,43 @@ def main_all(args: argparse.Namespace) -> int:
     sys.stdout.write(f"report: {REPORT.relative_to(REPO)}/README.md; {time.monotonic() - started:.0f} s\n")
     bad = [o for o in outcomes if o.verdict not in ("killed", "equivalent")]
     return 1 if bad else 0
+
+
+SURVIVING = ("survived", "timed out", "not covered")
+
+
+def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes: dict[str, int],
+                   started: float) -> int:
+    """The report's survivors (survived, timed out, not covered) once more,
+    after new tests: each against the test files written since the report's
+    map that name its code, then the tests the report recorded for it. The
+    report's other verdicts stand: a new test cannot bring a killed mutant
+    back, and the listed ones are read from the list again."""
+    recorded = json.loads((REPORT / "results.json").read_text())
+    made = {m.key: m for m in every}
+    mapped = set(recorded["map_test_files"] or [])
+    kept: list[Outcome] = []
+    again: list[GeneratedMutant] = []
+    wanted: dict[str, list[str]] = {}
+    for entry in recorded["mutants"]:
+        mutant = made.get(entry["key"])
+        if mutant is None:
+            sys.stdout.write(f"{entry['key']} ({entry['file']} {entry['where']}) is no longer made from the code\n")
+        elif entry["verdict"] in SURVIVING:
+            again.append(mutant)
+            new_files = [f for f in candidate_test_files(REPO, [mutant]) if f not in mapped]
+            wanted[mutant.key] = new_files + entry["tests"]
+        else:
+            kept.append(Outcome(**entry))
+    collected = collected_tests(REPO, {t.split("::", 1)[0] for tests in wanted.values() for t in tests})
+    outcomes = run_sample(again, None, jobs=args.jobs,
+                          recorded_tests={key: tests_now(tests, collected) for key, tests in wanted.items()})
+    summary = write_report(outcomes + kept, sizes, seed=recorded["seed"], seconds=recorded["seconds"],
+                           map_seconds=recorded["map_seconds"], map_test_files=recorded["map_test_files"])
+    sys.stdout.write(summary)
+    sys.stdout.write(f"{len(again)} survivors run again in {time.monotonic() - started:.0f} s; "
+                     f"report: {REPORT.relative_to(REPO)}/README.md\n")
+    return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0
 
 
 def main_ci(args: argparse.Namespace) -> int:
@@ -490,6 +529,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--files", nargs="*", help="with --again: only these files' mutants")
     parser.add_argument("--ci", action="store_true", help="a few verified mutants chosen by the commit")
     parser.add_argument("--again", action="store_true", help="the report's sample again (after new tests)")
+    parser.add_argument("--survivors", action="store_true",
+                        help="with --again: only the report's survivors, against the test files written since")
     parser.add_argument("--population", action="store_true", help="print the population per file and operator")
     args = parser.parse_args(argv)
     if args.population:
