@@ -1,7 +1,7 @@
 """A deliverer told to stop (worker.delivery.loop) lets each attempt in
 flight run to its own WEBHOOK_TIMEOUT_S and records how it ended, rather
-than abandoning it to its lease: the receiver that never answered is
-recorded as a failed attempt now, and retried on schedule."""
+than abandoning it to its lease: an attempt the receiver never answered
+is recorded now, to be retried on its schedule."""
 
 from __future__ import annotations
 
