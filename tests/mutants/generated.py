@@ -460,6 +460,7 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
     back, and the listed ones are read from the list again."""
     recorded = json.loads((REPORT / "results.json").read_text())
     made = {m.key: m for m in every}
+    known = equivalents()
     mapped = set(recorded["map_test_files"] or [])
     kept: list[Outcome] = []
     again: list[GeneratedMutant] = []
@@ -472,6 +473,8 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
             again.append(mutant)
             new_files = [f for f in candidate_test_files(REPO, [mutant]) if f not in mapped]
             wanted[mutant.key] = new_files + entry["tests"]
+        elif entry["key"] in known:
+            kept.append(Outcome(**{**entry, "verdict": "equivalent", "detail": known[entry["key"]]}))
         else:
             kept.append(Outcome(**entry))
     collected = collected_tests(REPO, {t.split("::", 1)[0] for tests in wanted.values() for t in tests})
