@@ -17,8 +17,9 @@ from worker.ends import _END_RETRY_MAX_S, REFUSALS_GIVEN_UP
 from worker.offline import OfflineWriter
 
 
-async def test_a_refused_end_is_asked_again_exactly_when_its_backoff_ends() -> None:
-    """After its third refusal a failure waits 2 ** 3 = 8 s: not asked again half a second before, asked at 8 s."""
+async def _a_story_the_database_refuses(refusals: int) -> tuple[RecordingStore, Coordinator, list[float]]:
+    """A worker whose one story is written, with its next ``refusals`` settles
+    and failures refused for their data; the clock is the list's one value."""
     store, now = RecordingStore(), [1000.0]
     worker = Coordinator(WorkerSettings(worker_concurrency=1, metrics_port=0), store, OfflineWriter(0),
                          listen=False, clock=lambda: now[0])
@@ -26,9 +27,15 @@ async def test_a_refused_end_is_asked_again_exactly_when_its_backoff_ends() -> N
     await worker.round_once()
     for _ in range(10):
         await asyncio.sleep(0)  # the story is written
-    for _ in range(6):
+    for _ in range(refusals):
         store.fail_next("settle", psycopg.errors.DataError("refused"))
         store.fail_next("fail_running", psycopg.errors.DataError("refused"))
+    return store, worker, now
+
+
+async def test_a_refused_end_is_asked_again_exactly_when_its_backoff_ends() -> None:
+    """After its third refusal a failure waits 2 ** 3 = 8 s: not asked again half a second before, asked at 8 s."""
+    store, worker, now = await _a_story_the_database_refuses(6)
     for _ in range(10):
         if worker.held and next(iter(worker.held)).refusals >= 3:
             break
@@ -48,16 +55,7 @@ async def test_a_refused_end_is_asked_again_exactly_when_its_backoff_ends() -> N
 async def test_an_end_refused_in_every_form_is_logged_once_however_often_it_is_refused_again() -> None:
     """job.end_refused is logged when the end has been refused in every form, once: the refusals after it,
     each retried on its backoff, add nothing to the log."""
-    store, now = RecordingStore(), [1000.0]
-    worker = Coordinator(WorkerSettings(worker_concurrency=1, metrics_port=0), store, OfflineWriter(0),
-                         listen=False, clock=lambda: now[0])
-    store.add_pending(1)
-    await worker.round_once()
-    for _ in range(10):
-        await asyncio.sleep(0)  # the story is written
-    for _ in range(10):
-        store.fail_next("settle", psycopg.errors.DataError("refused"))
-        store.fail_next("fail_running", psycopg.errors.DataError("refused"))
+    _, worker, now = await _a_story_the_database_refuses(10)
     with capture_logs() as logs:
         for _ in range(8):
             now[0] += _END_RETRY_MAX_S  # past any backoff: each round asks, and is refused
