@@ -25,6 +25,7 @@ import json
 import os
 import random
 import re
+import signal
 import subprocess
 import sys
 import time
@@ -236,20 +237,27 @@ def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s:
     for name in ("STORYJOBS_QUERY_TRACE", "STORYJOBS_TEST_ID", "COVERAGE_PROCESS_START"):
         env.pop(name, None)
     started = time.monotonic()
-    try:
-        finished = subprocess.run([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
-                                  cwd=scratch, env=env, capture_output=True, text=True, timeout=timeout_s)
-    except subprocess.TimeoutExpired:
-        return "timed out", time.monotonic() - started, f"no end within {timeout_s:g} s"
-    finally:
-        path.write_text(original)
+    # a session of its own: at the timeout the whole group goes, with the
+    # api, workers and sweeper a system test started (left running, they held
+    # the server's connections and failed the next mutants' tests)
+    with subprocess.Popen([sys.executable, "-m", "pytest", "-x", "-q", "-p", "no:cacheprovider", *tests],
+                          cwd=scratch, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                          start_new_session=True) as running:
+        try:
+            stdout, _ = running.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            os.killpg(running.pid, signal.SIGKILL)
+            running.wait()
+            return "timed out", time.monotonic() - started, f"no end within {timeout_s:g} s"
+        finally:
+            path.write_text(original)
     seconds = time.monotonic() - started
-    tail = "\n".join(finished.stdout.strip().splitlines()[-3:])
-    if finished.returncode == 1:
+    tail = "\n".join(stdout.strip().splitlines()[-3:])
+    if running.returncode == 1:
         return "killed", seconds, tail
-    if finished.returncode == 0:
+    if running.returncode == 0:
         return "survived", seconds, tail
-    return "error", seconds, f"pytest exited {finished.returncode}: {tail}"
+    return "error", seconds, f"pytest exited {running.returncode}: {tail}"
 
 
 def equivalents(path: Path = EQUIVALENT) -> dict[str, str]:

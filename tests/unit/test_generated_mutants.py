@@ -4,7 +4,12 @@ given only the tests that executed its code and passed unmutated."""
 
 from __future__ import annotations
 
+import os
+import time
 from collections import Counter
+from pathlib import Path
+
+import pytest
 
 from tests.mutants import generated
 from tests.mutants.coverage_map import CoverageMap
@@ -129,3 +134,26 @@ def test_recorded_tests_renamed_or_merged_since_the_report_run_as_they_are_named
         "tests/integration/test_a.py::test_merged[taken-again]",
         "tests/integration/test_a.py::test_kept",
     ]
+
+
+def test_a_mutant_run_past_its_timeout_ends_with_every_process_its_tests_started(tmp_path: Path) -> None:
+    """A mutant's tests that start a process and hang are timed out, and the process they started goes with
+    them: left running, it would hold the database's connections through the next mutants' runs."""
+    (tmp_path / "sql").mkdir()
+    (tmp_path / "sql" / "a.sql").write_text("SELECT 1 WHERE 1 = 1")
+    child_pid = tmp_path / "child.pid"
+    (tmp_path / "test_hang.py").write_text(
+        "import subprocess, sys, time\n"
+        "def test_hang():\n"
+        "    child = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(120)'])\n"
+        f"    open({str(child_pid)!r}, 'w').write(str(child.pid))\n"
+        "    time.sleep(120)\n")
+    mutant = SqlMutant(file="sql/a.sql", statement="s", operator="comparison", site=0, start=0, end=0,
+                       original="SELECT 1 WHERE 1 = 1", mutated="SELECT 1 WHERE 1 <> 1")
+    verdict, seconds, _ = generated.run_one(mutant, ["test_hang.py"], tmp_path, timeout_s=5.0)
+    assert verdict == "timed out" and seconds < 60
+    pid = int(child_pid.read_text())
+    with pytest.raises(ProcessLookupError):
+        for _ in range(50):
+            os.kill(pid, 0)
+            time.sleep(0.1)
