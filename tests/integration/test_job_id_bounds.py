@@ -33,7 +33,7 @@ async def test_the_bounds_are_the_first_ids_past_each_time_and_its_margin(conn: 
     past_last = rows[-1][0] + 1
 
     def first_at_or_after(moment: datetime) -> int:
-        return next((job_id for job_id, at in rows if at >= moment), past_last)
+        return int(next((job_id for job_id, at in rows if at >= moment), past_last))
 
     await conn.execute("SET statement_timeout = '5s'")
     for probe in [base + timedelta(seconds=s) for s in (-900, 0, 7, 333, 1500, 2990, 3100, 9000)]:

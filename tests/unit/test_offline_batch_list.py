@@ -16,4 +16,7 @@ async def test_paging_from_a_batch_it_does_not_know_is_refused(way: str) -> None
     raised as another error."""
     batches = OfflineBatches(delay_s=0)
     with pytest.raises(BatchRefused, match="no batch msgbatch_unknown"):
-        await batches.list_page(**{way: "msgbatch_unknown"})
+        if way == "after_id":
+            await batches.list_page(after_id="msgbatch_unknown")
+        else:
+            await batches.list_page(before_id="msgbatch_unknown")
