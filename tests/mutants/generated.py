@@ -31,18 +31,20 @@ import sys
 import time
 import tomllib
 from collections import Counter, defaultdict
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from queue import SimpleQueue
+from typing import TypeVar
 
 from tests.mutants import coverage_map, py_mutants, sql_mutants
 from tests.mutants.catalog import MUTANTS
 from tests.mutants.runner import REPO, scratch_copy
 
 GeneratedMutant = sql_mutants.SqlMutant | py_mutants.PyMutant
+T = TypeVar("T")
 
 # the files whose mutants are sampled: the issue's, where money, admission
 # and delivery are decided (console.sql's mutants are counted, not sampled)
@@ -55,6 +57,8 @@ EQUIVALENT = REPO / "tests" / "mutants" / "equivalent.toml"
 TIMEOUT_S = 300.0
 # the longest a mutant CI samples took in the report
 CI_MUTANT_S = 60.0
+# the last line of a confirmed kill's detail
+CONFIRMED = "confirmed: its failing test, run alone, fails with the mutant and passes without it"
 
 
 @dataclass
@@ -227,11 +231,8 @@ def tests_hash(root: Path, tests: list[str]) -> str:
 
 # --- running -----------------------------------------------------------------
 
-def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s: float) -> tuple[str, float, str]:
-    """(verdict, seconds, detail) of the mutant written in ``scratch`` against ``tests``."""
-    path = scratch / mutant.file
-    original = path.read_text()
-    path.write_text(mutant.apply(original))
+def _pytest(tests: list[str], scratch: Path, timeout_s: float) -> tuple[int | None, float, str]:
+    """(pytest's exit code, or None at the timeout; seconds; the output's last lines) of ``tests`` in ``scratch``."""
     env = {**os.environ, "PYTHONPATH": str(scratch), "PYTHONDONTWRITEBYTECODE": "1",
            "STORYJOBS_HYPOTHESIS_PROFILE": "mutants"}
     for name in ("STORYJOBS_QUERY_TRACE", "STORYJOBS_TEST_ID", "COVERAGE_PROCESS_START"):
@@ -248,16 +249,66 @@ def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s:
         except subprocess.TimeoutExpired:
             os.killpg(running.pid, signal.SIGKILL)
             running.wait()
-            return "timed out", time.monotonic() - started, f"no end within {timeout_s:g} s"
-        finally:
-            path.write_text(original)
-    seconds = time.monotonic() - started
-    tail = "\n".join(stdout.strip().splitlines()[-3:])
-    if running.returncode == 1:
-        return "killed", seconds, tail
-    if running.returncode == 0:
-        return "survived", seconds, tail
-    return "error", seconds, f"pytest exited {running.returncode}: {tail}"
+            return None, time.monotonic() - started, f"no end within {timeout_s:g} s"
+    return running.returncode, time.monotonic() - started, "\n".join(stdout.strip().splitlines()[-3:])
+
+
+def _mutated(mutant: GeneratedMutant, scratch: Path, tests: list[str],
+             timeout_s: float) -> tuple[int | None, float, str]:
+    path = scratch / mutant.file
+    original = path.read_text()
+    path.write_text(mutant.apply(original))
+    try:
+        return _pytest(tests, scratch, timeout_s)
+    finally:
+        path.write_text(original)
+
+
+def failing_test(detail: str) -> str | None:
+    """The test a kill's output names as failing (or erring in a fixture): its id, spaces in parameters kept."""
+    failed = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", detail, re.MULTILINE)
+    return failed.group(1) if failed is not None and "::" in failed.group(1) else None
+
+
+def confirm_kill(mutant: GeneratedMutant, test: str, scratch: Path, timeout_s: float) -> str | None:
+    """None when ``test``, run alone, fails with the mutant and then passes
+    without it; else why the kill is not confirmed. A test that fails for the
+    machine's load (a system test's processes, a connection refused) fails
+    either way, and is not a kill."""
+    code, _, tail = _mutated(mutant, scratch, [test], timeout_s)
+    if code != 1:
+        return f"{test} alone with the mutant: {'no end' if code is None else f'exit {code}'}: {tail}"
+    code, _, tail = _pytest([test], scratch, timeout_s)
+    if code != 0:
+        return f"{test} alone without the mutant: {'no end' if code is None else f'exit {code}'}: {tail}"
+    return None
+
+
+def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s: float, *,
+            confirm: bool = True) -> tuple[str, float, str]:
+    """(verdict, seconds, detail) of the mutant written in ``scratch`` against
+    ``tests``. A kill is confirmed (``confirm_kill``) or the mutant runs once
+    more; a kill still not confirmed is said as such, which is no kill."""
+    spent = 0.0
+    why = ""
+    for _ in range(2):
+        code, seconds, tail = _mutated(mutant, scratch, tests, timeout_s)
+        spent += seconds
+        if code is None:
+            return "timed out", spent, tail
+        if code == 0:
+            return "survived", spent, tail
+        if code != 1:
+            return "error", spent, f"pytest exited {code}: {tail}"
+        test = failing_test(tail)
+        if not confirm or test is None:
+            return "killed", spent, tail
+        started = time.monotonic()
+        why = confirm_kill(mutant, test, scratch, timeout_s) or ""
+        spent += time.monotonic() - started
+        if not why:
+            return "killed", spent, f"{tail}\n{CONFIRMED}"
+    return "unconfirmed", spent, f"{tail}\n{why}"
 
 
 def equivalents(path: Path = EQUIVALENT) -> dict[str, str]:
@@ -271,10 +322,11 @@ def equivalents(path: Path = EQUIVALENT) -> dict[str, str]:
 def run_sample(mutants: list[GeneratedMutant], cmap: coverage_map.CoverageMap | None, *, jobs: int,
                root: Path = REPO, results_cache: Path | None = CACHE / "results.json",
                recorded_tests: dict[str, list[str]] | None = None, timeout_s: float = TIMEOUT_S,
-               log: bool = True) -> list[Outcome]:
+               log: bool = True, confirm: bool = True) -> list[Outcome]:
     """Each mutant against its covering tests (from the map, or as recorded),
     ``jobs`` at a time, each runner in a scratch copy of its own (and each of
-    its tests on a database of its own)."""
+    its tests on a database of its own); each kill confirmed unless
+    ``confirm`` is false."""
     known = equivalents()
     cache: dict[str, dict[str, object]] = {}
     if results_cache is not None and results_cache.is_file():
@@ -300,38 +352,26 @@ def run_sample(mutants: list[GeneratedMutant], cmap: coverage_map.CoverageMap | 
             continue
         cache_key = f"{mutant.key}:{tests_hash(root, tests)}"
         hit = cache.get(cache_key)
-        if hit is not None:
+        if hit is not None and not (confirm and hit["verdict"] == "killed" and not confirmed(str(hit["detail"]))):
             outcomes[mutant.key] = Outcome(**hit)  # type: ignore[arg-type]
             continue
         planned.append((mutant, tests, cache_key))
-    if planned:
-        with ExitStack() as stack:
-            free: SimpleQueue[Path] = SimpleQueue()
-            for _ in range(max(1, min(jobs, len(planned)))):
-                free.put(stack.enter_context(scratch_copy(root)))
 
-            def one(item: tuple[GeneratedMutant, list[str], str]) -> None:
-                mutant, tests, cache_key = item
-                scratch = free.get()
-                try:
-                    verdict, seconds, detail = run_one(mutant, tests, scratch, timeout_s)
-                finally:
-                    free.put(scratch)
-                outcome = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator, verdict,
-                                  round(seconds, 1), tests, detail, mutant.diff)
-                outcomes[mutant.key] = outcome
-                if verdict in ("killed", "survived", "timed out"):
-                    cache[cache_key] = asdict(outcome)
-                    if results_cache is not None:
-                        results_cache.parent.mkdir(parents=True, exist_ok=True)
-                        results_cache.write_text(json.dumps(cache, indent=0, sort_keys=True))
-                if log:
-                    sys.stdout.write(f"{verdict:<11}{seconds:6.1f} s  {mutant.key}  {mutant.file}  "
-                                     f"{mutant.where}  [{mutant.operator}]  {len(tests)} tests\n")
-                    sys.stdout.flush()
+    def one(item: tuple[GeneratedMutant, list[str], str], scratch: Path) -> None:
+        mutant, tests, cache_key = item
+        verdict, seconds, detail = run_one(mutant, tests, scratch, timeout_s, confirm=confirm)
+        outcome = Outcome(mutant.key, mutant.file, mutant.where, mutant.operator, verdict,
+                          round(seconds, 1), tests, detail, mutant.diff)
+        outcomes[mutant.key] = outcome
+        if verdict in ("killed", "survived", "timed out"):
+            cache[cache_key] = asdict(outcome)
+            if results_cache is not None:
+                results_cache.parent.mkdir(parents=True, exist_ok=True)
+                results_cache.write_text(json.dumps(cache, indent=0, sort_keys=True))
+        if log:
+            _said(outcome)
 
-            with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(planned)))) as pool:
-                list(pool.map(one, planned))
+    _each_in_scratch(planned, one, jobs=jobs, root=root)
     final = []
     for mutant in mutants:
         outcome = outcomes[mutant.key]
@@ -341,9 +381,43 @@ def run_sample(mutants: list[GeneratedMutant], cmap: coverage_map.CoverageMap | 
     return final
 
 
+def _each_in_scratch(items: Sequence[T], work: Callable[[T, Path], None], *, jobs: int, root: Path) -> None:
+    """``work(item, scratch)`` for each item, ``jobs`` at a time, each runner
+    with a scratch copy of the repository to itself."""
+    if not items:
+        return
+    runners = max(1, min(jobs, len(items)))
+    with ExitStack() as stack:
+        free: SimpleQueue[Path] = SimpleQueue()
+        for _ in range(runners):
+            free.put(stack.enter_context(scratch_copy(root)))
+
+        def one(item: T) -> None:
+            scratch = free.get()
+            try:
+                work(item, scratch)
+            finally:
+                free.put(scratch)
+
+        with ThreadPoolExecutor(max_workers=runners) as pool:
+            list(pool.map(one, items))
+
+
+def _said(outcome: Outcome) -> None:
+    sys.stdout.write(f"{outcome.verdict:<11}{outcome.seconds:6.1f} s  {outcome.key}  {outcome.file}  "
+                     f"{outcome.where}  [{outcome.operator}]  {len(outcome.tests)} tests\n")
+    sys.stdout.flush()
+
+
+def confirmed(detail: str) -> bool:
+    return detail.endswith(CONFIRMED)
+
+
 # --- the report --------------------------------------------------------------
 
-VERDICTS = ("killed", "equivalent", "survived", "not covered", "timed out", "error")
+# unconfirmed: killed, but its failing test failed without the mutant too
+# (or passed with it, alone), twice: no kill, and not a survivor either
+VERDICTS = ("killed", "equivalent", "survived", "not covered", "timed out", "unconfirmed", "error")
 
 
 def table(outcomes: list[Outcome], sizes: dict[str, int]) -> str:
@@ -384,7 +458,7 @@ def write_report(outcomes: list[Outcome], sizes: dict[str, int], *, seed: str, s
              "Made by `make mutants-all` (tests/mutants/generated.py); killed % is killed over the sampled",
              "mutants less the equivalent ones and the errors. Not covered: no test executes it.\n",
              "```", summary.rstrip(), "```\n"]
-    for verdict in ("survived", "not covered", "timed out", "error", "equivalent"):
+    for verdict in ("survived", "not covered", "timed out", "unconfirmed", "error", "equivalent"):
         chosen = [o for o in outcomes if o.verdict == verdict]
         if not chosen:
             continue
@@ -413,6 +487,8 @@ def main_all(args: argparse.Namespace) -> int:
     sizes = dict(Counter(m.file for m in every))
     if args.again and args.survivors:
         return main_survivors(args, every, sizes, started)
+    if args.again and args.confirm:
+        return main_confirm(args, every, sizes, started)
     eligible = [m for m in every if m.file in SQL_FILES or m.file in py_mutants.MODULES]
     if args.files:
         eligible = [m for m in eligible if m.file in args.files]
@@ -496,10 +572,53 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
     return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0
 
 
+def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: dict[str, int],
+                 started: float) -> int:
+    """The report's kills not yet confirmed, confirmed (``confirm_kill``):
+    a kill that is not runs again against the tests the report recorded for
+    it, to be judged anew. The report's other verdicts stand."""
+    recorded = json.loads((REPORT / "results.json").read_text())
+    made = {m.key: m for m in every}
+    to_confirm = [Outcome(**entry) for entry in recorded["mutants"]
+                  if entry["verdict"] == "killed" and not confirmed(entry["detail"]) and entry["key"] in made]
+    kept = {entry["key"]: Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made}
+    collected = collected_tests(REPO, {t.split("::", 1)[0] for o in to_confirm for t in o.tests})
+    sys.stdout.write(f"{len(to_confirm)} of the report's kills to confirm\n")
+
+    def one(outcome: Outcome, scratch: Path) -> None:
+        mutant = made[outcome.key]
+        killer = failing_test(outcome.detail)
+        tests = tests_now(outcome.tests, collected)
+        # the test as it is named today (renamed, or a file's whole when gone)
+        killer_now = tests_now([killer], collected)[:1] if killer is not None else []
+        began = time.monotonic()
+        why = (confirm_kill(mutant, killer_now[0], scratch, TIMEOUT_S) if killer_now
+               else "its failing test is no longer collected")
+        if not why:
+            judged = Outcome(**{**asdict(outcome), "detail": f"{outcome.detail}\n{CONFIRMED}",
+                                "seconds": round(outcome.seconds + time.monotonic() - began, 1)})
+        else:
+            sys.stdout.write(f"not confirmed: {outcome.key}: {why}\n")
+            verdict, seconds, detail = run_one(mutant, tests, scratch, TIMEOUT_S)
+            judged = Outcome(outcome.key, mutant.file, mutant.where, mutant.operator, verdict, round(seconds, 1),
+                             tests, detail, mutant.diff)
+        kept[outcome.key] = judged
+        _said(judged)
+
+    _each_in_scratch(to_confirm, one, jobs=args.jobs, root=REPO)
+    outcomes = list(kept.values())
+    summary = write_report(outcomes, sizes, seed=recorded["seed"], seconds=recorded["seconds"],
+                           map_seconds=recorded["map_seconds"], map_test_files=recorded["map_test_files"])
+    sys.stdout.write(summary)
+    sys.stdout.write(f"{len(to_confirm)} kills confirmed or judged anew in {time.monotonic() - started:.0f} s; "
+                     f"report: {REPORT.relative_to(REPO)}/README.md\n")
+    return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0
+
+
 def _killed_by_system_test(detail: str) -> bool:
     """Whether the test a kill's output names as failing is a system test."""
-    failed = re.search(r"^FAILED (\S+)", detail, re.MULTILINE)
-    return failed is not None and failed.group(1).startswith("tests/system/")
+    failed = failing_test(detail)
+    return failed is not None and failed.startswith("tests/system/")
 
 
 def main_ci(args: argparse.Namespace) -> int:
@@ -529,8 +648,10 @@ def main_ci(args: argparse.Namespace) -> int:
     wanted = {m["key"] for m in chosen}
     collected = collected_tests(REPO, {t.split("::", 1)[0] for m in chosen for t in m["tests"]})
     tests = {m["key"]: tests_now(m["tests"], collected) for m in chosen}
+    # CI asks whether the tests still kill them, which a kill answers
+    # (confirming it would double the time of those that are)
     outcomes = run_sample([made[k] for k in sorted(wanted)], None, jobs=args.jobs, results_cache=None,
-                          recorded_tests=tests)
+                          recorded_tests=tests, confirm=False)
     for outcome in outcomes:
         if outcome.verdict not in ("killed", "equivalent"):
             sys.stdout.write(f"\n{outcome.verdict}: {outcome.key} {outcome.file} {outcome.where}\n"
@@ -551,6 +672,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--again", action="store_true", help="the report's sample again (after new tests)")
     parser.add_argument("--survivors", action="store_true",
                         help="with --again: only the report's survivors, against the test files written since")
+    parser.add_argument("--confirm", action="store_true",
+                        help="with --again: confirm the report's kills that are not yet (each new kill is)")
     parser.add_argument("--population", action="store_true", help="print the population per file and operator")
     args = parser.parse_args(argv)
     if args.population:

@@ -157,3 +157,55 @@ def test_a_mutant_run_past_its_timeout_ends_with_every_process_its_tests_started
         for _ in range(50):
             os.kill(pid, 0)
             time.sleep(0.1)
+
+
+def _scratch_with_test(root: Path, body: str) -> SqlMutant:
+    """A scratch tree with sql/a.sql and a test_it.py whose test runs ``body``
+    (it can read the query file); the mutant that turns its ``=`` into ``<>``."""
+    (root / "sql").mkdir()
+    (root / "sql" / "a.sql").write_text("SELECT 1 WHERE 1 = 1")
+    (root / "test_it.py").write_text(
+        "from pathlib import Path\n"
+        "HERE = Path(__file__).parent\n"
+        "def test_it():\n"
+        + "".join(f"    {line}\n" for line in body.splitlines()))
+    return SqlMutant(file="sql/a.sql", statement="s", operator="comparison", site=0, start=0, end=0,
+                     original="SELECT 1 WHERE 1 = 1", mutated="SELECT 1 WHERE 1 <> 1")
+
+
+def test_a_kill_is_confirmed_when_its_test_fails_with_the_mutant_and_passes_without(tmp_path: Path) -> None:
+    mutant = _scratch_with_test(tmp_path, "assert '<>' not in (HERE / 'sql' / 'a.sql').read_text()")
+    verdict, _, detail = generated.run_one(mutant, ["test_it.py"], tmp_path, timeout_s=60.0)
+    assert verdict == "killed" and generated.confirmed(detail)
+    assert (tmp_path / "sql" / "a.sql").read_text() == "SELECT 1 WHERE 1 = 1"
+
+
+def test_a_test_that_fails_without_the_mutant_too_kills_nothing(tmp_path: Path) -> None:
+    """A test failing for the machine (a refused connection, a slow process) fails either way: the kill is said
+    unconfirmed, which the score counts against, not for."""
+    mutant = _scratch_with_test(tmp_path, "raise ConnectionRefusedError('the server is full')")
+    verdict, _, detail = generated.run_one(mutant, ["test_it.py"], tmp_path, timeout_s=60.0)
+    assert verdict == "unconfirmed" and "without the mutant" in detail
+    assert generated._score(Counter({"killed": 9, "unconfirmed": 1})) == "90 %"
+
+
+def test_a_kill_the_mutant_does_not_repeat_is_judged_again(tmp_path: Path) -> None:
+    """A test that failed once for a passing reason, and passes with the mutant alone, is no kill: the mutant
+    runs again, and here survives."""
+    mutant = _scratch_with_test(tmp_path, "flag = HERE / 'failed-once'\n"
+                                          "if not flag.exists():\n"
+                                          "    flag.write_text('')\n"
+                                          "    raise TimeoutError('a slow machine')")
+    verdict, _, detail = generated.run_one(mutant, ["test_it.py"], tmp_path, timeout_s=60.0)
+    assert verdict == "survived" and not generated.confirmed(detail)
+
+
+@pytest.mark.parametrize("detail, test", [
+    ("FAILED tests/unit/test_a.py::test_b - AssertionError: x - y\n1 failed", "tests/unit/test_a.py::test_b"),
+    ("ERROR tests/integration/test_m.py::test_n[invalid utf-8]\n!!! stopping\n211 passed, 1 error",
+     "tests/integration/test_m.py::test_n[invalid utf-8]"),
+    ("ERROR tests/unit/test_a.py - ImportError\n1 error", None),
+    ("1 failed in 3.0s", None),
+])
+def test_the_failing_test_is_read_from_the_kills_output(detail: str, test: str | None) -> None:
+    assert generated.failing_test(detail) == test
