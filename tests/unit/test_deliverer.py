@@ -6,7 +6,6 @@ real receiver on loopback; no database."""
 from __future__ import annotations
 
 import asyncio
-from typing import Any
 
 import psycopg
 from prometheus_client import REGISTRY
@@ -14,38 +13,14 @@ from structlog.testing import capture_logs
 
 from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.settings import worker_settings
+from tests.support.deliveries import deliver_one, deliverer_of
 from tests.support.waiting import wait_until
 from worker.backoff import FIRST_S
-from worker.delivery.loop import Deliverer
-
-
-def _deliverer(store: RecordingDeliveryStore, **settings: Any) -> Deliverer:
-    return Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01, webhook_timeout_s=5.0,
-                                     **settings), store)
-
-
-async def _deliver_one(lease: int, **settings: Any) -> tuple[RecordingDeliveryStore, int, WebhookReceiver]:
-    """One delivery to a receiver on this machine, run until its attempt is recorded: the store, the
-    delivery's id and the receiver."""
-    store = RecordingDeliveryStore()
-    with WebhookReceiver() as receiver:
-        secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
-        receiver.secrets.append(secret)
-        delivery = store.add(receiver.url, secret=secret, lease=lease)
-        deliverer = _deliverer(store, **settings)
-        running = asyncio.create_task(deliverer.run())
-        try:
-            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
-        finally:
-            deliverer.stop()
-            await running
-    return store, delivery.id, receiver
 
 
 async def test_a_delivered_attempt_is_recorded_under_its_lease() -> None:
     """A 2xx answer is recorded as delivered, with the attempt's own lease number."""
-    store, delivery_id, receiver = await _deliver_one(lease=7)
+    store, delivery_id, receiver = await deliver_one(lease=7)
     assert store.finished == [Finished(delivery_id, 7, "delivered", 204, None)]
     assert [d.verified for d in receiver.deliveries()] == [True]
 
@@ -58,7 +33,7 @@ async def test_a_database_that_errs_is_backed_off_and_logged_once_per_episode() 
         store.fail_next("claim", psycopg.errors.ReadOnlySqlTransaction("read-only"))
     with WebhookReceiver() as receiver:
         store.add(receiver.url)
-        deliverer = _deliverer(store)
+        deliverer = deliverer_of(store)
         with capture_logs() as logs:
             running = asyncio.create_task(deliverer.run())
             try:
@@ -83,7 +58,7 @@ async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_g
     store.fail_next("finish", psycopg.OperationalError("connection lost"))
     with WebhookReceiver() as receiver:
         first, second = store.add(receiver.url), store.add(receiver.url)
-        deliverer = _deliverer(store)
+        deliverer = deliverer_of(store)
         with capture_logs() as logs:
             running = asyncio.create_task(deliverer.run())
             try:
@@ -106,7 +81,7 @@ async def test_an_attempts_duration_is_what_it_took() -> None:
         return (REGISTRY.get_sample_value(f"{name}_count") or 0.0, REGISTRY.get_sample_value(f"{name}_sum") or 0.0)
 
     count_before, sum_before = observed()
-    await _deliver_one(lease=1)
+    await deliver_one(lease=1)
     count_after, sum_after = observed()
     assert count_after - count_before == 1
     assert 0 < sum_after - sum_before < 5.0
@@ -114,5 +89,5 @@ async def test_an_attempts_duration_is_what_it_took() -> None:
 
 async def test_a_deliverer_of_one_attempt_at_a_time_still_delivers() -> None:
     """WEBHOOK_CONCURRENCY=1: the one free slot is claimed and the delivery is made."""
-    store, delivery_id, _ = await _deliver_one(lease=3, webhook_concurrency=1)
+    store, delivery_id, _ = await deliver_one(lease=3, webhook_concurrency=1)
     assert store.finished == [Finished(delivery_id, 3, "delivered", 204, None)]

@@ -4,36 +4,21 @@ delivered, 200 as much as 204; a name is resolved for its scheme's port."""
 
 from __future__ import annotations
 
-import asyncio
 import ssl
 
 import pytest
 
 from shared.webhooks import Address, UnsafeUrl
-from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
-from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.settings import worker_settings
-from tests.support.waiting import wait_until
+from tests.fakes.recording_delivery_store import Finished
+from tests.support.deliveries import deliver_one
 from worker.delivery import send
-from worker.delivery.loop import Deliverer
 
 
 async def test_a_200_answer_is_delivered() -> None:
     """A receiver answering 200 OK (the most common answer) has its event recorded as delivered, once."""
-    store = RecordingDeliveryStore()
-    with WebhookReceiver() as receiver:
-        receiver.answer("ok_200")
-        delivery = store.add(receiver.url, lease=3)
-        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
-                                              webhook_timeout_s=5.0), store)
-        running = asyncio.create_task(deliverer.run())
-        try:
-            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
-        finally:
-            deliverer.stop()
-            await running
-        assert len(receiver.deliveries(status=200)) == 1
-    assert store.finished == [Finished(delivery.id, 3, "delivered", 200, None)]
+    store, delivery_id, receiver = await deliver_one(lease=3, answer="ok_200")
+    assert len(receiver.deliveries(status=200)) == 1
+    assert store.finished == [Finished(delivery_id, 3, "delivered", 200, None)]
 
 
 @pytest.mark.parametrize(("url", "port"), [("http://hooks.example/hook", 80), ("https://hooks.example/hook", 443)])

@@ -1,0 +1,40 @@
+"""One webhook delivery run through the real delivery loop on a recording
+store, to a receiver on this machine."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+from tests.fakes.recording_delivery_store import RecordingDeliveryStore
+from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.support.settings import worker_settings
+from tests.support.waiting import wait_until
+from worker.delivery.loop import Deliverer
+
+
+def deliverer_of(store: RecordingDeliveryStore, **settings: Any) -> Deliverer:
+    return Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01, webhook_timeout_s=5.0,
+                                     **settings), store)
+
+
+async def deliver_one(lease: int, *, answer: str | None = None,
+                      **settings: Any) -> tuple[RecordingDeliveryStore, int, WebhookReceiver]:
+    """One signed delivery, run until its attempt is recorded, to a receiver
+    answering as ``answer`` says (a mode of WebhookReceiver.answer; default
+    204): the store, the delivery's id and the receiver."""
+    store = RecordingDeliveryStore()
+    with WebhookReceiver() as receiver:
+        if answer is not None:
+            receiver.answer(answer)
+        secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
+        receiver.secrets.append(secret)
+        delivery = store.add(receiver.url, secret=secret, lease=lease)
+        running_deliverer = deliverer_of(store, **settings)
+        running = asyncio.create_task(running_deliverer.run())
+        try:
+            await wait_until(lambda: bool(store.finished), what="the attempt recorded")
+        finally:
+            running_deliverer.stop()
+            await running
+    return store, delivery.id, receiver
