@@ -28,6 +28,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 import tomllib
 from collections import Counter, defaultdict
@@ -270,18 +271,35 @@ def failing_test(detail: str) -> str | None:
     return failed.group(1) if failed is not None and "::" in failed.group(1) else None
 
 
-def confirm_kill(mutant: GeneratedMutant, test: str, scratch: Path, timeout_s: float) -> str | None:
-    """None when ``test``, run alone, fails with the mutant and then passes
-    without it; else why the kill is not confirmed. A test that fails for the
-    machine's load (a system test's processes, a connection refused) fails
-    either way, and is not a kill."""
-    code, _, tail = _mutated(mutant, scratch, [test], timeout_s)
-    if code != 1:
-        return f"{test} alone with the mutant: {'no end' if code is None else f'exit {code}'}: {tail}"
-    code, _, tail = _pytest([test], scratch, timeout_s)
-    if code != 0:
-        return f"{test} alone without the mutant: {'no end' if code is None else f'exit {code}'}: {tail}"
-    return None
+def tests_through(tests: list[str], test: str) -> list[str]:
+    """``tests`` up to the entry that ran ``test`` (its id, or its file): what
+    ran before it too, in order, as pytest -x ran them."""
+    for at, entry in enumerate(tests):
+        if test == entry or test.startswith(f"{entry}::") or test.startswith(f"{entry}["):
+            return tests[:at + 1]
+    return tests
+
+
+def confirm_kill(mutant: GeneratedMutant, test: str, tests: list[str], scratch: Path,
+                 timeout_s: float) -> str | None:
+    """None when the kill is repeated and is the mutant's: ``test`` fails
+    again with the mutant, alone, or (a failure left by an earlier test, such
+    as a fixture's error) after the tests that ran before it; and the same
+    tests then pass without the mutant. Else why the kill is not confirmed:
+    a test that fails for the machine's load (a system test's processes, a
+    connection refused) fails either way, or not again."""
+    runs = [[test]]
+    if (before := tests_through(tests, test)) != [test]:
+        runs.append(before)
+    for chosen in runs:
+        code, _, tail = _mutated(mutant, scratch, chosen, timeout_s)
+        if code != 1:
+            continue
+        code, _, tail = _pytest(chosen, scratch, timeout_s)
+        if code != 0:
+            return f"{test}: fails without the mutant too ({'no end' if code is None else f'exit {code}'}): {tail}"
+        return None
+    return f"{test}: did not fail again with the mutant"
 
 
 def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s: float, *,
@@ -304,7 +322,7 @@ def run_one(mutant: GeneratedMutant, tests: list[str], scratch: Path, timeout_s:
         if not confirm or test is None:
             return "killed", spent, tail
         started = time.monotonic()
-        why = confirm_kill(mutant, test, scratch, timeout_s) or ""
+        why = confirm_kill(mutant, test, tests, scratch, timeout_s) or ""
         spent += time.monotonic() - started
         if not why:
             return "killed", spent, f"{tail}\n{CONFIRMED}"
@@ -574,16 +592,20 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
 
 def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: dict[str, int],
                  started: float) -> int:
-    """The report's kills not yet confirmed, confirmed (``confirm_kill``):
-    a kill that is not runs again against the tests the report recorded for
-    it, to be judged anew. The report's other verdicts stand."""
+    """The report's kills not yet confirmed, confirmed (``confirm_kill``),
+    and its unconfirmed ones judged again: a kill that cannot be confirmed
+    runs again against the tests the report recorded for it. The report's
+    other verdicts stand; it is written after each mutant, so that a run
+    stopped part way resumes where it stopped."""
     recorded = json.loads((REPORT / "results.json").read_text())
     made = {m.key: m for m in every}
-    to_confirm = [Outcome(**entry) for entry in recorded["mutants"]
-                  if entry["verdict"] == "killed" and not confirmed(entry["detail"]) and entry["key"] in made]
+    to_confirm = [Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made
+                  and (entry["verdict"] == "unconfirmed"
+                       or entry["verdict"] == "killed" and not confirmed(entry["detail"]))]
     kept = {entry["key"]: Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made}
     collected = collected_tests(REPO, {t.split("::", 1)[0] for o in to_confirm for t in o.tests})
     sys.stdout.write(f"{len(to_confirm)} of the report's kills to confirm\n")
+    writing = threading.Lock()
 
     def one(outcome: Outcome, scratch: Path) -> None:
         mutant = made[outcome.key]
@@ -592,8 +614,12 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
         # the test as it is named today (renamed, or a file's whole when gone)
         killer_now = tests_now([killer], collected)[:1] if killer is not None else []
         began = time.monotonic()
-        why = (confirm_kill(mutant, killer_now[0], scratch, TIMEOUT_S) if killer_now
-               else "its failing test is no longer collected")
+        if outcome.verdict == "unconfirmed":
+            why = "unconfirmed in the report"
+        elif killer_now:
+            why = confirm_kill(mutant, killer_now[0], tests, scratch, TIMEOUT_S) or ""
+        else:
+            why = "its failing test is no longer collected"
         if not why:
             judged = Outcome(**{**asdict(outcome), "detail": f"{outcome.detail}\n{CONFIRMED}",
                                 "seconds": round(outcome.seconds + time.monotonic() - began, 1)})
@@ -602,14 +628,15 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
             verdict, seconds, detail = run_one(mutant, tests, scratch, TIMEOUT_S)
             judged = Outcome(outcome.key, mutant.file, mutant.where, mutant.operator, verdict, round(seconds, 1),
                              tests, detail, mutant.diff)
-        kept[outcome.key] = judged
-        _said(judged)
+        with writing:
+            kept[outcome.key] = judged
+            write_report(list(kept.values()), sizes, seed=recorded["seed"], seconds=recorded["seconds"],
+                         map_seconds=recorded["map_seconds"], map_test_files=recorded["map_test_files"])
+            _said(judged)
 
     _each_in_scratch(to_confirm, one, jobs=args.jobs, root=REPO)
     outcomes = list(kept.values())
-    summary = write_report(outcomes, sizes, seed=recorded["seed"], seconds=recorded["seconds"],
-                           map_seconds=recorded["map_seconds"], map_test_files=recorded["map_test_files"])
-    sys.stdout.write(summary)
+    sys.stdout.write(table(outcomes, sizes))
     sys.stdout.write(f"{len(to_confirm)} kills confirmed or judged anew in {time.monotonic() - started:.0f} s; "
                      f"report: {REPORT.relative_to(REPO)}/README.md\n")
     return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0

@@ -209,3 +209,33 @@ def test_a_kill_the_mutant_does_not_repeat_is_judged_again(tmp_path: Path) -> No
 ])
 def test_the_failing_test_is_read_from_the_kills_output(detail: str, test: str | None) -> None:
     assert generated.failing_test(detail) == test
+
+
+def test_a_failure_an_earlier_test_left_is_confirmed_with_the_tests_before_it(tmp_path: Path) -> None:
+    """The mutant makes the first test leave something behind that the second trips on (a fixture's error
+    in the next test, say): alone the second passes, after the first it fails, and without the mutant both
+    pass. The kill is the mutant's, and confirmed."""
+    mutant = _scratch_with_test(tmp_path, "pass")
+    (tmp_path / "test_it.py").write_text(
+        "from pathlib import Path\n"
+        "HERE = Path(__file__).parent\n"
+        "def test_leaves():\n"
+        "    if '<>' in (HERE / 'sql' / 'a.sql').read_text():\n"
+        "        (HERE / 'left-behind').write_text('')\n"
+        "def test_trips():\n"
+        "    left = HERE / 'left-behind'\n"
+        "    found = left.exists()\n"
+        "    left.unlink(missing_ok=True)\n"
+        "    assert not found\n")
+    tests = ["test_it.py::test_leaves", "test_it.py::test_trips"]
+    verdict, _, detail = generated.run_one(mutant, tests, tmp_path, timeout_s=60.0)
+    assert verdict == "killed" and generated.confirmed(detail)
+    assert "test_it.py::test_trips" in detail
+
+
+def test_the_tests_through_the_failing_one_are_those_pytest_ran_up_to_it() -> None:
+    tests = ["tests/unit/test_a.py::test_x", "tests/integration/test_b.py", "tests/unit/test_c.py::test_p"]
+    assert generated.tests_through(tests, "tests/integration/test_b.py::test_y[one]") == tests[:2]
+    assert generated.tests_through(tests, "tests/unit/test_c.py::test_p[2]") == tests
+    assert generated.tests_through(tests, "tests/unit/test_a.py::test_x") == tests[:1]
+    assert generated.tests_through(tests, "tests/unit/test_a.py::test_xy") == tests
