@@ -53,9 +53,9 @@ def admission(client_id: int, idempotency_key: str, request: StoryRequest, setti
 
 class AdmissionBatcher:
     def __init__(
-        self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int,
-        connection_wait_s: float, budget_usd: Decimal | None = None, client_budget_usd: Decimal | None = None,
-        batch_queue_max: int = 10_000, client_batch_queue_max: int = 5_000, tracer: Tracer | None = None,
+        self, pool: AsyncConnectionPool, *, queue_max: int, client_queue_max: int, batch_queue_max: int,
+        client_batch_queue_max: int, connection_wait_s: float, budget_usd: Decimal | None = None,
+        client_budget_usd: Decimal | None = None, tracer: Tracer | None = None,
     ) -> None:
         self._pool = pool
         # one span per batch written, linked to each admitted job's trace

@@ -24,7 +24,8 @@ async def test_concurrent_admissions_share_transactions(
 ) -> None:
     """40 admissions at once are all stored, in fewer transactions than admissions."""
     client = await client_id_of(conn)
-    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000, connection_wait_s=5)
+    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000,
+                               batch_queue_max=100, client_batch_queue_max=100, connection_wait_s=5)
     results = await asyncio.gather(*(batcher.admit(_admission(client, f"key-{n}")) for n in range(40)))
     assert [r.outcome for r in results] == ["inserted"] * 40
     assert len({r.public_id for r in results}) == 40
@@ -37,7 +38,8 @@ async def test_one_key_twice_in_a_batch_is_one_job(
 ) -> None:
     """The same key sent twice at once makes one job; the second answer is a replay of it."""
     client = await client_id_of(conn)
-    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000, connection_wait_s=5)
+    batcher = AdmissionBatcher(pool, queue_max=1000, client_queue_max=1000,
+                               batch_queue_max=100, client_batch_queue_max=100, connection_wait_s=5)
     first, second = await asyncio.gather(batcher.admit(_admission(client, "same")),
                                          batcher.admit(_admission(client, "same")))
     assert (first.outcome, second.outcome) == ("inserted", "existing")
@@ -52,7 +54,8 @@ async def test_a_batch_is_admitted_in_order_up_to_each_bound(
     three, then stops at four in all; the refusals say which queue was full."""
     alice = await client_id_of(conn, "alice")
     bob = await client_id_of(conn, "bob")
-    batcher = AdmissionBatcher(pool, queue_max=4, client_queue_max=3, connection_wait_s=5)
+    batcher = AdmissionBatcher(pool, queue_max=4, client_queue_max=3,
+                               batch_queue_max=100, client_batch_queue_max=100, connection_wait_s=5)
     asked = [(alice, "a1"), (alice, "a2"), (alice, "a3"), (alice, "a4"), (bob, "b1"), (bob, "b2")]
     results = await asyncio.gather(*(batcher.admit(_admission(c, k)) for c, k in asked))
     outcomes = [r.outcome for r in results]

@@ -25,7 +25,8 @@ def _admissions(client: int, n: int) -> list[Any]:
 
 async def test_one_admission_is_answered(pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]) -> None:
     """One request alone is written and answered as inserted, within seconds."""
-    batcher = AdmissionBatcher(pool, queue_max=100, client_queue_max=100, connection_wait_s=5.0)
+    batcher = AdmissionBatcher(pool, queue_max=100, client_queue_max=100,
+                               batch_queue_max=100, client_batch_queue_max=100, connection_wait_s=5.0)
     (one,) = _admissions(await client_id_of(conn), 1)
     result = await asyncio.wait_for(batcher.admit(one), timeout=10)
     assert result.outcome == "inserted"
@@ -38,7 +39,8 @@ async def test_each_waiting_request_hears_its_batchs_database_error_and_the_next
     batches is answered with the pool's own error, within seconds, the second batch tried after the first
     failed."""
     unopened = AsyncConnectionPool(database_url, open=False)
-    batcher = AdmissionBatcher(unopened, queue_max=100, client_queue_max=100, connection_wait_s=1.0)
+    batcher = AdmissionBatcher(unopened, queue_max=100, client_queue_max=100,
+                               batch_queue_max=100, client_batch_queue_max=100, connection_wait_s=1.0)
     requests = _admissions(await client_id_of(conn), MAX_BATCH + 1)
     answers = await asyncio.wait_for(asyncio.gather(*(batcher.admit(a) for a in requests),
                                                     return_exceptions=True), timeout=10)
