@@ -5,7 +5,6 @@ its attempt's lease, which no operator's retry gives back."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from typing import Any
 
@@ -19,6 +18,7 @@ from shared import webhooks
 from shared.console_store import ConsoleStore
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import client_id_of, count, enqueue
+from tests.support.deliveries import delivering
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from worker.delivery.loop import Deliverer
@@ -80,13 +80,9 @@ async def test_an_attempt_that_raises_anything_is_recorded_and_the_delivery_ends
                                               webhook_timeout_s=2.0, webhook_poll_interval_s=0.05),
                               PgDeliveryStore(pool))
         with structlog.testing.capture_logs() as logs:
-            running = asyncio.create_task(deliverer.run())
-            try:
+            async with delivering(deliverer):
                 await wait_until(lambda: _ended(conn, bad_id), timeout=20, what="the broken delivery ended")
                 await wait_until(lambda: len(receiver.deliveries()) == 1, what="the other client's webhook")
-            finally:
-                deliverer.stop()
-                await running
     state, attempts, last_error = await _state(conn, bad_id)
     assert (state, attempts) == ("dead", webhooks.MAX_ATTEMPTS)
     assert last_error is not None and last_error.startswith("unexpected ")

@@ -6,7 +6,6 @@ URL or the secret, nor sends a traceparent to the receiver."""
 
 from __future__ import annotations
 
-import asyncio
 from typing import Any
 
 import psycopg
@@ -19,6 +18,7 @@ from api.store import ApiStore
 from shared import webhooks
 from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.database import client_id_of, enqueue
+from tests.support.deliveries import delivering
 from tests.support.settings import worker_settings
 from tests.support.tracing import every_attribute_text, named
 from tests.support.waiting import wait_until
@@ -46,14 +46,10 @@ async def test_a_webhooks_first_attempt_joins_the_jobs_trace_and_a_retry_links_t
         deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_retry_scale=0.1,
                                               webhook_poll_interval_s=0.05),
                               PgDeliveryStore(pool), tracer=tracer_provider.get_tracer("worker"))
-        running = asyncio.create_task(deliverer.run())
-        try:
+        async with delivering(deliverer):
             await wait_until(lambda: _attempts(span_exporter, 1), what="the first attempt")
             receiver.answer("ok")
             await wait_until(lambda: _attempts(span_exporter, 2), what="the retry")
-        finally:
-            deliverer.stop()
-            await running
     first, retry = sorted(named(span_exporter, "storyjobs.webhook.attempt"),
                           key=lambda s: str(dict(s.attributes or {})["storyjobs.webhook.attempt"]))
     job_trace = admitting.get_span_context()

@@ -4,6 +4,8 @@ store, to a receiver on this machine."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from typing import Any
 
 from tests.fakes.recording_delivery_store import RecordingDeliveryStore
@@ -18,6 +20,17 @@ def deliverer_of(store: RecordingDeliveryStore, **settings: Any) -> Deliverer:
                                      **settings), store)
 
 
+@asynccontextmanager
+async def delivering(deliverer: Deliverer) -> AsyncIterator[None]:
+    """The deliverer's loop running for the block, stopped and ended after it."""
+    running = asyncio.create_task(deliverer.run())
+    try:
+        yield
+    finally:
+        deliverer.stop()
+        await running
+
+
 async def deliver_one(lease: int, *, answer: str | None = None,
                       **settings: Any) -> tuple[RecordingDeliveryStore, int, WebhookReceiver]:
     """One signed delivery, run until its attempt is recorded, to a receiver
@@ -30,11 +43,6 @@ async def deliver_one(lease: int, *, answer: str | None = None,
         secret = "whsec_" + "MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw"
         receiver.secrets.append(secret)
         delivery = store.add(receiver.url, secret=secret, lease=lease)
-        running_deliverer = deliverer_of(store, **settings)
-        running = asyncio.create_task(running_deliverer.run())
-        try:
+        async with delivering(deliverer_of(store, **settings)):
             await wait_until(lambda: bool(store.finished), what="the attempt recorded")
-        finally:
-            running_deliverer.stop()
-            await running
     return store, delivery.id, receiver

@@ -5,15 +5,13 @@ real receiver on loopback; no database."""
 
 from __future__ import annotations
 
-import asyncio
-
 import psycopg
 from prometheus_client import REGISTRY
 from structlog.testing import capture_logs
 
 from tests.fakes.recording_delivery_store import Finished, RecordingDeliveryStore
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.deliveries import deliver_one, deliverer_of
+from tests.support.deliveries import deliver_one, deliverer_of, delivering
 from tests.support.waiting import wait_until
 from worker.backoff import FIRST_S
 
@@ -35,12 +33,8 @@ async def test_a_database_that_errs_is_backed_off_and_logged_once_per_episode() 
         store.add(receiver.url)
         deliverer = deliverer_of(store)
         with capture_logs() as logs:
-            running = asyncio.create_task(deliverer.run())
-            try:
+            async with delivering(deliverer):
                 await wait_until(lambda: bool(store.finished), timeout=20, what="the attempt after the outage")
-            finally:
-                deliverer.stop()
-                await running
     events = [e["event"] for e in logs]
     assert events.count("webhook.database_error") == 1 and events.count("webhook.database_recovered") == 1
     (error,) = [e for e in logs if e["event"] == "webhook.database_error"]
@@ -60,12 +54,8 @@ async def test_an_attempt_whose_record_fails_is_left_to_its_lease_and_the_loop_g
         first, second = store.add(receiver.url), store.add(receiver.url)
         deliverer = deliverer_of(store)
         with capture_logs() as logs:
-            running = asyncio.create_task(deliverer.run())
-            try:
+            async with delivering(deliverer):
                 await wait_until(lambda: bool(store.finished), what="the second attempt recorded")
-            finally:
-                deliverer.stop()
-                await running
     # the two attempts run at once: whichever records first meets the refusal
     (failed,) = [e for e in logs if e["event"] == "webhook.record_failed"]
     (recorded,) = [f.delivery_id for f in store.finished]
