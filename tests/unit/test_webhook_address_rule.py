@@ -10,7 +10,7 @@ import socket
 import ssl
 
 import pytest
-from hypothesis import given
+from hypothesis import example, given
 from hypothesis import strategies as st
 
 from shared import webhooks
@@ -109,6 +109,18 @@ def test_a_numeric_spelling_is_the_address_the_resolver_reads(host: str, meant: 
 
 
 @given(st.text(alphabet="0123456789abcdefxX.", max_size=24))
+# the last part's bound at each count of parts, at it and one below, which
+# random text rarely reaches
+@example("4294967295")
+@example("4294967296")
+@example("0x100000000")
+@example("1.16777215")
+@example("1.16777216")
+@example("1.0x1000000")
+@example("1.2.65535")
+@example("1.2.65536")
+@example("1.2.3.255")
+@example("1.2.3.256")
 def test_numeric_hosts_are_read_exactly_as_inet_aton_reads_them(host: str) -> None:
     """For any string of digits, hex letters, x and dots, numeric_host and socket.inet_aton agree."""
     try:

@@ -74,6 +74,9 @@ def test_retry_after_replaces_the_schedule_up_to_its_longest_wait() -> None:
         7.0, 2.5, None, None, None]
     # float() reads these too: a wait with no end is no wait a schedule can keep
     assert [webhooks.parse_retry_after(v) for v in ("inf", "Infinity", "nan")] == [None, None, None]
+    # RFC 9110's delay-seconds include 0: try again at once, not after the schedule's wait
+    assert webhooks.parse_retry_after("0") == 0.0
+    assert webhooks.retry_in_s(1, webhooks.parse_retry_after("0"), scale=1.0) == 0.0
 
 
 @pytest.mark.parametrize("url", [
@@ -81,7 +84,7 @@ def test_retry_after_replaces_the_schedule_up_to_its_longest_wait() -> None:
     "https://127.0.0.1/", "https://169.254.169.254/latest/meta-data/", "https://10.1.2.3/", "https://192.168.0.1/",
     "https://100.64.0.1/", "https://[::1]/", "https://[fe80::1]/", "https://[fd00::1]/",
     "https://[::ffff:127.0.0.1]/", "https://[2002:a9fe:a9fe::1]/", "https://0.0.0.0/", "https://224.0.0.1/",
-    "https://example.com:0/", "https://example.com/" + "x" * 2000,
+    "https://example.com:0/", "https://example.com:65536/", "https://example.com/" + "x" * 2000,
 ])
 def test_unsafe_urls_are_refused(url: str) -> None:
     """Not https, credentials, or an address literal that is not public: UnsafeUrl."""
@@ -90,7 +93,8 @@ def test_unsafe_urls_are_refused(url: str) -> None:
 
 
 @pytest.mark.parametrize("url", ["https://hooks.example.com/in", "https://8.8.8.8:8443/x",
-                                 "https://[2606:4700:4700::1111]/"])
+                                 "https://[2606:4700:4700::1111]/", "https://hooks.example.com:1/",
+                                 "https://hooks.example.com:65535/"])
 def test_https_names_and_public_addresses_are_accepted(url: str) -> None:
     """A name (checked at delivery) or a public address literal passes."""
     webhooks.check_url(url, allow_private=False)
