@@ -557,7 +557,8 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
                    started: float) -> int:
     """The report's survivors (survived, timed out, not covered) once more,
     after new tests: each against the test files written since the report's
-    map that name its code, then the tests the report recorded for it. The
+    map that name its code, then the tests the report recorded for it, with
+    every parameter of a parametrized one (a new case is a new test). The
     report's other verdicts stand: a new test cannot bring a killed mutant
     back, and the listed ones are read from the list again."""
     recorded = json.loads((REPORT / "results.json").read_text())
@@ -574,7 +575,9 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
         elif entry["verdict"] in SURVIVING:
             again.append(mutant)
             new_files = [f for f in candidate_test_files(REPO, [mutant]) if f not in mapped]
-            wanted[mutant.key] = new_files + entry["tests"]
+            # a recorded test's every parameter, those added since included
+            families = list(dict.fromkeys(test.split("[", 1)[0] for test in entry["tests"]))
+            wanted[mutant.key] = new_files + families
         elif entry["key"] in known:
             kept.append(Outcome(**{**entry, "verdict": "equivalent", "detail": known[entry["key"]]}))
         else:
