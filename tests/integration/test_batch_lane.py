@@ -274,7 +274,7 @@ async def test_a_stray_batch_found_after_a_lost_intent_is_cancelled_and_its_resu
 ) -> None:
     """A create answered after the grace (its batch made late, with one request too many to match): the
     intent is lost and its job failed at its worst case; the batch found later is a stray, cancelled, and
-    its result brings the job's charge down to what it cost."""
+    its result brings the job's charge down to what it cost and replaces the request's lost result."""
     client = await client_id_of(conn)
     await enqueue_batch(conn, client, "a late owl")
     fake.queue(BatchPlan(status=500))
@@ -298,6 +298,9 @@ async def test_a_stray_batch_found_after_a_lost_intent_is_cancelled_and_its_resu
     ((cost, charged, outcome),) = await cur.fetchall()
     assert outcome == "succeeded" and cost == charged
     assert await count(conn, "SELECT count(*) FROM message_batches WHERE state = 'ended'") == 1
+    # the intent's request, read as lost, now reads as what its stray answered (the console's counts)
+    cur = await conn.execute("SELECT result FROM message_batch_items")
+    assert await cur.fetchall() == [("succeeded",)]
 
 
 async def _late_batch_of_the_lost_intent(conn: Conn, fake: FakeBatches, prompt: str) -> str:
