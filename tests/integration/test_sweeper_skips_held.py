@@ -1,8 +1,8 @@
 """The sweeper's stale-job statement (job_fail_stale) skips a job whose row
 another session holds (a worker writing its end, a cancel, the batch lane
-taking it into a batch) instead of waiting for it: the other stale jobs are
-failed at once, and the held one is judged again at the next pass, as it
-then is."""
+taking it into a batch) instead of waiting for it, by each of its rules:
+the other stale jobs are failed at once, and the held one is judged again
+at the next pass, as it then is."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ import pytest
 from psycopg_pool import AsyncConnectionPool
 
 from sweeper.store import PgSweeperStore
+from tests.support import ops_seed as seed
 from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue, enqueue_batch
 
@@ -30,6 +31,22 @@ async def _stale_running(conn: Conn, client: int) -> tuple[list[int], str]:
     return sorted(job.id for job in claimed.claimed), "running"
 
 
+async def _stale_pending(conn: Conn, client: int) -> tuple[list[int], str]:
+    """Two interactive jobs that have waited two hours, past the pending timeout of one."""
+    for n in range(2):
+        await enqueue(conn, client, f"story {n}")
+    cur = await conn.execute("UPDATE story_jobs SET created_at = created_at - interval '2 hours' RETURNING id")
+    return sorted(row[0] for row in await cur.fetchall()), "pending"
+
+
+async def _stale_batched(conn: Conn, client: int) -> tuple[list[int], str]:
+    """Two jobs running in a batch sent two days ago that expired a day ago, without their results."""
+    jobs = await seed.insert_jobs(conn, [seed.running(client, 2 * 86400) for _ in range(2)])
+    await seed.batch(conn, "sent", jobs, created_ago_s=2 * 86400, provider_batch_id="msgbatch_expired",
+                     expires_in_s=-86400)
+    return sorted(job.id for job in jobs), "running"
+
+
 async def _stale_batch_waiting(conn: Conn, client: int) -> tuple[list[int], str]:
     """Two batch jobs that have waited two days for a batch, past their day and its collection."""
     for n in range(2):
@@ -38,7 +55,8 @@ async def _stale_batch_waiting(conn: Conn, client: int) -> tuple[list[int], str]
     return [row[0] for row in await cur.fetchall()], "pending"
 
 
-@pytest.mark.parametrize("stale", [_stale_running, _stale_batch_waiting], ids=["running", "batch-waiting"])
+@pytest.mark.parametrize("stale", [_stale_pending, _stale_running, _stale_batch_waiting, _stale_batched],
+                         ids=["pending", "running", "batch-waiting", "batched"])
 async def test_a_held_stale_job_is_skipped_and_the_others_are_failed_without_waiting(
     conn: Conn, pool: AsyncConnectionPool, database_url: str, stale: Any,
 ) -> None:
