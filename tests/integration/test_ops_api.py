@@ -12,7 +12,6 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
-import httpx
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
@@ -25,9 +24,8 @@ from sweeper.store import PgSweeperStore
 from tests.support import ops_seed as seed
 from tests.support.api_client import api_client, assert_problem, new_key
 from tests.support.database import count
+from tests.support.ops_jobs_list import OPS, every_page, expected_ids, history
 from tests.support.settings import sweeper_settings
-
-OPS = "/ops/api"
 
 
 async def _status(conn: psycopg.AsyncConnection[Any], job: seed.Job) -> tuple[str, str | None, str | None]:
@@ -125,51 +123,6 @@ async def test_the_ops_endpoints_are_documented_under_the_ops_tag_with_the_opera
 # -- the jobs list ---------------------------------------------------------------------
 
 
-async def _history(conn: psycopg.AsyncConnection[Any]) -> dict[str, int]:
-    """Two clients' jobs in every state over the last two days, oldest first."""
-    acme, _ = await seed.client(conn, "acme")
-    globex, _ = await seed.client(conn, "globex")
-    jobs = []
-    for n in range(40):
-        owner = acme if n % 3 else globex
-        ago = 2 * 86400 - n * 4000
-        if n % 7 == 0:
-            jobs.append(seed.failed(owner, ago, "llm_error", calls=[seed.Call("failed", cost_usd=Decimal("0.01"))]))
-        elif n % 11 == 0:
-            jobs.append(seed.failed(owner, ago, "queue_timeout"))
-        else:
-            jobs.append(seed.completed(owner, ago))
-    jobs += [seed.running(acme, 30), seed.running(globex, 20)]
-    jobs += [seed.pending(owner, 15 - n) for n, owner in enumerate([acme, globex, acme, acme, globex])]
-    await seed.insert_jobs(conn, jobs)
-    return {"acme": acme, "globex": globex}
-
-
-async def _expected(conn: psycopg.AsyncConnection[Any], where: str, params: dict[str, Any], live: bool) -> list[str]:
-    order = "created_at DESC, id DESC" if live else "id DESC"
-    cur = await conn.execute(f"SELECT public_id::text FROM story_jobs WHERE {where} ORDER BY {order}",  # noqa: S608
-                             params)
-    return [row[0] for row in await cur.fetchall()]
-
-
-async def _every_page(client: httpx.AsyncClient, params: dict[str, Any], limit: int) -> tuple[list[str], int]:
-    """The job ids of every page, following next_cursor; and how many requests that took."""
-    found: list[str] = []
-    cursor = None
-    for requests in range(1, 200):
-        answer = await client.get(f"{OPS}/jobs", params={**params, "limit": limit,
-                                                           **({"cursor": cursor} if cursor else {})})
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["cache-control"] == "no-store"
-        page = answer.json()
-        assert len(page["jobs"]) <= limit
-        found += [job["job_id"] for job in page["jobs"]]
-        cursor = page["next_cursor"]
-        if cursor is None:
-            return found, requests
-    raise AssertionError("the list never ended")
-
-
 FILTERS = [
     ({}, "true", False),
     ({"status": "completed"}, "status = 'completed'", False),
@@ -192,7 +145,7 @@ async def test_the_jobs_list_pages_through_exactly_the_matching_jobs_newest_firs
     """With each request looking at only 7 ids and 3 jobs a page, following next_cursor lists every job the
     filter matches, once, newest first (live statuses by creation time), and then stops."""
     monkeypatch.setattr(paging, "SCAN_IDS", 7)
-    clients = await _history(conn)
+    clients = await history(conn)
     params: dict[str, Any] = {k: v for k, v in asked.items() if k in ("status", "error_code")}
     if "client" in asked:
         params["client_id"] = clients[asked["client"]]
@@ -204,15 +157,15 @@ async def test_the_jobs_list_pages_through_exactly_the_matching_jobs_newest_firs
         params["created_after"] = (now - timedelta(hours=asked["window"][0])).isoformat()
         if asked["window"][1]:
             params["created_before"] = (now - timedelta(hours=asked["window"][1])).isoformat()
-    expected = await _expected(conn, where, clients, live)
+    expected = await expected_ids(conn, where, clients, live)
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
-        found, requests = await _every_page(client, params, limit=3)
+        found, requests = await every_page(client, params, limit=3)
     assert expected, "the filter should match some jobs"
     assert found == expected
     if not live and "window" not in asked:
         # a stretch of 7 ids per request: the history is walked down to its first id
-        assert requests >= len(await _expected(conn, "true", {}, False)) // 7
+        assert requests >= len(await expected_ids(conn, "true", {}, False)) // 7
 
 
 async def test_a_time_bound_becomes_an_id_bound_that_misses_no_job(conn: psycopg.AsyncConnection[Any]) -> None:
@@ -662,3 +615,4 @@ async def test_the_clients_screen_counts_each_clients_jobs_made_today_and_its_fa
     after = await counted()
     assert after != before
     assert await screen() == after
+
