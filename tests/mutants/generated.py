@@ -605,6 +605,9 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
     to_confirm = [Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made
                   and (entry["verdict"] == "unconfirmed"
                        or entry["verdict"] == "killed" and not confirmed(entry["detail"]))]
+    # the kills most likely the machine's, first: by a system test, by a
+    # fixture's error, by an integration test; a unit test's last
+    to_confirm.sort(key=_doubt)
     kept = {entry["key"]: Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made}
     collected = collected_tests(REPO, {t.split("::", 1)[0] for o in to_confirm for t in o.tests})
     sys.stdout.write(f"{len(to_confirm)} of the report's kills to confirm\n")
@@ -643,6 +646,16 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
     sys.stdout.write(f"{len(to_confirm)} kills confirmed or judged anew in {time.monotonic() - started:.0f} s; "
                      f"report: {REPORT.relative_to(REPO)}/README.md\n")
     return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0
+
+
+def _doubt(outcome: Outcome) -> int:
+    """How likely a kill is the machine's rather than the mutant's: 0, most."""
+    killer = failing_test(outcome.detail) or ""
+    if outcome.verdict == "unconfirmed" or killer.startswith("tests/system/"):
+        return 0
+    if re.search(r"^ERROR ", outcome.detail, re.MULTILINE):
+        return 1
+    return 2 if killer.startswith("tests/integration/") else 3
 
 
 def _killed_by_system_test(detail: str) -> bool:
