@@ -1,6 +1,7 @@
 """The offline writer (no ANTHROPIC_API_KEY: demos and tests) calls no
-model, so the stories it writes cost nothing: the ledger records their
-tokens at no charge, and no budget is spent on them."""
+model, so the stories it writes cost nothing (its price is shared.pricing's
+FREE): the ledger records their tokens at no charge, and no budget is spent
+on them."""
 
 from __future__ import annotations
 
