@@ -668,12 +668,13 @@ def main_ci(args: argparse.Namespace) -> int:
     """A few verified mutants, chosen by the commit's seed, with their recorded tests."""
     started = time.monotonic()
     recorded = json.loads((REPORT / "results.json").read_text())
-    # killed in the report (an equivalent one would only spend CI's time
-    # surviving), and quick enough that six fit CI's five minutes two at a time
+    # killed in the report, the kill confirmed (an equivalent one would only
+    # spend CI's time surviving, a kill by the machine's load would survive
+    # here), and quick enough that six fit CI's five minutes two at a time
     # and killed by a test of one process: a system test's failure can be
     # the machine's load as well as the mutant, on either side
-    verified = [m for m in recorded["mutants"] if m["verdict"] == "killed" and m["seconds"] <= CI_MUTANT_S
-                and not _killed_by_system_test(m["detail"])]
+    verified = [m for m in recorded["mutants"] if m["verdict"] == "killed" and confirmed(m["detail"])
+                and m["seconds"] <= CI_MUTANT_S and not _killed_by_system_test(m["detail"])]
     # the code moves under the report: a mutant whose line changed since is no
     # longer made, and is said, not sampled (make mutants-all judges it anew)
     made = {m.key: m for m in population(REPO, {m["file"] for m in verified})}
