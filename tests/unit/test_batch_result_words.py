@@ -25,3 +25,13 @@ def test_a_story_carries_no_error_words() -> None:
                                            body="Once upon a time.", input_tokens=10, output_tokens=20),
                            ITEM, default_max_tokens=1600)
     assert (record.result, record.title, record.error_text) == ("succeeded", "The Owl", None)
+
+
+def test_a_story_without_text_is_no_story_and_says_so() -> None:
+    """A success whose answer holds no text was billed for nothing to show: its job fails, never completes
+    with an empty story."""
+    record = result_record(BatchItemResult(custom_id="sj-1-1-1", kind=ResultKind.SUCCEEDED, title="The Owl",
+                                           body=" \n ", input_tokens=10, output_tokens=20),
+                           ITEM, default_max_tokens=1600)
+    assert (record.result, record.story_id, record.error_text) == ("unknown", None,
+                                                                  "the batch's answer had no story text")
