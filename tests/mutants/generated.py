@@ -550,12 +550,12 @@ def main_all(args: argparse.Namespace) -> int:
     return 1 if bad else 0
 
 
-SURVIVING = ("survived", "timed out", "not covered")
+SURVIVING = ("survived", "timed out", "not covered", "unconfirmed")
 
 
 def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes: dict[str, int],
                    started: float) -> int:
-    """The report's survivors (survived, timed out, not covered) once more,
+    """The report's survivors (survived, timed out, not covered, unconfirmed) once more,
     after new tests: each against the test files written since the report's
     map that name its code, then the tests the report recorded for it, with
     every parameter of a parametrized one (a new case is a new test). The
@@ -595,16 +595,16 @@ def main_survivors(args: argparse.Namespace, every: list[GeneratedMutant], sizes
 
 def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: dict[str, int],
                  started: float) -> int:
-    """The report's kills not yet confirmed, confirmed (``confirm_kill``),
-    and its unconfirmed ones judged again: a kill that cannot be confirmed
-    runs again against the tests the report recorded for it. The report's
-    other verdicts stand; it is written after each mutant, so that a run
-    stopped part way resumes where it stopped."""
+    """The report's kills not yet confirmed, confirmed (``confirm_kill``).
+    A kill that cannot be confirmed is reported unconfirmed, with why, for
+    ``--again --survivors`` to judge (against the tests written for it since,
+    or listed as equivalent): its recorded tests alone already let it
+    through once. The report's other verdicts stand; it is written after
+    each mutant, so that a run stopped part way resumes where it stopped."""
     recorded = json.loads((REPORT / "results.json").read_text())
     made = {m.key: m for m in every}
     to_confirm = [Outcome(**entry) for entry in recorded["mutants"] if entry["key"] in made
-                  and (entry["verdict"] == "unconfirmed"
-                       or entry["verdict"] == "killed" and not confirmed(entry["detail"]))]
+                  and entry["verdict"] == "killed" and not confirmed(entry["detail"])]
     # the kills most likely the machine's, first: by a system test, by a
     # fixture's error, by an integration test; a unit test's last
     to_confirm.sort(key=_doubt)
@@ -620,20 +620,14 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
         # the test as it is named today (renamed, or a file's whole when gone)
         killer_now = tests_now([killer], collected)[:1] if killer is not None else []
         began = time.monotonic()
-        if outcome.verdict == "unconfirmed":
-            why = "unconfirmed in the report"
-        elif killer_now:
-            why = confirm_kill(mutant, killer_now[0], tests, scratch, TIMEOUT_S) or ""
+        why = (confirm_kill(mutant, killer_now[0], tests, scratch, TIMEOUT_S) or "" if killer_now
+               else "its failing test is no longer collected")
+        spent = round(outcome.seconds + time.monotonic() - began, 1)
+        if why:
+            judged = Outcome(**{**asdict(outcome), "verdict": "unconfirmed", "tests": tests,
+                                "detail": f"{outcome.detail}\n{why}", "seconds": spent})
         else:
-            why = "its failing test is no longer collected"
-        if not why:
-            judged = Outcome(**{**asdict(outcome), "detail": f"{outcome.detail}\n{CONFIRMED}",
-                                "seconds": round(outcome.seconds + time.monotonic() - began, 1)})
-        else:
-            sys.stdout.write(f"not confirmed: {outcome.key}: {why}\n")
-            verdict, seconds, detail = run_one(mutant, tests, scratch, TIMEOUT_S)
-            judged = Outcome(outcome.key, mutant.file, mutant.where, mutant.operator, verdict, round(seconds, 1),
-                             tests, detail, mutant.diff)
+            judged = Outcome(**{**asdict(outcome), "detail": f"{outcome.detail}\n{CONFIRMED}", "seconds": spent})
         with writing:
             kept[outcome.key] = judged
             write_report(list(kept.values()), sizes, seed=recorded["seed"], seconds=recorded["seconds"],
@@ -643,7 +637,7 @@ def main_confirm(args: argparse.Namespace, every: list[GeneratedMutant], sizes: 
     _each_in_scratch(to_confirm, one, jobs=args.jobs, root=REPO)
     outcomes = list(kept.values())
     sys.stdout.write(table(outcomes, sizes))
-    sys.stdout.write(f"{len(to_confirm)} kills confirmed or judged anew in {time.monotonic() - started:.0f} s; "
+    sys.stdout.write(f"{len(to_confirm)} kills confirmed or not in {time.monotonic() - started:.0f} s; "
                      f"report: {REPORT.relative_to(REPO)}/README.md\n")
     return 1 if any(o.verdict not in ("killed", "equivalent") for o in outcomes) else 0
 
