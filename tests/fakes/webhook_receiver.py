@@ -3,7 +3,8 @@ verifies every delivery with the ``standardwebhooks`` package (the spec's own
 library, not storyjobs' code), records it, and answers as the test says:
 ``ok`` (204), ``fail`` (500), ``gone`` (410), ``retry_after`` (503 with
 ``Retry-After``), ``hang`` (holds the request until told otherwise),
-``redirect`` (302 to ``redirect_to``). ``stop()`` and ``start()`` take it off
+``redirect`` (302 to ``redirect_to``), ``ok_200`` (200), ``multiple_choices``
+(300, no redirect). ``stop()`` and ``start()`` take it off
 and back onto its port, as a receiver that is down for a while.
 """
 
@@ -123,7 +124,8 @@ class WebhookReceiver:
             with self._lock:
                 self.hanging -= 1
             mode = self.mode if self.mode != "hang" else "fail"
-        status = {"ok": 204, "ok_200": 200, "fail": 500, "gone": 410, "retry_after": 503, "redirect": 302}[mode]
+        status = {"ok": 204, "ok_200": 200, "fail": 500, "gone": 410, "retry_after": 503, "redirect": 302,
+                  "multiple_choices": 300}[mode]
         try:
             body = json.loads(raw)
         except ValueError:

@@ -14,6 +14,13 @@ from tests.support.deliveries import deliver_one
 from worker.delivery import send
 
 
+async def test_a_300_answer_is_no_delivery() -> None:
+    """300 Multiple Choices is not a 2xx: the attempt is retried, never recorded as delivered."""
+    store, delivery_id, receiver = await deliver_one(lease=3, answer="multiple_choices")
+    assert len(receiver.deliveries(status=300)) == 1
+    assert [(f.delivery_id, f.outcome, f.status_code) for f in store.finished] == [(delivery_id, "retry", 300)]
+
+
 async def test_a_200_answer_is_delivered() -> None:
     """A receiver answering 200 OK (the most common answer) has its event recorded as delivered, once."""
     store, delivery_id, receiver = await deliver_one(lease=3, answer="ok_200")
