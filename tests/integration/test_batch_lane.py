@@ -14,6 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
+from structlog.testing import capture_logs
 
 from api.store import ApiStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
@@ -249,9 +250,13 @@ async def test_a_batch_whose_jobs_are_all_cancelled_is_cancelled_at_the_provider
     await lane.tick_once()
     for job in jobs:
         await ApiStore(conn).job_cancel(client_id=client, job_id=job)
-    await lane.tick_once()
+    with capture_logs() as logs:
+        await lane.tick_once()
     (batch,) = fake.batches
     assert batch.processing_status in ("canceling", "ended")
+    # the log says which: one of ours, every job of it ended, not a stray
+    assert [(e["provider_batch_id"], e["stray"]) for e in logs if e["event"] == "batch.cancel_asked"] == [
+        (batch.id, False)]
     await lane.tick_once()
     assert fake.bills_by_custom_id() == {}
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE outcome = 'canceled' AND NOT billed") == 2
