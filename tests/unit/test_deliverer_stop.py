@@ -12,6 +12,7 @@ from tests.fakes.webhook_receiver import WebhookReceiver
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from worker.delivery.loop import Deliverer
+from worker.delivery.rows import DeliveryOutcome
 
 
 async def test_an_attempt_in_flight_at_stop_runs_to_its_timeout_and_is_recorded() -> None:
@@ -31,3 +32,38 @@ async def test_an_attempt_in_flight_at_stop_runs_to_its_timeout_and_is_recorded(
         finally:
             receiver.answer("ok")
     assert [(f.lease, f.outcome) for f in store.finished] == [(1, "retry")]
+
+
+class _StuckStore(RecordingDeliveryStore):
+    """A store whose record of an attempt never answers (a database that hangs): the attempt cannot end."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.recording = asyncio.Event()
+        self.cancelled = False
+
+    async def finish(self, delivery_id: int, lease: int, outcome: DeliveryOutcome, *, retry_in_s: float = 0.0,
+                     status_code: int | None = None, error: str | None = None) -> float | None:
+        self.recording.set()
+        try:
+            await asyncio.Event().wait()
+        except asyncio.CancelledError:
+            self.cancelled = True
+            raise
+        return None
+
+
+async def test_an_attempt_still_running_a_second_past_its_timeout_is_cancelled_when_the_deliverer_stops() -> None:
+    """Stopped while an attempt's record hangs, the deliverer waits WEBHOOK_TIMEOUT_S and a second, then
+    cancels the attempt (its lease makes it due again) rather than leave it running behind it."""
+    store = _StuckStore()
+    with WebhookReceiver() as receiver:
+        store.add(receiver.url, lease=1)
+        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
+                                              webhook_timeout_s=1.0), store)
+        running = asyncio.create_task(deliverer.run())
+        await wait_until(store.recording.is_set, what="the attempt's record to hang")
+        deliverer.stop()
+        await asyncio.wait_for(running, timeout=10)
+        await asyncio.sleep(0.1)  # the cancellation lands at the attempt's next step
+    assert store.cancelled
