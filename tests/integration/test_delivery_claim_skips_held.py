@@ -11,9 +11,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from api.store import ApiStore
-from shared import webhooks
-from tests.support.database import client_id_of, enqueue
+from tests.support.database import client_id_of
+from tests.support.deliveries import ended_job, new_endpoint
 from worker.delivery.store import PgDeliveryStore
 
 
@@ -21,13 +20,9 @@ async def test_a_held_delivery_is_skipped_and_the_others_are_claimed_without_wai
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
 ) -> None:
     client = await client_id_of(conn)
-    endpoint = await ApiStore(conn).webhook_endpoint_insert(
-        client_id=client, url="https://hooks.example.com/in", events=webhooks.EVENTS, secret=webhooks.new_secret(),
-        max_per_client=10)
-    assert endpoint is not None
+    await new_endpoint(conn, client, "https://hooks.example.com/in")
     for _ in range(2):
-        job = await enqueue(conn, client, "story")
-        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
+        await ended_job(conn, client)
     cur = await conn.execute("SELECT id FROM webhook_deliveries ORDER BY id")
     held, free = [row[0] for row in await cur.fetchall()]
     async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as holder, \

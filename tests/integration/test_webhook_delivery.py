@@ -5,7 +5,6 @@ its attempt's lease, which no operator's retry gives back."""
 
 from __future__ import annotations
 
-import uuid
 from typing import Any
 
 import psycopg
@@ -13,32 +12,17 @@ import pytest
 import structlog
 from psycopg_pool import AsyncConnectionPool
 
-from api.store import ApiStore
 from shared import webhooks
 from shared.console_store import ConsoleStore
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.database import client_id_of, count, enqueue
-from tests.support.deliveries import delivering
+from tests.support.database import client_id_of, count
+from tests.support.deliveries import delivering, ended_job, new_endpoint
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from worker.delivery.loop import Deliverer
 from worker.delivery.store import PgDeliveryStore
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-async def _endpoint(conn: Conn, client_id: int, url: str, secret: str | None = None) -> uuid.UUID:
-    row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=webhooks.EVENTS,
-                                                       secret=secret or webhooks.new_secret(), max_per_client=10)
-    assert row is not None
-    return row.id
-
-
-async def _event(conn: Conn, client_id: int) -> uuid.UUID:
-    """A job of the client ended (cancelled): one delivery per endpoint of it."""
-    job = await enqueue(conn, client_id, "story")
-    await ApiStore(conn).job_cancel(client_id=client_id, job_id=job)
-    return job
 
 
 async def _lapse_leases(conn: Conn) -> None:
@@ -67,12 +51,12 @@ async def test_an_attempt_that_raises_anything_is_recorded_and_the_delivery_ends
     with the delivery and job; after the schedule the delivery is dead, and another client's webhook goes."""
     broken, fine = await client_id_of(conn, "broken"), await client_id_of(conn, "fine")
     with WebhookReceiver() as receiver:
-        await _endpoint(conn, broken, url.format(port=receiver.port), secret)
+        await new_endpoint(conn, broken, url.format(port=receiver.port), secret)
         fine_secret = webhooks.new_secret()
         receiver.secrets.append(fine_secret)
-        await _endpoint(conn, fine, receiver.url, fine_secret)
-        broken_job = await _event(conn, broken)
-        await _event(conn, fine)
+        await new_endpoint(conn, fine, receiver.url, fine_secret)
+        broken_job = await ended_job(conn, broken)
+        await ended_job(conn, fine)
         (bad_id,) = [r[0] for r in await (await conn.execute(
             "SELECT id FROM webhook_deliveries WHERE client_id = %s", (broken,))).fetchall()]
         # the schedule at 1/100,000: eight attempts within about a second
@@ -101,9 +85,9 @@ async def test_the_claim_never_takes_a_delivery_past_the_schedule(conn: Conn) ->
     """A delivery due again after its last attempt (its worker died, or its attempts ran to the counter's
     end) is dead, its endpoint failing, and never claimed; the other due deliveries are."""
     client = await client_id_of(conn)
-    endpoint = await _endpoint(conn, client, "https://hooks.example.com/in")
+    endpoint = await new_endpoint(conn, client, "https://hooks.example.com/in")
     for _ in range(3):
-        await _event(conn, client)
+        await ended_job(conn, client)
     await conn.execute("UPDATE webhook_deliveries SET attempts = CASE id WHEN 1 THEN %s WHEN 2 THEN 32767 ELSE 0 END, "
                        "lease = 5", (webhooks.MAX_ATTEMPTS,))
     claimed = await PgDeliveryStore(conn).claim(limit=10, lease_s=60)
@@ -118,8 +102,8 @@ async def test_the_claim_never_takes_a_delivery_past_the_schedule(conn: Conn) ->
 async def test_an_attempt_whose_lease_lapsed_is_taken_again_up_to_the_schedule_and_then_dies(conn: Conn) -> None:
     """A worker killed at every attempt: the delivery is claimed at most MAX_ATTEMPTS times, then dead."""
     client = await client_id_of(conn)
-    await _endpoint(conn, client, "https://hooks.example.com/in")
-    await _event(conn, client)
+    await new_endpoint(conn, client, "https://hooks.example.com/in")
+    await ended_job(conn, client)
     seen = []
     for _ in range(webhooks.MAX_ATTEMPTS + 3):
         seen += [c.attempts for c in await PgDeliveryStore(conn).claim(limit=1, lease_s=60)]
@@ -132,8 +116,8 @@ async def test_a_late_attempt_cannot_record_onto_the_attempts_after_an_operators
     """An attempt that outlived its lease, across a retry by an operator that starts the schedule again, finds
     its lease gone: its end changes nothing, and the attempt in flight records its own."""
     client = await client_id_of(conn)
-    await _endpoint(conn, client, "https://hooks.example.com/in")
-    await _event(conn, client)
+    await new_endpoint(conn, client, "https://hooks.example.com/in")
+    await ended_job(conn, client)
     (late,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
     await _lapse_leases(conn)
     (second,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
@@ -158,13 +142,13 @@ async def test_the_claim_serves_the_client_with_the_fewest_attempts_in_flight_fi
     delivery, though it became due last; with slots for all, each client's first due comes before seconds."""
     hung, other = await client_id_of(conn, "hung"), await client_id_of(conn, "other")
     for n in range(4):
-        await _endpoint(conn, hung, f"https://hooks.example.com/{n}")
-    await _endpoint(conn, other, "https://other.example.com/in")
+        await new_endpoint(conn, hung, f"https://hooks.example.com/{n}")
+    await new_endpoint(conn, other, "https://other.example.com/in")
     for _ in range(6):
-        await _event(conn, hung)
+        await ended_job(conn, hung)
     held = await PgDeliveryStore(conn).claim(limit=4, lease_s=60)
     assert len(held) == 4
-    await _event(conn, other)
+    await ended_job(conn, other)
     (next_one,) = await PgDeliveryStore(conn).claim(limit=1, lease_s=60)
     cur = await conn.execute("SELECT client_id FROM webhook_deliveries WHERE id = %s", (next_one.id,))
     assert await cur.fetchone() == (other,)
@@ -174,7 +158,7 @@ async def test_the_claim_serves_the_client_with_the_fewest_attempts_in_flight_fi
                                            retry_in_s=3600, error="no answer")
     await PgDeliveryStore(conn).finish(delivery_id=next_one.id, lease=next_one.lease,
                                        outcome="delivered", status_code=200)
-    await _event(conn, other)
+    await ended_job(conn, other)
     pair = await PgDeliveryStore(conn).claim(limit=2, lease_s=60)
     cur = await conn.execute("SELECT client_id FROM webhook_deliveries WHERE id = ANY(%s) ORDER BY client_id",
                              ([c.id for c in pair],))

@@ -10,9 +10,8 @@ from typing import Any
 import psycopg
 from psycopg_pool import AsyncConnectionPool
 
-from api.store import ApiStore
-from shared import webhooks
-from tests.support.database import client_id_of, enqueue
+from tests.support.database import client_id_of
+from tests.support.deliveries import ended_job, new_endpoint
 from worker.delivery.store import PgDeliveryStore
 
 
@@ -20,16 +19,10 @@ async def test_a_410_drops_only_the_deliveries_of_the_endpoint_that_answered_it(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
 ) -> None:
     client = await client_id_of(conn)
-    endpoints = []
-    for url in ("https://gone.example.com/in", "https://kept.example.com/in"):
-        row = await ApiStore(conn).webhook_endpoint_insert(client_id=client, url=url, events=webhooks.EVENTS,
-                                                           secret=webhooks.new_secret(), max_per_client=10)
-        assert row is not None
-        endpoints.append(row.id)
-    gone, kept = endpoints
+    gone = await new_endpoint(conn, client, "https://gone.example.com/in")
+    kept = await new_endpoint(conn, client, "https://kept.example.com/in")
     for _ in range(2):
-        job = await enqueue(conn, client, "story")
-        await ApiStore(conn).job_cancel(client_id=client, job_id=job)
+        await ended_job(conn, client)
     store = PgDeliveryStore(pool)
     (claimed,) = [c for c in await store.claim(limit=10, lease_s=60) if c.endpoint_id == gone][:1]
     assert await store.finish(claimed.id, claimed.lease, "gone", status_code=410) is not None

@@ -1,23 +1,49 @@
-"""One webhook delivery run through the real delivery loop on a recording
-store, to a receiver on this machine."""
+"""Webhook deliveries as the tests make them: an endpoint and an ended job
+on Postgres (one delivery per endpoint of its client), and one delivery run
+through the real delivery loop on a recording store, to a receiver on this
+machine."""
 
 from __future__ import annotations
 
 import asyncio
+import uuid
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from typing import Any
 
+import psycopg
+
+from api.store import ApiStore
+from shared import webhooks
 from tests.fakes.recording_delivery_store import RecordingDeliveryStore
 from tests.fakes.webhook_receiver import WebhookReceiver
+from tests.support.database import enqueue
 from tests.support.settings import worker_settings
 from tests.support.waiting import wait_until
 from worker.delivery.loop import Deliverer
 
 
+async def new_endpoint(conn: psycopg.AsyncConnection[Any], client_id: int, url: str,
+                   secret: str | None = None) -> uuid.UUID:
+    """A webhook endpoint of the client for every event: its id."""
+    row = await ApiStore(conn).webhook_endpoint_insert(client_id=client_id, url=url, events=webhooks.EVENTS,
+                                                       secret=secret or webhooks.new_secret(), max_per_client=10)
+    assert row is not None
+    return row.id
+
+
+async def ended_job(conn: psycopg.AsyncConnection[Any], client_id: int) -> uuid.UUID:
+    """A job of the client ended (cancelled): one delivery per endpoint of it. Its job_id."""
+    job = await enqueue(conn, client_id, "story")
+    await ApiStore(conn).job_cancel(client_id=client_id, job_id=job)
+    return job
+
+
 def deliverer_of(store: RecordingDeliveryStore, **settings: Any) -> Deliverer:
-    return Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01, webhook_timeout_s=5.0,
-                                     **settings), store)
+    """A deliverer on ``store`` polling every 10 ms, private addresses allowed,
+    a 5 s timeout unless ``settings`` say otherwise."""
+    return Deliverer(worker_settings(**{"webhook_allow_private": True, "webhook_poll_interval_s": 0.01,
+                                        "webhook_timeout_s": 5.0, **settings}), store)
 
 
 @asynccontextmanager

@@ -9,9 +9,8 @@ import asyncio
 
 from tests.fakes.recording_delivery_store import RecordingDeliveryStore
 from tests.fakes.webhook_receiver import WebhookReceiver
-from tests.support.settings import worker_settings
+from tests.support.deliveries import deliverer_of
 from tests.support.waiting import wait_until
-from worker.delivery.loop import Deliverer
 from worker.delivery.rows import DeliveryOutcome
 
 
@@ -22,8 +21,7 @@ async def test_an_attempt_in_flight_at_stop_runs_to_its_timeout_and_is_recorded(
     with WebhookReceiver() as receiver:
         receiver.answer("hang")
         store.add(receiver.url, lease=1)
-        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
-                                              webhook_timeout_s=2.0), store)
+        deliverer = deliverer_of(store, webhook_timeout_s=2.0)
         running = asyncio.create_task(deliverer.run())
         try:
             await wait_until(lambda: receiver.hanging == 1, what="the attempt to reach the receiver")
@@ -59,8 +57,7 @@ async def test_an_attempt_still_running_a_second_past_its_timeout_is_cancelled_w
     store = _StuckStore()
     with WebhookReceiver() as receiver:
         store.add(receiver.url, lease=1)
-        deliverer = Deliverer(worker_settings(webhook_allow_private=True, webhook_poll_interval_s=0.01,
-                                              webhook_timeout_s=1.0), store)
+        deliverer = deliverer_of(store, webhook_timeout_s=1.0)
         running = asyncio.create_task(deliverer.run())
         await wait_until(store.recording.is_set, what="the attempt's record to hang")
         deliverer.stop()
