@@ -8,18 +8,14 @@ test proves "billed once"."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
 from typing import Any
 
 import psycopg
-import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
 from api.store import ApiStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
-from tests.fakes.anthropic_server import FakeAnthropicServer
-from tests.support.batches import SettableClock
 from tests.support.database import (
     cancel_pending_in_bulk,
     client_id_of,
@@ -34,14 +30,6 @@ from worker.batch.lane import BatchLane
 from worker.batch.store import BatchStore
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-@pytest.fixture
-async def provider(server: FakeAnthropicServer, clock: SettableClock) -> AsyncIterator[AnthropicBatches]:
-    batches = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0,
-                               clock=clock)
-    yield batches
-    await batches.aclose()
 
 
 def _lane(pool: AsyncConnectionPool, provider: AnthropicBatches, holder: str = "w-1", **settings: Any) -> BatchLane:

@@ -10,7 +10,7 @@ Each test also checks every charge and budget row against the ledger
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
@@ -24,7 +24,6 @@ from api.store import ApiStore
 from shared.queries import QUERIES as Q
 from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, ItemPlan
-from tests.fakes.anthropic_server import FakeAnthropicServer
 from tests.support.batches import SettableClock
 from tests.support.database import client_id_of, count, enqueue_batch, waiting_on_a_lock
 from tests.support.money import money_problems
@@ -36,14 +35,6 @@ from worker.batch.rows import Lease
 from worker.batch.store import BatchStore
 
 Conn = psycopg.AsyncConnection[Any]
-
-
-@pytest.fixture
-async def provider(server: FakeAnthropicServer, clock: SettableClock) -> AsyncIterator[AnthropicBatches]:
-    batches = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0,
-                               clock=clock)
-    yield batches
-    await batches.aclose()
 
 
 class _FarApart:

@@ -11,8 +11,6 @@ import psycopg
 from psycopg_pool import AsyncConnectionPool
 
 from tests.fakes.anthropic_batches import FakeBatches
-from tests.fakes.anthropic_server import FakeAnthropicServer
-from tests.support.batches import SettableClock
 from tests.support.database import client_id_of, enqueue_batch
 from tests.support.settings import worker_settings
 from worker.batch.anthropic_batches import AnthropicBatches
@@ -21,8 +19,7 @@ from worker.batch.store import BatchStore
 
 
 async def test_a_batch_request_carries_its_jobs_own_max_tokens(
-    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, server: FakeAnthropicServer,
-    clock: SettableClock, fake: FakeBatches,
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, provider: AnthropicBatches, fake: FakeBatches,
 ) -> None:
     """Two jobs admitted with 700 and 2,400 max_tokens, a worker whose LLM_MAX_TOKENS is 1,600: each request
     asks for its job's own."""
@@ -33,13 +30,8 @@ async def test_a_batch_request_carries_its_jobs_own_max_tokens(
                        "ELSE 2400 END")
     settings = worker_settings(batch_collect_s=1.0, batch_poll_interval_s=1.0, anthropic_api_key="test",
                                llm_max_tokens=1600)
-    provider = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0,
-                                clock=clock)
-    try:
-        lane = BatchLane(settings, BatchStore(pool), provider, holder="w-1")
-        assert (await lane.tick_once()).submitted == 2
-    finally:
-        await provider.aclose()
+    lane = BatchLane(settings, BatchStore(pool), provider, holder="w-1")
+    assert (await lane.tick_once()).submitted == 2
     (batch,) = fake.batches
     asked = [(str(item.params["messages"][0]["content"]), item.params["max_tokens"]) for item in batch.items]
     by_prompt = {("short" if "a short owl" in text else "long"): tokens for text, tokens in asked}

@@ -1,6 +1,7 @@
 """What the batch provider tests share: a settable clock, the fake provider
-serving the batch endpoints on that clock (the fixtures ``clock``, ``server``
-and ``fake``, a plugin of tests/conftest.py), batch requests made from story
+serving the batch endpoints on that clock and the batch client of it (the
+fixtures ``clock``, ``server``, ``provider`` and ``fake``, a plugin of
+tests/conftest.py), batch requests made from story
 requests, and reading a results stream to the end."""
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import pytest
 from shared.story_request import StoryRequest
 from tests.fakes.anthropic_batches import FakeBatches
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
+from worker.batch.anthropic_batches import AnthropicBatches
 from worker.batch.provider_structs import BatchRequest
 
 T = TypeVar("T")
@@ -57,6 +59,15 @@ def server(clock: SettableClock) -> Iterator[FakeAnthropicServer]:
     """The fake Anthropic server, its batches on ``clock``."""
     with FakeAnthropicServer(FakeAnthropic(batches=FakeBatches(clock=clock))) as started:
         yield started
+
+
+@pytest.fixture
+async def provider(server: FakeAnthropicServer, clock: SettableClock) -> AsyncIterator[AnthropicBatches]:
+    """The batch client (worker.batch.anthropic_batches) of the fake server, on ``clock``."""
+    batches = AnthropicBatches(api_key="test", base_url=server.base_url, timeout_s=5.0, create_timeout_s=3.0,
+                               clock=clock)
+    yield batches
+    await batches.aclose()
 
 
 @pytest.fixture
