@@ -59,6 +59,8 @@ TIMEOUT_S = 300.0
 # the longest a mutant CI samples took in the report
 CI_MUTANT_S = 60.0
 # the last line of a confirmed kill's detail
+# a line of pytest's short summary naming a test (not a module that failed to collect)
+FAILING = re.compile(r"^(?:FAILED|ERROR) (\S+::.+?)(?: - .*)?$")
 CONFIRMED = "confirmed: its failing test, run alone, fails with the mutant and passes without it"
 
 
@@ -251,7 +253,13 @@ def _pytest(tests: list[str], scratch: Path, timeout_s: float) -> tuple[int | No
             os.killpg(running.pid, signal.SIGKILL)
             running.wait()
             return None, time.monotonic() - started, f"no end within {timeout_s:g} s"
-    return running.returncode, time.monotonic() - started, "\n".join(stdout.strip().splitlines()[-3:])
+    lines = stdout.strip().splitlines()
+    # the summary's first failing test, kept for ``failing_test``: with CI set
+    # in the environment pytest writes an assertion's whole message under it,
+    # which pushes it out of the last lines
+    named = [line for line in lines if FAILING.match(line)][:1]
+    tail = lines[-3:]
+    return running.returncode, time.monotonic() - started, "\n".join([*(n for n in named if n not in tail), *tail])
 
 
 def _mutated(mutant: GeneratedMutant, scratch: Path, tests: list[str],
@@ -267,8 +275,10 @@ def _mutated(mutant: GeneratedMutant, scratch: Path, tests: list[str],
 
 def failing_test(detail: str) -> str | None:
     """The test a kill's output names as failing (or erring in a fixture): its id, spaces in parameters kept."""
-    failed = re.search(r"^(?:FAILED|ERROR) (.+?)(?: - .*)?$", detail, re.MULTILINE)
-    return failed.group(1) if failed is not None and "::" in failed.group(1) else None
+    for line in detail.splitlines():
+        if (failed := FAILING.match(line)) is not None:
+            return failed.group(1)
+    return None
 
 
 def tests_through(tests: list[str], test: str) -> list[str]:

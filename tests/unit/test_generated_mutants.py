@@ -173,7 +173,15 @@ def _scratch_with_test(root: Path, body: str) -> SqlMutant:
                      original="SELECT 1 WHERE 1 = 1", mutated="SELECT 1 WHERE 1 <> 1")
 
 
-def test_a_kill_is_confirmed_when_its_test_fails_with_the_mutant_and_passes_without(tmp_path: Path) -> None:
+@pytest.mark.parametrize("ci", [None, "true"])
+def test_a_kill_is_confirmed_when_its_test_fails_with_the_mutant_and_passes_without(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, ci: str | None) -> None:
+    """Also where CI is set, under which pytest writes an assertion's whole message below the failing test's
+    name, so that the name is no longer among the output's last lines."""
+    if ci is None:
+        monkeypatch.delenv("CI", raising=False)
+    else:
+        monkeypatch.setenv("CI", ci)
     mutant = _scratch_with_test(tmp_path, "assert '<>' not in (HERE / 'sql' / 'a.sql').read_text()")
     verdict, _, detail = generated.run_one(mutant, ["test_it.py"], tmp_path, timeout_s=60.0)
     assert verdict == "killed" and generated.confirmed(detail)
