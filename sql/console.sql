@@ -102,10 +102,9 @@ SELECT p.id, p.public_id, p.client_id, coalesce(c.name, '') AS client_name, p.st
 FROM page p
 LEFT JOIN api_clients c ON c.id = p.client_id
 CROSS JOIN LATERAL (
-    SELECT count(*) AS calls, count(*) FILTER (WHERE l.billed) AS billed_calls,
-           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
-                    FILTER (WHERE l.outcome <> 'started'), 0)::numeric(14, 6) AS cost_usd
-    FROM llm_calls l WHERE l.job_id = p.id
+    SELECT count(*) AS calls, coalesce(sum(t.billed_calls), 0) AS billed_calls,
+           coalesce(sum(t.spend_usd), 0)::numeric(14, 6) AS cost_usd
+    FROM llm_call_tallies t WHERE t.job_id = p.id
 ) cost
 -- history's rows have no created_at key here: by id alone
 ORDER BY CASE WHEN %(live)s::boolean THEN p.created_at END DESC, p.id DESC;
@@ -289,53 +288,46 @@ undelivered AS (
            count(*) AS day_undelivered,
            coalesce(sum(billed.cost_usd), 0) AS day_undelivered_usd
     FROM finished f
+    -- on the ledger's primary key (OFFSET 0 keeps the lookup per job:
+    -- pulled up, the view's grouping would read the whole ledger)
     CROSS JOIN LATERAL (
-        SELECT sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd)) AS cost_usd
-        FROM llm_calls l
-        WHERE l.job_id = f.id AND l.billed
-        HAVING count(*) > 0
+        SELECT b.charge_usd AS cost_usd FROM job_charges b WHERE b.job_id = f.id AND b.billed_calls > 0
+        OFFSET 0
     ) billed
     WHERE f.status = 'failed'
 ),
 -- the requests the rollup leaves to this read: started since its last
 -- pass, and the day's others of the jobs running or finished since
 read_calls AS (
-    SELECT l.started_at, l.billed, l.outcome, l.input_tokens, l.output_tokens, l.cost_usd, l.worst_case_usd
-    FROM llm_calls l
-    WHERE l.started_at >= (SELECT read_from FROM pass)
+    SELECT l.* FROM llm_call_tallies l WHERE l.started_at >= (SELECT read_from FROM pass)
   UNION ALL
-    SELECT l.started_at, l.billed, l.outcome, l.input_tokens, l.output_tokens, l.cost_usd, l.worst_case_usd
+    SELECT l.*
     FROM (SELECT id FROM story_jobs WHERE status = 'running' UNION ALL SELECT id FROM finished) k
     -- each job's calls on the primary key (OFFSET 0 keeps it a lookup per
     -- job: the planner cannot know how few jobs these are and would scan
     -- the day's ledger instead)
     CROSS JOIN LATERAL (
-        SELECT l.* FROM llm_calls l, pass p
+        SELECT l.* FROM llm_call_tallies l, pass p
         WHERE l.job_id = k.id AND l.started_at >= p.day_from AND l.started_at < p.read_from
         OFFSET 0
     ) l
 ),
+-- what a call counts for is llm_call_tallies' (migration 027), as in the
+-- rollup's minutes summed above
 calls AS (
-    SELECT count(*) FILTER (WHERE last_hour AND billed) AS hour_billed_calls,
-           coalesce(sum(charge_usd) FILTER (WHERE last_hour), 0) AS hour_spend_usd,
-           coalesce(sum(input_tokens) FILTER (WHERE last_hour AND billed), 0) AS hour_input_tokens,
-           coalesce(sum(output_tokens) FILTER (WHERE last_hour AND billed), 0) AS hour_output_tokens,
-           count(*) FILTER (WHERE last_hour AND outcome = 'rate_limited') AS hour_rate_limited,
-           count(*) FILTER (WHERE last_hour AND outcome = 'overloaded') AS hour_overloaded,
-           count(*) FILTER (WHERE billed) AS day_billed_calls,
-           coalesce(sum(charge_usd), 0) AS day_spend_usd,
-           coalesce(sum(input_tokens) FILTER (WHERE billed), 0) AS day_input_tokens,
-           coalesce(sum(output_tokens) FILTER (WHERE billed), 0) AS day_output_tokens,
-           count(*) FILTER (WHERE outcome = 'rate_limited') AS day_rate_limited,
-           count(*) FILTER (WHERE outcome = 'overloaded') AS day_overloaded
-    FROM (
-        -- what each ended call is charged (migration 019); one still open is
-        -- not spent yet: its job's reservation holds it
-        SELECT c.started_at >= p.hour_from AS last_hour, c.billed, c.outcome, c.input_tokens, c.output_tokens,
-               CASE WHEN c.outcome <> 'started'
-                    THEN llm_call_charge(c.billed, c.outcome, c.cost_usd, c.worst_case_usd) END AS charge_usd
-        FROM read_calls c, pass p
-    ) day
+    SELECT coalesce(sum(billed_calls) FILTER (WHERE last_hour), 0) AS hour_billed_calls,
+           coalesce(sum(spend_usd) FILTER (WHERE last_hour), 0) AS hour_spend_usd,
+           coalesce(sum(billed_input_tokens) FILTER (WHERE last_hour), 0) AS hour_input_tokens,
+           coalesce(sum(billed_output_tokens) FILTER (WHERE last_hour), 0) AS hour_output_tokens,
+           coalesce(sum(rate_limited) FILTER (WHERE last_hour), 0) AS hour_rate_limited,
+           coalesce(sum(overloaded) FILTER (WHERE last_hour), 0) AS hour_overloaded,
+           coalesce(sum(billed_calls), 0) AS day_billed_calls,
+           coalesce(sum(spend_usd), 0) AS day_spend_usd,
+           coalesce(sum(billed_input_tokens), 0) AS day_input_tokens,
+           coalesce(sum(billed_output_tokens), 0) AS day_output_tokens,
+           coalesce(sum(rate_limited), 0) AS day_rate_limited,
+           coalesce(sum(overloaded), 0) AS day_overloaded
+    FROM (SELECT c.*, c.started_at >= p.hour_from AS last_hour FROM read_calls c, pass p) day
 )
 SELECT queue.pending, queue.running,
        coalesce(extract(epoch FROM now() - queue.oldest_pending_created_at), 0)::float8 AS oldest_pending_age_s,

@@ -221,12 +221,14 @@ finished AS (
            count(billed.cost_usd) AS undelivered,
            coalesce(sum(billed.cost_usd), 0) AS undelivered_usd
     FROM jobs j
+    -- a failed job's charge, on the ledger's primary key (OFFSET 0 keeps the
+    -- lookup per job: pulled up, the view's grouping would read the whole
+    -- ledger), looked up only for failed jobs
     LEFT JOIN LATERAL (
-        SELECT sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd)) AS cost_usd
-        FROM llm_calls l
-        WHERE l.job_id = j.id AND l.billed
-        HAVING count(*) > 0
-    ) billed ON j.status = 'failed'
+        SELECT b.charge_usd AS cost_usd FROM job_charges b
+        WHERE j.status = 'failed' AND b.job_id = j.id AND b.billed_calls > 0
+        OFFSET 0
+    ) billed ON true
     WHERE j.completed_at >= %(from_minute)s AND j.status IN ('completed', 'failed')
     GROUP BY 1
 ),
@@ -277,29 +279,25 @@ late_minutes AS MATERIALIZED (
 -- Each minute's calls, counted once for both: the window's minutes
 -- (calls started from %(from_minute)s on) and, before it, the minutes of
 -- late_minutes (every call started in one): disjoint sets of minutes. With
--- the overview's side of each minute (ended_*): among the calls whose job is
--- neither running nor finished in this pass's minute or later, billed
--- requests (one still open is billed until it ends otherwise), the charge
--- of the ended ones, billed tokens, 429s and 529s; and the writers of all
--- of the minute's calls.
+-- the overview's side of each minute (ended_*): the calls whose job is
+-- neither running nor finished in this pass's minute or later; and the
+-- writers of all of the minute's calls. What a call counts for is
+-- llm_call_tallies' (migration 027), as in the overview.
 minute_calls AS MATERIALIZED (
     SELECT date_trunc('minute', l.started_at) AS minute,
-           -- what each ended call is charged (migration 019)
-           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
-                    FILTER (WHERE l.outcome <> 'started'), 0) AS spend_usd,
-           count(*) FILTER (WHERE l.outcome = 'rate_limited') AS rate_limited,
-           count(*) FILTER (WHERE l.billed AND ended.ended) AS ended_billed_calls,
-           coalesce(sum(llm_call_charge(l.billed, l.outcome, l.cost_usd, l.worst_case_usd))
-                    FILTER (WHERE l.outcome <> 'started' AND ended.ended), 0) AS ended_spend_usd,
-           coalesce(sum(l.input_tokens) FILTER (WHERE l.billed AND ended.ended), 0) AS ended_input_tokens,
-           coalesce(sum(l.output_tokens) FILTER (WHERE l.billed AND ended.ended), 0) AS ended_output_tokens,
-           count(*) FILTER (WHERE l.outcome = 'rate_limited' AND ended.ended) AS ended_rate_limited,
-           count(*) FILTER (WHERE l.outcome = 'overloaded' AND ended.ended) AS ended_overloaded,
+           coalesce(sum(l.spend_usd), 0) AS spend_usd,
+           sum(l.rate_limited) AS rate_limited,
+           coalesce(sum(l.billed_calls) FILTER (WHERE ended.ended), 0) AS ended_billed_calls,
+           coalesce(sum(l.spend_usd) FILTER (WHERE ended.ended), 0) AS ended_spend_usd,
+           coalesce(sum(l.billed_input_tokens) FILTER (WHERE ended.ended), 0) AS ended_input_tokens,
+           coalesce(sum(l.billed_output_tokens) FILTER (WHERE ended.ended), 0) AS ended_output_tokens,
+           coalesce(sum(l.rate_limited) FILTER (WHERE ended.ended), 0) AS ended_rate_limited,
+           coalesce(sum(l.overloaded) FILTER (WHERE ended.ended), 0) AS ended_overloaded,
            array_agg(DISTINCT l.provider) AS providers
     FROM (
-        SELECT l.* FROM llm_calls l WHERE l.started_at >= %(from_minute)s
+        SELECT l.* FROM llm_call_tallies l WHERE l.started_at >= %(from_minute)s
       UNION ALL
-        SELECT l.* FROM llm_calls l
+        SELECT l.* FROM llm_call_tallies l
         JOIN late_minutes m ON l.started_at >= m.minute AND l.started_at < m.minute + interval '1 minute'
     ) l
     CROSS JOIN LATERAL (

@@ -230,9 +230,13 @@ async def test_the_overview_agrees_with_the_database(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """Queue, jobs finished, failure ratio, spend, tokens, billed-but-undelivered stories and the provider's 429s
-    and 529s, over the last hour and day, are what plain counts over the tables give; older history is left out."""
+    and 529s, over the last hour and day, are what plain counts over the tables give; older history is left out.
+    A request not billed adds no tokens even where it reports some, and one still open spends nothing yet (its
+    job's reservation holds its worst case)."""
     acme, _ = await seed.client(conn, "acme")
-    limited = [seed.Call("rate_limited", billed=False), seed.Call("overloaded", billed=False)]
+    # two 429s and one 529: each counted as itself
+    limited = [seed.Call("rate_limited", billed=False), seed.Call("rate_limited", billed=False),
+               seed.Call("overloaded", billed=False)]
     jobs = [
         seed.completed(acme, 3 * 86400),  # too old for either window
         seed.failed(acme, 2 * 86400, "llm_error", calls=[seed.Call("failed", cost_usd=Decimal("0.5"))]),
@@ -244,9 +248,9 @@ async def test_the_overview_agrees_with_the_database(
         seed.completed(acme, 600, cost="0.025000"),
         seed.failed(acme, 300, "timed_out", calls=[seed.Call("interrupted", output_tokens=50,
                                                              cost_usd=Decimal("0.002"))]),
-        seed.failed(acme, 200, "llm_rejected", calls=[seed.Call("rejected", billed=False)]),
+        seed.failed(acme, 200, "llm_rejected", calls=[seed.Call("rejected", billed=False, input_tokens=40, output_tokens=5)]),
         seed.failed(acme, 100, "cancelled"),
-        seed.running(acme, 40),
+        seed.running(acme, 40, calls=[seed.Call("started", worst_case_usd=Decimal("0.3"))]),
         seed.pending(acme, 30),
         seed.pending(acme, 10),
     ]
@@ -290,8 +294,10 @@ async def test_the_overview_agrees_with_the_database(
     # the figures the seed was made for, so that the comparisons above compare something
     assert overview["jobs"]["last_day"]["completed"] == 3 and overview["jobs"]["last_hour"]["completed"] == 2
     assert overview["undelivered"]["last_day"] == {"jobs": 2, "usd": "0.006000"}
-    assert overview["provider"]["last_day"] == {"rate_limited": 1, "overloaded": 1}
+    assert overview["provider"]["last_day"] == {"rate_limited": 2, "overloaded": 1}
     assert overview["provider"]["last_hour"] == {"rate_limited": 0, "overloaded": 0}
+    assert overview["spend"]["last_hour"] == {"usd": "0.047000", "billed_calls": 4, "input_tokens": 600,
+                                              "output_tokens": 1850}
 
 
 async def test_the_history_adds_up_to_the_last_hour_from_the_rollup_the_sweeper_keeps(

@@ -427,4 +427,32 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(("    WHERE p.text <> '' AND p.from_char = h.chars\n", "    WHERE p.text <> ''\n"),),
         tests=("tests/integration/test_drafts.py",),
     ),
+    # what one ledger row counts for, written once (migration 027) for the
+    # rollup and the overview alike: the rollup-against-overview checks
+    # cannot see a change to both, so each count is checked against the table
+    Mutant(
+        name="unbilled-tokens-counted",
+        invariant="the console's tokens are the billed requests' only",
+        tier="integration",
+        file="sql/027_one_tally.sql",
+        edits=(("       CASE WHEN l.billed THEN l.input_tokens END AS billed_input_tokens,\n",
+                "       l.input_tokens AS billed_input_tokens,\n"),),
+        tests=("tests/integration/test_ops_api.py::test_the_overview_agrees_with_the_database",),
+    ),
+    Mutant(
+        name="open-request-spent",
+        invariant="a request still open has spent nothing yet: its job's reservation holds its worst case",
+        tier="integration",
+        file="sql/027_one_tally.sql",
+        edits=(("       CASE WHEN l.outcome <> 'started'\n", "       CASE WHEN true\n"),),
+        tests=("tests/integration/test_ops_api.py::test_the_overview_agrees_with_the_database",),
+    ),
+    Mutant(
+        name="undelivered-without-a-billed-request",
+        invariant="a failed job is a story paid for and not delivered only when a request of it was billed",
+        tier="integration",
+        file="sql/027_one_tally.sql",
+        edits=(("       count(*) FILTER (WHERE c.billed) AS billed_calls\n", "       count(*) AS billed_calls\n"),),
+        tests=("tests/integration/test_ops_api.py::test_the_overview_agrees_with_the_database",),
+    ),
 )

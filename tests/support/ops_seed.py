@@ -169,9 +169,10 @@ def pending(client_id: int, created_ago_s: float, **more: Any) -> Job:
     return Job(client_id=client_id, status="pending", created_ago_s=created_ago_s, **more)
 
 
-def running(client_id: int, started_ago_s: float, **more: Any) -> Job:
+def running(client_id: int, started_ago_s: float, *, calls: list[Call] | None = None, **more: Any) -> Job:
+    """A job a worker holds, its request open (by default)."""
     return Job(client_id=client_id, status="running", created_ago_s=started_ago_s + 5, started_ago_s=started_ago_s,
-               calls=[Call("started")], **more)
+               calls=[Call("started")] if calls is None else calls, **more)
 
 
 async def batch(conn: psycopg.AsyncConnection[Any], state: str, jobs: list[Job], *, created_ago_s: float,
