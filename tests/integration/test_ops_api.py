@@ -351,20 +351,28 @@ async def test_a_jobs_page_has_its_timeline_every_ledger_attempt_and_its_story(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
     """A job retried after a 429 and a 529 shows all three attempts with outcome, billing, tokens, cost and
-    request id; a job that failed after its story was written shows the story as not delivered."""
+    request id; a job that failed after its story was written shows the story as not delivered. The jobs list
+    counts each job's requests, the billed ones, and what the ended ones cost (one still open costs nothing
+    yet)."""
     acme, _ = await seed.client(conn, "acme")
     retried = seed.completed(acme, 60)
     retried.calls = [seed.Call("rate_limited", billed=False, error_text="429 Too Many Requests"),
                      seed.Call("overloaded", billed=False), *retried.calls]
     orphan = seed.failed(acme, 30, "interrupted", calls=[seed.Call("succeeded", cost_usd=Decimal("0.02"))])
     orphan.story = seed.Story("Paid For", "Nobody read it.")
-    await seed.insert_jobs(conn, [retried, orphan])
+    writing = seed.running(acme, 20, calls=[seed.Call("started", worst_case_usd=Decimal("0.3"))])
+    await seed.insert_jobs(conn, [retried, orphan, writing])
     key = await seed.operator_key(conn)
     async with api_client(pool, key) as client:
         job = (await client.get(f"{OPS}/jobs/{retried.public_id}")).json()
         lost = (await client.get(f"{OPS}/jobs/{orphan.public_id}")).json()
         assert_problem(await client.get(f"{OPS}/jobs/{uuid.uuid4()}"), 404)
         assert_problem(await client.get(f"{OPS}/jobs/not-a-uuid"), 404)
+        rows = [*(await client.get(f"{OPS}/jobs", params={"limit": 10})).json()["jobs"],
+                *(await client.get(f"{OPS}/jobs", params={"status": "running"})).json()["jobs"]]
+    costs = {row["job_id"]: (row["calls"], row["billed_calls"], row["cost_usd"]) for row in rows}
+    assert costs == {str(retried.public_id): (3, 1, "0.020000"), str(orphan.public_id): (1, 1, "0.020000"),
+                     str(writing.public_id): (1, 1, "0.000000")}
     assert job["status"] == "completed" and job["client_name"] == "acme" and job["error"] is None
     assert [(c["attempt"], c["outcome"], c["billed"]) for c in job["calls"]] == [
         (1, "rate_limited", False), (2, "overloaded", False), (3, "succeeded", True)]
