@@ -234,9 +234,9 @@ async def test_the_overview_agrees_with_the_database(
     A request not billed adds no tokens even where it reports some, and one still open spends nothing yet (its
     job's reservation holds its worst case)."""
     acme, _ = await seed.client(conn, "acme")
-    # two 429s and one 529: each counted as itself
+    # 429s and 529s in unequal numbers, a 529 in the last hour: each counted as itself, in its window
     limited = [seed.Call("rate_limited", billed=False), seed.Call("rate_limited", billed=False),
-               seed.Call("overloaded", billed=False)]
+               seed.Call("rate_limited", billed=False), seed.Call("overloaded", billed=False)]
     jobs = [
         seed.completed(acme, 3 * 86400),  # too old for either window
         seed.failed(acme, 2 * 86400, "llm_error", calls=[seed.Call("failed", cost_usd=Decimal("0.5"))]),
@@ -246,9 +246,11 @@ async def test_the_overview_agrees_with_the_database(
         seed.failed(acme, 3 * 3600, "cancelled"),
         seed.completed(acme, 1800),
         seed.completed(acme, 600, cost="0.025000"),
-        seed.failed(acme, 300, "timed_out", calls=[seed.Call("interrupted", output_tokens=50,
+        seed.failed(acme, 300, "timed_out", calls=[seed.Call("overloaded", billed=False),
+                                                   seed.Call("interrupted", output_tokens=50,
                                                              cost_usd=Decimal("0.002"))]),
-        seed.failed(acme, 200, "llm_rejected", calls=[seed.Call("rejected", billed=False, input_tokens=40, output_tokens=5)]),
+        seed.failed(acme, 200, "llm_rejected",
+                    calls=[seed.Call("rejected", billed=False, input_tokens=40, output_tokens=5)]),
         seed.failed(acme, 100, "cancelled"),
         seed.running(acme, 40, calls=[seed.Call("started", worst_case_usd=Decimal("0.3"))]),
         seed.pending(acme, 30),
@@ -294,8 +296,8 @@ async def test_the_overview_agrees_with_the_database(
     # the figures the seed was made for, so that the comparisons above compare something
     assert overview["jobs"]["last_day"]["completed"] == 3 and overview["jobs"]["last_hour"]["completed"] == 2
     assert overview["undelivered"]["last_day"] == {"jobs": 2, "usd": "0.006000"}
-    assert overview["provider"]["last_day"] == {"rate_limited": 2, "overloaded": 1}
-    assert overview["provider"]["last_hour"] == {"rate_limited": 0, "overloaded": 0}
+    assert overview["provider"]["last_day"] == {"rate_limited": 3, "overloaded": 2}
+    assert overview["provider"]["last_hour"] == {"rate_limited": 0, "overloaded": 1}
     assert overview["spend"]["last_hour"] == {"usd": "0.047000", "billed_calls": 4, "input_tokens": 600,
                                               "output_tokens": 1850}
 
