@@ -420,12 +420,17 @@ async def test_the_overview_summed_from_the_rollup_is_the_overview_read_whole(
     """The day's minutes before the sweeper's last pass come from the rollup, the rest from the jobs and the
     ledger: the figures equal those read whole from the jobs and the ledger, after a pass, when a job that was
     running at the pass (its calls started 25 minutes ago, past the passes' recount window) has ended since, and
-    after the next pass; a batch job that waited and ran for 20 hours counts in the minute it finished."""
+    after the next pass; a batch job that waited and ran for 20 hours counts in the minute it finished. The
+    pass counts a 529 of an ended job, a failed job whose requests were not billed as no story paid for, and a
+    minute whose one request is still open, in the window and before it (a batch job cancelled between the
+    passes while its request is out: the request stays open until its result is read)."""
     acme, _ = await seed.client(conn, "acme")
     await seed.insert_jobs(conn, [
         seed.completed(acme, 20 * 3600), seed.completed(acme, 2 * 3600, cost="0.030000"), seed.completed(acme, 1800),
         seed.completed(acme, 2 * 86400),
-        seed.failed(acme, 2400, "llm_error", calls=[seed.Call("failed", cost_usd=Decimal("0.040000"))]),
+        seed.failed(acme, 2400, "llm_error", calls=[seed.Call("overloaded", billed=False),
+                                                    seed.Call("failed", cost_usd=Decimal("0.040000"))]),
+        seed.failed(acme, 2000, "llm_rejected", calls=[seed.Call("rejected", billed=False)]),
         seed.failed(acme, 3 * 3600, "cancelled"),
         seed.Job(client_id=acme, status="completed", created_ago_s=800, started_ago_s=750, completed_ago_s=600,
                  calls=[seed.Call("rate_limited", billed=False, started_ago_s=700),
@@ -434,31 +439,40 @@ async def test_the_overview_summed_from_the_rollup_is_the_overview_read_whole(
         seed.Job(client_id=acme, status="running", created_ago_s=1505, started_ago_s=1500,
                  calls=[seed.Call("overloaded", billed=False, started_ago_s=1490),
                         seed.Call("started", started_ago_s=1400)]),
+        seed.Job(client_id=acme, status="running", created_ago_s=65, started_ago_s=60,
+                 calls=[seed.Call("started", started_ago_s=50)]),
     ])
     (batched,) = await seed.insert_jobs(conn, [seed.Job(
         client_id=acme, status="completed", created_ago_s=20 * 3600, started_ago_s=19 * 3600, completed_ago_s=900,
         calls=[seed.Call("succeeded", input_tokens=5, output_tokens=7, cost_usd=Decimal("0.002000"))],
         story=seed.Story("The Fox", "Once upon a time."))])
-    await conn.execute("UPDATE story_jobs SET lane = 'batch' WHERE id = %s", (batched.id,))
+    (cancelled,) = await seed.insert_jobs(conn, [seed.Job(
+        client_id=acme, status="running", created_ago_s=3000, started_ago_s=2900,
+        calls=[seed.Call("started", started_ago_s=2890)])])
+    await conn.execute("UPDATE story_jobs SET lane = 'batch' WHERE id = ANY (%s)", ([batched.id, cancelled.id],))
     # an interactive job lives up to these (the sweeper fails it after), as the running one does
     settings = sweeper_settings(sweeper_interval_s=30.0, pending_timeout_s=1800.0, job_timeout_s=480.0)
-    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=1)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=3)
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
     overview = from_rollup[0]
-    assert (overview["day_completed"], overview["day_failed"], overview["day_cancelled"]) == (5, 2, 1)
+    assert (overview["day_completed"], overview["day_failed"], overview["day_cancelled"]) == (5, 3, 1)
     assert (overview["day_undelivered"], overview["day_undelivered_usd"]) == (1, Decimal("0.040000"))
-    assert (overview["day_rate_limited"], overview["day_overloaded"]) == (1, 1)
+    assert (overview["day_rate_limited"], overview["day_overloaded"]) == (1, 2)
     assert from_rollup[1] == [("anthropic",)]
 
-    # the running job ends after the pass: its calls, started before it, are read from the ledger
+    # the running jobs end after the pass: their calls, started before it, are read from the ledger; the
+    # batch job is cancelled, its request left open
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE id = %s", (cancelled.id,))
     await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
-                       "input_tokens = 10, output_tokens = 20 WHERE outcome = 'started'")
+                       "input_tokens = 10, output_tokens = 20 WHERE outcome = 'started' "
+                       "AND job_id IN (SELECT id FROM story_jobs WHERE status = 'running')")
     await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
                        "story_id = gen_random_uuid() WHERE status = 'running'")
     from_rollup, whole = await _overview_both_ways(conn)
     assert from_rollup == whole
-    assert from_rollup[0]["day_completed"] == 6
+    assert from_rollup[0]["day_completed"] == 7
 
     await PgSweeperStore(conn).record_minutes(settings, pending=0, running=0)
     from_rollup, whole = await _overview_both_ways(conn)
