@@ -183,9 +183,12 @@ SELECT coalesce(sum(over_reservation_usd), 0) FROM budget_days WHERE client_id =
 -- only when it ends, which for a long call (up to LLM_TIMEOUT_S) or a batch
 -- (up to a day) is long after that minute left the window: the ledger side of
 -- the minutes where the calls of the jobs that finished in the window started
--- is recounted too (a job's calls end by its end), so every charge is counted
--- once its job ends. Those minutes are a few, each read on the started_at
--- index, and only their ledger columns are written.
+-- is recounted too (a job's calls end by its end, nearly all of them), and
+-- so are the minutes of the calls that changed after their job's end (a
+-- batch's result read after its job was cancelled), which the ledger's
+-- trigger marks (migration 028): every charge is counted once its job ends,
+-- or once it is known after that. Those minutes are a few, each read on the
+-- started_at index, and only their ledger columns are written.
 --
 -- For the console's overview (migration 024, console.sql's ops_overview),
 -- which sums the day's minutes before this pass's minute and reads the rest
@@ -261,10 +264,17 @@ histograms AS (
     LEFT JOIN ran r ON r.minute = m.minute AND greatest(r.bucket, 1) = b.bucket
     GROUP BY m.minute
 ),
+-- the minutes marked by ledger rows that changed after their jobs ended
+-- (migration 028), each taken by the pass that recounts it: those in the
+-- window with it, those before it as late minutes (a mark this pass cannot
+-- see yet, not committed, stays for the next)
+stale AS MATERIALIZED (
+    DELETE FROM minute_rollup_stale s RETURNING s.minute
+),
 -- the minutes before the window where the calls of the jobs that ended in it
--- started (as far back as the rollup keeps)
+-- started, and the marked ones (as far back as the rollup keeps)
 late_minutes AS MATERIALIZED (
-    SELECT DISTINCT date_trunc('minute', l.started_at) AS minute
+    SELECT date_trunc('minute', l.started_at) AS minute
     FROM jobs j
     -- each job's calls on the primary key (OFFSET 0 keeps it a lookup per
     -- job: a generic plan cannot know how few jobs these are, and hashed
@@ -275,6 +285,9 @@ late_minutes AS MATERIALIZED (
         OFFSET 0
     ) l
     WHERE j.completed_at >= %(from_minute)s
+  UNION
+    SELECT s.minute FROM stale s
+    WHERE s.minute < %(from_minute)s AND s.minute >= date_trunc('minute', now() - interval '8 days')
 ),
 -- Each minute's calls, counted once for both: the window's minutes
 -- (calls started from %(from_minute)s on) and, before it, the minutes of
@@ -300,11 +313,16 @@ minute_calls AS MATERIALIZED (
         SELECT l.* FROM llm_call_tallies l
         JOIN late_minutes m ON l.started_at >= m.minute AND l.started_at < m.minute + interval '1 minute'
     ) l
+    -- whether the call's job has ended, looked up once per call on the
+    -- primary key (OFFSET 0: inlined, the test was repeated for each count
+    -- that reads it, and with many calls estimated it became one hashed scan
+    -- of every job)
     CROSS JOIN LATERAL (
         SELECT NOT EXISTS (SELECT 1 FROM story_jobs j
                            WHERE j.id = l.job_id
                              AND (j.status = 'running' OR j.completed_at >= date_trunc('minute', now())))
                AS ended
+        OFFSET 0
     ) ended
     GROUP BY 1
 ),

@@ -398,6 +398,50 @@ async def test_a_call_that_ends_long_after_its_minute_is_counted_in_the_history_
     assert await cur.fetchone() == (1, Decimal("0.500000"))
 
 
+async def test_a_call_that_ends_after_its_job_was_counted_ended_is_recounted_by_the_next_pass(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A batch job cancelled while its request was out: the rollup counts the request open (billed, nothing
+    spent yet) once the job has ended. When its result is read later, in a transaction of its own, the next pass
+    recounts the minute the request started, so the history and the overview have its charge and tokens."""
+    acme, _ = await seed.client(conn, "acme")
+    (job,) = await seed.insert_jobs(conn, [seed.Job(
+        client_id=acme, status="failed", error_code="cancelled", created_ago_s=2000, started_ago_s=1900,
+        completed_ago_s=600, calls=[seed.Call("started", started_ago_s=1800)])])
+    await conn.execute("UPDATE story_jobs SET lane = 'batch' WHERE id = %s", (job.id,))
+    settings = sweeper_settings(sweeper_interval_s=30.0)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=0)
+    started = f"(SELECT date_trunc('minute', started_at) FROM llm_calls WHERE job_id = {job.id})"
+    cur = await conn.execute(f"SELECT spend_usd, ended_billed_calls FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() == (0, 1)
+    # a request closed in the transaction that ends its job marks nothing: the job's end has its minutes recounted
+    (ending,) = await seed.insert_jobs(conn, [seed.running(acme, 300)])
+    async with conn.transaction():
+        await conn.execute("UPDATE story_jobs SET status = 'completed', completed_at = now(), "
+                           "story_id = gen_random_uuid() WHERE id = %s", (ending.id,))
+        await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.25 "
+                           "WHERE job_id = %s", (ending.id,))
+    cur = await conn.execute("SELECT count(*) FROM minute_rollup_stale")
+    assert await cur.fetchone() == (0,)
+    # its result read, as the batch lane closes a request whose job has ended
+    await conn.execute("UPDATE llm_calls SET outcome = 'succeeded', finished_at = now(), cost_usd = 0.5, "
+                       "input_tokens = 10, output_tokens = 20 WHERE job_id = %s", (job.id,))
+    cur = await conn.execute("SELECT count(*) FROM minute_rollup_stale")
+    assert await cur.fetchone() == (1,)
+    await PgSweeperStore(conn).record_minutes(settings, pending=0, running=0)
+    cur = await conn.execute(f"SELECT spend_usd, ended_spend_usd FROM minute_rollup WHERE minute = {started}")
+    assert await cur.fetchone() == (Decimal("0.500000"), Decimal("0.500000"))
+    from_rollup, whole = await _overview_both_ways(conn)
+    # the requests' side; a failed job's charge as a story not delivered stays what it was at the job's end
+    requests = [k for k in whole[0] if k.endswith(("_billed_calls", "_spend_usd", "_tokens", "_rate_limited",
+                                                   "_overloaded"))]
+    assert len(requests) == 12
+    assert {k: from_rollup[0][k] for k in requests} == {k: whole[0][k] for k in requests}
+    assert from_rollup[0]["day_spend_usd"] == Decimal("0.750000")
+    cur = await conn.execute("SELECT count(*) FROM minute_rollup_stale")
+    assert await cur.fetchone() == (0,)
+
+
 async def _overview_both_ways(conn: psycopg.AsyncConnection[Any]) -> tuple[Any, Any]:
     """The overview and the writers as read with the rollup, and as read whole from the jobs and the ledger (the
     rollup's rows deleted), in one transaction: at one now(), on one snapshot."""

@@ -455,4 +455,25 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(("       count(*) FILTER (WHERE c.billed) AS billed_calls\n", "       count(*) AS billed_calls\n"),),
         tests=("tests/integration/test_ops_api.py::test_the_overview_agrees_with_the_database",),
     ),
+    Mutant(
+        name="late-ledger-change-forgotten",
+        invariant="a request that changes after its job ended (a batch's result read after a cancel) reaches the "
+                  "history and the overview's spend at the next pass",
+        tier="integration",
+        file="sql/028_late_ledger_changes.sql",
+        edits=(("      AND j.status IN ('completed', 'failed') AND j.completed_at < now()\n",
+                "      AND j.status IN ('completed', 'failed') AND j.completed_at < now() AND false\n"),),
+        tests=("tests/integration/test_history.py::"
+               "test_a_call_that_ends_after_its_job_was_counted_ended_is_recounted_by_the_next_pass",),
+    ),
+    Mutant(
+        name="late-ledger-mark-left",
+        invariant="a marked minute is recounted by one pass, which takes its mark away",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("    DELETE FROM minute_rollup_stale s RETURNING s.minute\n",
+                "    SELECT s.minute FROM minute_rollup_stale s\n"),),
+        tests=("tests/integration/test_history.py::"
+               "test_a_call_that_ends_after_its_job_was_counted_ended_is_recounted_by_the_next_pass",),
+    ),
 )
