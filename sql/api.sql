@@ -348,13 +348,16 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'now', now())::text END AS job
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
-LEFT JOIN stories s ON s.id = j.story_id AND j.status = 'completed'
+-- the job's id finds the story's partition (migration 029)
+LEFT JOIN stories s ON s.job_id = j.id AND s.id = j.story_id AND j.status = 'completed'
 LEFT JOIN LATERAL (SELECT l.from_char, l.chars, l.written_at FROM story_draft_chunks l
                    WHERE l.job_id = j.id AND j.status = 'running'
                    ORDER BY l.from_char DESC LIMIT 1) d ON true
 WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: story_get_for_key
+-- A story by its id alone: each partition of stories is probed on its own
+-- index of id (migration 029), a bounded number of them.
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
        CASE WHEN s.id IS NOT NULL THEN json_build_object(
            'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,

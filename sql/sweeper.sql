@@ -121,7 +121,8 @@ SELECT pending, running,
 FROM job_queue_depth;
 
 -- name: job_prune_finished
--- Deletes finished jobs past retention, with their stories and idempotency
+-- Deletes finished jobs past retention, with their stories (those no
+-- partition drop takes) and idempotency
 -- keys (a key can then be used again), the oldest first: jobs finish within
 -- their timeouts, so the oldest ids are the first to expire, and no index on
 -- completed_at is needed. The ledger is kept.
@@ -149,8 +150,16 @@ pruned AS (
     WHERE j.id = oldest.id
     RETURNING j.id, j.client_id, j.idempotency_key, j.trace_context
 ),
+-- a story in a ranged partition goes when its partition is dropped
+-- (sweeper/partitions.py), all at once; those below the ranges
+-- (stories_unranged) and past them (stories_ahead) go row by row
+ranged AS (
+    SELECT min(lo) AS from_id, max(lo) FILTER (WHERE hi IS NULL) AS ahead_from_id FROM story_partition_ranges
+),
 stories_pruned AS (
-    DELETE FROM stories s USING pruned WHERE s.job_id = pruned.id
+    DELETE FROM stories s USING pruned, ranged
+    WHERE s.job_id = pruned.id
+      AND NOT coalesce(pruned.id >= ranged.from_id AND pruned.id < ranged.ahead_from_id, false)
 ),
 keys_pruned AS (
     DELETE FROM job_idempotency_keys k USING pruned
@@ -401,3 +410,59 @@ SELECT count(*) AS undelivered,
        coalesce(extract(epoch FROM coalesce(%(now)s::timestamptz, now()) - min(created_at)), 0)::float8
            AS oldest_undelivered_age_seconds
 FROM webhook_deliveries WHERE state = 'pending';
+
+-- name: story_partitions_state
+-- What the sweeper keeps the stories' partitions by (sweeper/partitions.py,
+-- migration 029): stories_unranged's bound (NULL until the first pass sets
+-- it) and whether it is validated; where stories_ahead begins (NULL before
+-- the first range), and the bound of the range it is being made, if it is
+-- (NULL while it is only the catch-all); the id the next job will take.
+SELECT substring(pg_get_constraintdef(u.oid) FROM 'job_id < (\d+)')::bigint AS bound,
+       coalesce(u.convalidated, false) AS bound_valid,
+       (SELECT r.lo FROM story_partition_ranges r WHERE r.hi IS NULL) AS ahead_from_id,
+       substring(pg_get_constraintdef(a.oid) FROM 'job_id < (\d+)')::bigint AS ahead_bound,
+       coalesce(a.convalidated, false) AS ahead_bound_valid,
+       coalesce(pg_sequence_last_value(pg_get_serial_sequence('story_jobs', 'id')::regclass), 0) + 1 AS next_id
+FROM (SELECT 1) AS one
+LEFT JOIN pg_constraint u ON u.conrelid = 'stories_unranged'::regclass AND u.conname = 'stories_unranged_below'
+LEFT JOIN pg_constraint a ON a.conrelid = to_regclass('stories_ahead') AND a.conname = 'stories_ahead_below';
+
+-- name: stories_unranged_bound
+SELECT stories_unranged_bound(%(bound)s);
+
+-- name: transaction_statement_timeout_off
+-- For a statement that reads a whole table and blocks nobody (a VALIDATE):
+-- the session's statement timeout would cancel it on a large one, forever.
+SELECT set_config('statement_timeout', '0', true);
+
+-- name: stories_unranged_validate
+-- Reads stories_unranged whole, under a lock that lets reads and writes on.
+ALTER TABLE stories_unranged VALIDATE CONSTRAINT stories_unranged_below;
+
+-- name: story_partition_add
+SELECT story_partition_add(%(lo)s, %(hi)s);
+
+-- name: stories_ahead_bound
+SELECT stories_ahead_bound(%(hi)s);
+
+-- name: stories_ahead_validate
+ALTER TABLE stories_ahead VALIDATE CONSTRAINT stories_ahead_below;
+
+-- name: story_partition_close_ahead
+SELECT story_partition_close_ahead();
+
+-- name: story_partitions_droppable
+-- The ranged partitions that no story can come to, oldest first: no job of
+-- their range is left (every rule that keeps a job, a delivery pending or a
+-- batch result unread, keeps its partition), and none can still be
+-- admitted there, as a job above the range is over 5 minutes old: ids are
+-- taken in order, and an admission lasts at most its statement timeout
+-- (60 s). A range of jobs pruned is one past retention.
+SELECT r.name FROM story_partition_ranges r
+WHERE r.hi IS NOT NULL
+  AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id >= r.lo AND j.id < r.hi)
+  AND EXISTS (SELECT 1 FROM story_jobs j WHERE j.id >= r.hi AND j.created_at < now() - interval '5 minutes')
+ORDER BY r.lo;
+
+-- name: story_partition_drop
+SELECT story_partition_drop(%(name)s);

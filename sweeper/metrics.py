@@ -19,6 +19,13 @@ for _reason in REASONS:
     RECLAIMED.labels(reason=_reason.value)
 
 PRUNED = Counter("storyjobs_sweeper_pruned_total", "Finished jobs deleted past JOB_RETENTION_S.")
+STORY_PARTITIONS_DROPPED = Counter(
+    "storyjobs_sweeper_story_partitions_dropped_total",
+    "Partitions of stories dropped whole once every job of their range was pruned.")
+STORY_PARTITIONS_BEHIND = Gauge(
+    "storyjobs_story_partitions_behind",
+    "1 while stories_ahead holds stories, so that no range of stories can be added (the sweeper was stopped "
+    "for longer than the ranges kept ahead); its stories are pruned row by row.")
 
 JOBS = Gauge("storyjobs_jobs", "Live jobs of the interactive lane by status, read from the database at each pass "
              "(the batch lane's are on storyjobs_batches_in_flight).", ["status"])

@@ -28,7 +28,8 @@ from shared.store import (
     fetch_scalars,
     job_id_bounds,
 )
-from sweeper import rollup
+from sweeper import partitions, rollup
+from sweeper.partitions import StoryPartitionsKept
 from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 
 
@@ -66,6 +67,10 @@ class SweeperStore(Protocol):
         self, *, retention_s: float, batch_size: int, now: datetime | None,
     ) -> list[PrunedJob]:
         """Deletes one batch of jobs finished longer ago than retention_s; the jobs deleted."""
+        ...
+
+    async def keep_story_partitions(self, *, retention_s: float, now: datetime | None) -> StoryPartitionsKept:
+        """Bounds, adds and drops the stories' partitions (sweeper/partitions.py)."""
         ...
 
 
@@ -164,3 +169,9 @@ class PgSweeperStore:
             bounds = await job_id_bounds(conn, created_after=None, created_before=cutoff)
             return await fetch_all(conn, PrunedJob, "job_prune_finished", {
                 "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": bounds.hi_id})
+
+    async def keep_story_partitions(
+        self, *, retention_s: float, now: datetime | None = None,
+    ) -> StoryPartitionsKept:
+        async with connection(self._connections) as conn:
+            return await partitions.keep(conn, retention_s=retention_s, now=now)

@@ -160,6 +160,9 @@ class Sweeper:
             if deleted == 0:
                 break
         metrics.PRUNED.inc(pruned)
+        kept = await self._store.keep_story_partitions(retention_s=self.settings.job_retention_s, now=now)
+        metrics.STORY_PARTITIONS_DROPPED.inc(kept.dropped)
+        metrics.STORY_PARTITIONS_BEHIND.set(1 if kept.behind else 0)
         metrics.JOBS.labels(status=JobStatus.PENDING).set(gauges.pending)
         metrics.JOBS.labels(status=JobStatus.RUNNING).set(gauges.running)
         metrics.OLDEST_PENDING_AGE.set(gauges.oldest_pending_age_seconds)

@@ -16,6 +16,7 @@ from typing import Any
 from shared.config import SweeperSettings
 from shared.rows import BudgetDay, SnapshotAges
 from shared.status import ErrorCode
+from sweeper.partitions import StoryPartitionsKept
 from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 from sweeper.store import SweeperStore
 
@@ -42,6 +43,7 @@ class RecordingSweeperStore:
         self.over_reservation = Decimal(0)
         self.snapshots = SnapshotAges(known=True, oldest_transaction_age_s=None, oldest_snapshot_age_s=None,
                                       replication_slot_xmin_age=None)
+        self.partitions_kept = StoryPartitionsKept(added=0, dropped=0, behind=False)
         self._faults: dict[str, list[Exception]] = {}
 
     # -- what tests use ---------------------------------------------------------------
@@ -106,6 +108,10 @@ class RecordingSweeperStore:
             return self.prune_batches.pop(0)
         count = self.prune_counts.pop(0) if self.prune_counts else 0
         return [PrunedJob(id=n + 1) for n in range(count)]
+
+    async def keep_story_partitions(self, *, retention_s: float, now: datetime | None) -> StoryPartitionsKept:
+        self._call("keep_story_partitions", retention_s=retention_s, now=now)
+        return self.partitions_kept
 
 
 # mypy rejects this line when the fake drifts from the interface it stands for

@@ -477,4 +477,40 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/integration/test_history.py::"
                "test_a_call_that_ends_after_its_job_was_counted_ended_is_recounted_by_the_next_pass",),
     ),
+    # the stories' partitions (migration 029, sweeper/partitions.py): a
+    # partition is dropped only when no story can be in it or come to it
+    Mutant(
+        name="story-partition-dropped-with-its-jobs",
+        invariant="a range of stories is dropped only once every job of its range is pruned",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("  AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id >= r.lo AND j.id < r.hi)\n", ""),),
+        tests=("tests/integration/test_story_partitions.py::test_a_range_is_dropped_once_its_every_job_is_pruned_and_not_before",),
+    ),
+    Mutant(
+        name="story-partition-dropped-under-an-admission",
+        invariant="a range of stories is kept while an admission could still take an id in it",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("j.id >= r.hi AND j.created_at < now() - interval '5 minutes')",
+                "j.id >= r.hi)"),),
+        tests=("tests/integration/test_story_partitions.py::test_an_empty_range_is_kept_while_an_admission_could_still_take_an_id_there",),
+    ),
+    Mutant(
+        name="stories-ahead-replaced-holding-stories",
+        invariant="stories_ahead is replaced only while empty: a story past the ranges is never lost",
+        tier="integration",
+        file="sql/029_story_partitions.sql",
+        edits=(("        IF ahead_rows THEN\n", "        IF ahead_rows AND false THEN\n"),),
+        tests=("tests/integration/test_story_partitions.py::test_stories_past_the_ranges_make_stories_ahead_a_range_and_ranges_follow_it",),
+    ),
+    Mutant(
+        name="unranged-stories-left-by-the-prune",
+        invariant="a story no partition drop takes is deleted with its job",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("      AND NOT coalesce(pruned.id >= ranged.from_id AND pruned.id < ranged.ahead_from_id, false)\n",
+                "      AND NOT coalesce(pruned.id < ranged.ahead_from_id, false)\n"),),
+        tests=("tests/integration/test_story_partitions.py::test_the_prune_deletes_the_old_tables_stories_row_by_row",),
+    ),
 )
