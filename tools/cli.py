@@ -29,7 +29,7 @@ import msgspec
 import psycopg
 
 from shared import db, keys, migrate, store, webhooks
-from shared.config import ApiSettings, BaseSettings, ConfigError
+from shared.config import ApiSettings, BaseSettings, ConfigError, SweeperSettings
 from shared.config_load import load
 from shared.console_rows import JobFilter
 from shared.console_stats import finished_since, snapshot_warning
@@ -37,6 +37,7 @@ from shared.console_store import ConsoleStore
 from shared.pricing import BATCH_PRICE_FACTOR, saved_by_batch
 from shared.ratelimit import KINDS, RateLimits
 from shared.status import JobStatus
+from sweeper import partitions
 
 
 def _usd(text: str) -> Decimal:
@@ -85,14 +86,21 @@ async def _connect_session() -> psycopg.AsyncConnection[Any]:
 
 
 async def cmd_migrate(_: argparse.Namespace) -> int:
+    retention_s = load(SweeperSettings).job_retention_s
     async with await _connect_session() as conn:
         applied = await migrate.migrate(conn)
         version = await store.schema_version_get(conn)
+        # the sweeper's care of the stories' partitions, here on a session
+        # without a statement timeout: after migration 029 its first pass
+        # reads the stories that were there (sweeper/partitions.py)
+        kept = await partitions.keep(conn, retention_s=retention_s)
     for migration in applied:
         _out(f"applied {migration.version:03d}_{migration.name}")
         for notice in migration.notices:
             _out(f"  {notice}")
     _out(f"schema at version {version}" + ("" if applied else " (nothing to apply)"))
+    if kept.added or kept.dropped:
+        _out(f"stories' partitions: {kept.added} added, {kept.dropped} dropped")
     return 0
 
 
