@@ -5,6 +5,7 @@ tests/bench/results/ (JSON and Markdown) and print the table.
     python -m tests.bench --only drain,pickup  # a subset, by name
     python -m tests.bench --quick --runs 1     # sizes and durations in seconds
     HISTORY_JOBS=3000000 python -m tests.bench --only history --runs 1   # a month's history
+    STORY_MOVE_JOBS=10000000 python -m tests.bench --only story_move --runs 1   # stories moved under partitions
 
 The Postgres server is tests/support/postgres_server.py's: TEST_DATABASE_URL, else a Docker
 container, else the embedded Postgres. Every database and process a run
@@ -48,6 +49,7 @@ from tests.bench import (
     scale,
     statement_cost,
     stop,
+    story_move,
     tracing,
     webhooks,
 )
@@ -58,7 +60,7 @@ BENCHMARKS: dict[str, ModuleType] = {
     module.NAME: module
     for module in (drain, pickup, idle, api_load, poll, scale, in_flight, in_flight_pooler, ceiling, ops_list, peers,
                    stop, statement_cost, model, webhooks, fair_claim, provider_limit, tracing, batch_lane, drafts,
-                   history)
+                   history, story_move)
 }
 SERVER_SETTINGS = ("shared_buffers", "synchronous_commit", "fsync", "autovacuum", "max_connections")
 

@@ -32,7 +32,9 @@ for the claim that follows), then, in turn:
 * admission after an ANALYZE taken while 2,000 jobs waited (then drained
   before the next ANALYZE): POST p50 and p99;
 * a day's prune: every job finished 29-30 days ago, batch by batch as the
-  sweeper deletes them (JOB_RETENTION_S of 29 days), the time it took and
+  sweeper deletes them (JOB_RETENTION_S of 29 days), then the partition of
+  their stories dropped (the loaded stories are in one partition a day, as
+  the sweeper keeps them; sweeper/partitions.py), the time it took and
   the database's size before and after (and after a VACUUM of its tables).
 """
 
@@ -107,6 +109,7 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("claim_buffers_after_snapshot", "buffers one claim reads, 60 s after the snapshot's release", "pages"),
     ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
     ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
+    ("prune_day_story_partitions", "partitions of stories that day's prune dropped", "partitions"),
     ("size_before_prune_mb", "database size before the day's prune", "MB"),
     ("size_after_prune_mb", "database size after the day's prune", "MB"),
     ("size_after_vacuum_mb", "database size after the prune and a VACUUM", "MB"),
@@ -191,9 +194,10 @@ def _server(result: BenchResult) -> Iterator[str]:
 # -- the history -------------------------------------------------------------------
 
 
-def _load(url: str, jobs: int) -> None:
+def _load(url: str, jobs: int, *, story_ranges: bool = True) -> None:
     """``jobs`` finished jobs evenly over the last 30 days (the newest 5 minutes ago), with what each leaves
-    behind; then VACUUM ANALYZE, and the migration's settings kept."""
+    behind, their stories in a range a day (``story_ranges``) or in the one table of a database before
+    migration 029; then VACUUM ANALYZE, and the migration's settings kept."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("INSERT INTO api_clients (name) SELECT 'history-' || g FROM generate_series(1, 1000) g")
         conn.execute(
@@ -217,6 +221,8 @@ def _load(url: str, jobs: int) -> None:
             ORDER BY n
             """,
             {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
+        if story_ranges:
+            _story_ranges_by_day(conn, jobs)
         conn.execute(
             """
             INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, input_tokens,
@@ -264,6 +270,16 @@ def _load(url: str, jobs: int) -> None:
             """, {"jobs": jobs})
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
+
+
+def _story_ranges_by_day(conn: psycopg.Connection[Any], jobs: int) -> None:
+    """The stories' partitions as the sweeper keeps them (sweeper/partitions.py) after 30 days: one range a
+    day of jobs, and two ahead of the next id; stories_unranged bounded below them, empty."""
+    width = max(1, jobs // 30)
+    conn.execute(QUERIES["stories_unranged_bound"], {"bound": 1})
+    conn.execute(QUERIES["stories_unranged_validate"])
+    for lo in range(1, jobs + 1 + 2 * width, width):
+        conn.execute(QUERIES["story_partition_add"], {"lo": lo, "hi": lo + width})
 
 
 async def _rollup_pass(url: str) -> None:
@@ -602,11 +618,14 @@ async def _prune_a_day(url: str) -> dict[str, float]:
             pruned += deleted
             if deleted == 0:
                 break
+        # and the day's stories, dropped with their partition
+        dropped = (await PgSweeperStore(conn).keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started
     after = _size_mb(url)
     with psycopg.connect(url, autocommit=True) as conn:
         for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries"):
             conn.execute(f"VACUUM {table}")
-    return {"prune_day_s": elapsed, "prune_day_jobs": pruned, "size_before_prune_mb": before,
+    return {"prune_day_s": elapsed, "prune_day_jobs": pruned, "prune_day_story_partitions": dropped,
+            "size_before_prune_mb": before,
             "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}
 

@@ -13,7 +13,7 @@ from typing import Any
 
 import pytest
 
-from tests.bench import fair_claim, history, statement_cost
+from tests.bench import fair_claim, history, statement_cost, story_move
 from tests.bench.smoke import run_quick
 
 pytestmark = [pytest.mark.system, pytest.mark.slow]
@@ -157,13 +157,29 @@ def test_quick_fair_claim_shares_the_claims_with_a_saturated_client(server_url: 
 def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(server_url: str,
                                                                                 tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only history` (30,000 finished jobs) exits 0 with every figure for both
-    databases, and the day's prune deletes a thirtieth of the history on the loaded one and nothing on the
-    empty one."""
+    databases, and the day's prune deletes a thirtieth of the history on the loaded one, dropping its stories'
+    partition, and nothing on the empty one."""
     bench = run_quick("history", server_url, tmp_path)["benchmarks"]["history"]
     assert bench["error"] is None
     assert set(bench["figures"]) == set(history.SPECS)
     figures = {key: figure["median"] for key, figure in bench["figures"].items()}
     assert figures["empty.prune_day_jobs"] == 0
     assert 900 <= figures["loaded.prune_day_jobs"] <= 1100
+    # the day's stories went with their partition, and their space with it
+    assert figures["empty.prune_day_story_partitions"] == 0 and figures["loaded.prune_day_story_partitions"] == 1
+    assert figures["loaded.size_after_prune_mb"] < figures["loaded.size_before_prune_mb"]
     assert all(figures[f"{state}.post_p99_ms"] > 0 and figures[f"{state}.claim_held_snapshot_p99_ms"] > 0
                for state in history.STATES)
+
+
+def test_quick_story_move_moves_the_stories_under_partitions_while_they_are_read_and_written(
+    server_url: str, tmp_path: Path,
+) -> None:
+    """`python -m tests.bench --quick --only story_move` (30,000 finished jobs before migration 029) exits 0
+    with every figure: reads and writes went on before and during the move."""
+    bench = run_quick("story_move", server_url, tmp_path)["benchmarks"]["story_move"]
+    assert bench["error"] is None
+    assert set(bench["figures"]) == set(story_move.SPECS)
+    figures = {key: figure["median"] for key, figure in bench["figures"].items()}
+    assert figures["migrate_s"] > 0 and figures["first_pass_s"] > 0
+    assert all(figures[f"{kind}_max_during_ms"] > 0 for kind in ("read", "write"))

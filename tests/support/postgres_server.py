@@ -95,20 +95,27 @@ async def database_migrated_before(url: str, name: str, migration: str) -> Async
     """Database ``name``, (re)created and migrated up to the migration before
     the one named ``migration``, for a test of what that migration does to
     the rows it finds (``migrate.migrate`` applies it); dropped after."""
-    created = create_database(url, name)
+    created = await create_database_migrated_before(url, name, migration)
     try:
         async with await psycopg.AsyncConnection.connect(created, autocommit=True) as conn:
-            await store.schema_migrations_create(conn)
-            for earlier in migrate.migrations():
-                if earlier.name == migration:
-                    break
-                await store.schema_migration_apply(conn, version=earlier.version, name=earlier.name,
-                                                   ddl=earlier.ddl)
-            else:
-                raise ValueError(f"no migration named {migration}")
             yield conn
     finally:
         drop_database(url, name)
+
+
+async def create_database_migrated_before(url: str, name: str, migration: str) -> str:
+    """(Re)creates database ``name``, migrated up to the migration before the
+    one named ``migration``; returns its connection string."""
+    created = create_database(url, name)
+    async with await psycopg.AsyncConnection.connect(created, autocommit=True) as conn:
+        await store.schema_migrations_create(conn)
+        for earlier in migrate.migrations():
+            if earlier.name == migration:
+                break
+            await store.schema_migration_apply(conn, version=earlier.version, name=earlier.name, ddl=earlier.ddl)
+        else:
+            raise ValueError(f"no migration named {migration}")
+    return created
 
 
 def create_database_from_template(url: str, name: str, template: str) -> str:
