@@ -44,28 +44,46 @@ WHERE i.inhparent = 'stories'::regclass AND pg_get_expr(c.relpartbound, c.oid) <
 
 -- The sweeper's changes to the partitions (sweeper/partitions.py), as
 -- functions: DDL takes no parameters, and its names and bounds are written
--- here once, quoted by format().
+-- here once, quoted by format(). Each locks stories first (as every
+-- statement on it does, so no deadlock), then looks again at what it is to
+-- change: two callers at once (the sweeper and `storyjobs migrate`) are
+-- serialized by that lock, and the second finds the work done. Each returns
+-- whether it changed anything (NULL from story_partition_add: the ranges
+-- moved since the caller read them).
 
 -- Bounds stories_unranged below `bound`, NOT VALID: every story at or above
 -- it now needs a ranged partition, which the same pass adds after validating.
-CREATE FUNCTION stories_unranged_bound(bound bigint) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION stories_unranged_bound(bound bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
+    LOCK TABLE stories IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM pg_constraint k
+               WHERE k.conrelid = 'stories_unranged'::regclass AND k.conname = 'stories_unranged_below') THEN
+        RETURN false;
+    END IF;
     EXECUTE format('ALTER TABLE stories_unranged ADD CONSTRAINT stories_unranged_below '
                    'CHECK (job_id < %s) NOT VALID', bound);
+    RETURN true;
 END $$;
 
 -- Adds the partition [lo, hi) at the top of the ranges, with stories_ahead
 -- above it: the catch-all for ids past the last range, so that a story is
 -- never refused for want of a partition. Postgres cannot split a partition
--- without reading it, so stories_ahead is replaced only while empty; the
--- caller holds the lock on stories (LOCK TABLE in the same transaction) that
--- keeps it so. Returns false, and changes nothing, when it is not empty.
+-- without reading it, so stories_ahead is replaced only while empty, under
+-- the lock on stories that keeps it so. False, and nothing changed, when it
+-- is not empty.
 CREATE FUNCTION story_partition_add(lo bigint, hi bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     ahead_rows boolean;
+    -- where the caller found the top: stories_ahead's start, or none yet
+    expected bigint;
 BEGIN
-    -- the parent first, as every statement on stories locks it
     LOCK TABLE stories IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM story_partition_ranges) THEN
+        expected := lo;
+    END IF;
+    IF (SELECT r.lo FROM story_partition_ranges r WHERE r.hi IS NULL) IS DISTINCT FROM expected THEN
+        RETURN NULL;
+    END IF;
     IF to_regclass('stories_ahead') IS NOT NULL THEN
         EXECUTE 'SELECT EXISTS (SELECT 1 FROM stories_ahead)' INTO ahead_rows;
         IF ahead_rows THEN
@@ -87,24 +105,35 @@ END $$;
 -- take, [where it begins, `hi`), added NOT VALID (every story at or above
 -- `hi` now needs the range the same pass adds), then validated without
 -- blocking, then story_partition_close_ahead.
-CREATE FUNCTION stories_ahead_bound(hi bigint) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION stories_ahead_bound(hi bigint) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
+    LOCK TABLE stories IN ACCESS EXCLUSIVE MODE;
+    IF EXISTS (SELECT 1 FROM pg_constraint k
+               WHERE k.conrelid = 'stories_ahead'::regclass AND k.conname = 'stories_ahead_below') THEN
+        RETURN false;
+    END IF;
     EXECUTE format('ALTER TABLE stories_ahead ADD CONSTRAINT stories_ahead_below '
                    'CHECK (job_id >= %s AND job_id < %s) NOT VALID',
                    (SELECT r.lo FROM story_partition_ranges r WHERE r.hi IS NULL), hi);
+    RETURN true;
 END $$;
 
 -- Detaches stories_ahead and attaches it again as the range its validated
 -- CHECK names, under a new name, with an empty stories_ahead above it: no
 -- story is read or moved, and none is refused in between (one transaction).
-CREATE FUNCTION story_partition_close_ahead() RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION story_partition_close_ahead() RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
-    lo bigint := (SELECT r.lo FROM story_partition_ranges r WHERE r.hi IS NULL);
-    hi bigint := (SELECT substring(pg_get_constraintdef(k.oid) FROM 'job_id < (\d+)')::bigint
-                  FROM pg_constraint k
-                  WHERE k.conrelid = 'stories_ahead'::regclass AND k.conname = 'stories_ahead_below');
+    lo bigint;
+    hi bigint;
 BEGIN
     LOCK TABLE stories IN ACCESS EXCLUSIVE MODE;
+    lo := (SELECT r.lo FROM story_partition_ranges r WHERE r.hi IS NULL);
+    hi := (SELECT substring(pg_get_constraintdef(k.oid) FROM 'job_id < (\d+)')::bigint
+           FROM pg_constraint k
+           WHERE k.conrelid = 'stories_ahead'::regclass AND k.conname = 'stories_ahead_below');
+    IF hi IS NULL THEN
+        RETURN false;
+    END IF;
     ALTER TABLE stories DETACH PARTITION stories_ahead;
     EXECUTE format('ALTER TABLE stories_ahead RENAME TO %I', 'stories_from_' || lo);
     EXECUTE format('ALTER TABLE stories ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%s)',
@@ -112,14 +141,16 @@ BEGIN
     EXECUTE format('ALTER TABLE %I DROP CONSTRAINT stories_ahead_below', 'stories_from_' || lo);
     EXECUTE format('CREATE TABLE stories_ahead PARTITION OF stories FOR VALUES FROM (%s) TO (MAXVALUE)', hi);
     CREATE UNIQUE INDEX ON stories_ahead (id);
+    RETURN true;
 END $$;
 
 -- Drops a ranged partition (never stories_unranged or stories_ahead).
-CREATE FUNCTION story_partition_drop(partition text) RETURNS void LANGUAGE plpgsql AS $$
+CREATE FUNCTION story_partition_drop(partition text) RETURNS boolean LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT EXISTS (SELECT 1 FROM story_partition_ranges r WHERE r.name = partition AND r.hi IS NOT NULL) THEN
-        RAISE EXCEPTION 'not a ranged partition of stories: %', partition;
-    END IF;
     LOCK TABLE stories IN ACCESS EXCLUSIVE MODE;
+    IF NOT EXISTS (SELECT 1 FROM story_partition_ranges r WHERE r.name = partition AND r.hi IS NOT NULL) THEN
+        RETURN false;
+    END IF;
     EXECUTE format('DROP TABLE %I', partition);
+    RETURN true;
 END $$;

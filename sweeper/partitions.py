@@ -80,7 +80,8 @@ async def keep(conn: Conn, *, retention_s: float, now: datetime | None = None) -
     bound = state.bound
     if bound is None:
         bound = state.next_id + width
-        if await _locking(conn, "stories_unranged_bound", {"bound": bound}) is None:
+        if await _locking(conn, "stories_unranged_bound", {"bound": bound}) != [True]:
+            # the lock not had, or another caller bound it first: the next pass goes on
             return StoryPartitionsKept(added=0, dropped=0, behind=False)
     if not state.bound_valid:
         await _validate(conn, "stories_unranged_validate")
@@ -98,28 +99,27 @@ async def _width(conn: Conn, next_id: int, period_start: datetime) -> int:
 
 async def _add_ahead(conn: Conn, state: StoryPartitionsState, bound: int, width: int) -> tuple[int, bool]:
     """Ranges up to AHEAD widths above the next id; stories_ahead made a range
-    when it holds stories. (ranges added, behind)"""
-    top = state.ahead_from_id or bound
-    added = 0
+    when it holds stories, the ranges above it left to the next pass. (ranges
+    added, behind)"""
     if state.ahead_bound is not None:
         # an earlier pass began making stories_ahead a range
-        if not await _close_ahead(conn, state.ahead_bound_valid):
-            return added, True
-        top, added = state.ahead_bound, 1
+        closed = await _close_ahead(conn, state.ahead_bound_valid)
+        return int(closed), not closed
+    top, added = state.ahead_from_id or bound, 0
     # bounded, so that a wrong width cannot make hundreds of ranges in one pass
     while top < state.next_id + AHEAD * width and added <= AHEAD:
         done = await _locking(conn, "story_partition_add", {"lo": top, "hi": top + width})
-        if done is None:
-            return added, False
-        if done[0]:
-            top += width
-        else:
+        if done is None or done[0] is None:
+            # the lock not had, or another caller moved the ranges: the next pass goes on
+            break
+        if not done[0]:
             hi = state.next_id + width
             log.warning("sweeper.stories_ahead_closing", from_id=top, to_id=hi,
                         detail="the ids outran the ranges: stories_ahead holds stories and becomes a range")
-            if await _locking(conn, "stories_ahead_bound", {"hi": hi}) is None or not await _close_ahead(conn, False):
-                return added, True
-            top = hi
+            closed = (await _locking(conn, "stories_ahead_bound", {"hi": hi}) is not None
+                      and await _close_ahead(conn, False))
+            return added + int(closed), not closed
+        top += width
         added += 1
     return added, False
 
@@ -145,10 +145,12 @@ async def _validate(conn: Conn, query: str) -> None:
 async def _drop_emptied(conn: Conn) -> int:
     dropped = 0
     for name in await fetch_scalars(conn, "story_partitions_droppable"):
-        if await _locking(conn, "story_partition_drop", {"name": name}) is None:
+        done = await _locking(conn, "story_partition_drop", {"name": name})
+        if done is None:
             break
-        log.info("sweeper.story_partition_dropped", partition=name)
-        dropped += 1
+        if done[0]:
+            log.info("sweeper.story_partition_dropped", partition=name)
+            dropped += 1
     return dropped
 
 
