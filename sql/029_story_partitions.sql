@@ -32,6 +32,22 @@ PARTITION BY RANGE (job_id);
 ALTER TABLE stories ADD CONSTRAINT stories_one_per_job UNIQUE (job_id);
 ALTER TABLE stories ATTACH PARTITION stories_unranged DEFAULT;
 
+-- A story as clients read it, one shape for the poll and GET
+-- /stories/{story_id} (cost as text: exact). A function, not a join: a
+-- generic plan on Postgres 15 locks and opens every partition a statement
+-- names, which cost each poll 0.08 ms with 32 ranges (0.19 -> 0.27 ms), and
+-- most polls are of live jobs, which have no story. The poll calls it for a
+-- completed job only; here the job's id prunes to its partition.
+CREATE FUNCTION story_json(job bigint, story uuid, job_public_id uuid) RETURNS json
+LANGUAGE plpgsql STABLE STRICT AS $$
+BEGIN
+    RETURN (SELECT json_build_object(
+                'story_id', s.id, 'job_id', job_public_id, 'title', s.title, 'body', s.body, 'model', s.model,
+                'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
+                'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at)
+            FROM stories s WHERE s.job_id = job AND s.id = story);
+END $$;
+
 -- The ranged partitions, from the catalog: [lo, hi) of job id, hi NULL for
 -- stories_ahead (to the highest id). stories_unranged is not among them.
 CREATE VIEW story_partition_ranges AS

@@ -322,11 +322,10 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'lane', j.lane, 'batch_ready_at', j.batch_ready_at,
            'batch_expires_at', (SELECT b.expires_at FROM message_batches b
                                 WHERE b.id = j.batch_id AND j.batch_ready_at IS NULL),
-           -- one shape for a story, here and in story_get_for_key (cost as text: exact)
-           'story', CASE WHEN s.id IS NOT NULL THEN json_build_object(
-               'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
-               'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
-               'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END,
+           -- read only for a completed job, through story_json (migration
+           -- 029): stories is not in this statement, so a poll of a live job
+           -- locks none of its partitions
+           'story', CASE WHEN j.status = 'completed' THEN story_json(j.id, j.story_id, j.public_id) END,
            -- how far along a running job is: its progress against what its length allows
            'max_tokens', j.max_tokens,
            -- a running job's draft (migration 020): its length and when it
@@ -348,8 +347,6 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'now', now())::text END AS job
 FROM api_keys k
 LEFT JOIN story_jobs j ON j.client_id = k.client_id AND j.public_id = %(job_id)s
--- the job's id finds the story's partition (migration 029)
-LEFT JOIN stories s ON s.job_id = j.id AND s.id = j.story_id AND j.status = 'completed'
 LEFT JOIN LATERAL (SELECT l.from_char, l.chars, l.written_at FROM story_draft_chunks l
                    WHERE l.job_id = j.id AND j.status = 'running'
                    ORDER BY l.from_char DESC LIMIT 1) d ON true
@@ -357,15 +354,13 @@ WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: story_get_for_key
 -- A story by its id alone: each partition of stories is probed on its own
--- index of id (migration 029), a bounded number of them.
+-- index of id (migration 029), a bounded number of them. Served while its
+-- job is kept: a pruned job's story waits for its partition's drop unseen.
 SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
-       CASE WHEN s.id IS NOT NULL THEN json_build_object(
-           'story_id', s.id, 'job_id', j.public_id, 'title', s.title, 'body', s.body, 'model', s.model,
-           'prompt_version', s.prompt_version, 'input_tokens', s.input_tokens,
-           'output_tokens', s.output_tokens, 'cost_usd', s.cost_usd::text, 'created_at', s.created_at) END AS story
+       story_json(s.job_id, s.id, j.public_id) AS story
 FROM api_keys k
-LEFT JOIN stories s ON s.client_id = k.client_id AND s.id = %(story_id)s
-LEFT JOIN story_jobs j ON j.id = s.job_id
+LEFT JOIN (stories s JOIN story_jobs j ON j.id = s.job_id)
+    ON s.client_id = k.client_id AND s.id = %(story_id)s
 WHERE k.key_prefix = %(key_prefix)s;
 
 -- name: job_drain_stats

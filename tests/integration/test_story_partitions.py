@@ -9,11 +9,15 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import httpx
+import msgspec
 import psycopg
 import pytest
 from psycopg_pool import AsyncConnectionPool
 from structlog.testing import capture_logs
 
+from api.rows import StoryView
+from shared import keys
+from shared.store import fetch_one
 from sweeper import partitions
 from sweeper.store import PgSweeperStore
 from tests.support import ops_seed
@@ -52,6 +56,16 @@ async def _next_id_at(conn: psycopg.AsyncConnection[Any], job_id: int) -> None:
 
 async def _seed(conn: psycopg.AsyncConnection[Any], jobs: list[ops_seed.Job]) -> list[ops_seed.Job]:
     return await ops_seed.insert_jobs(conn, jobs)
+
+
+async def _served(conn: psycopg.AsyncConnection[Any], key: str, job: ops_seed.Job) -> Any:
+    """The story of ``job`` as GET /stories/{story_id} reads it (story_get_for_key), or None."""
+    cur = await conn.execute("SELECT story_id FROM story_jobs WHERE id = %s", (job.id,))
+    (story_id,) = await cur.fetchone() or (None,)
+    row = await fetch_one(conn, StoryView, "story_get_for_key",
+                          {"key_prefix": keys.prefix_of(key), "story_id": story_id})
+    assert row is not None
+    return None if row.story is None else msgspec.to_builtins(row.story)
 
 
 async def _keep(pool: AsyncConnectionPool) -> partitions.StoryPartitionsKept:
@@ -111,7 +125,7 @@ async def test_a_range_is_dropped_once_its_every_job_is_pruned_and_not_before(
 ) -> None:
     """A range whose jobs are all past retention and pruned goes whole, with its stories; while one of its
     jobs is kept (a webhook delivery still pending) it stays, and the prune leaves its stories to the drop."""
-    client_id, _ = await ops_seed.client(conn, "history")
+    client_id, key = await ops_seed.client(conn, "history")
     await _keep(pool)
     ((first, lo, hi), _) = await _ranges(conn)
     await _next_id_at(conn, lo)
@@ -132,8 +146,10 @@ async def test_a_range_is_dropped_once_its_every_job_is_pruned_and_not_before(
     store = PgSweeperStore(pool)
     pruned = await store.prune_finished(retention_s=RETENTION_S, batch_size=100)
     assert [job.id for job in pruned] == [jobs[0].id]
-    # the prune leaves a ranged story to its partition's drop
+    # the prune leaves a ranged story to its partition's drop, and it is no longer served
     assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", jobs[0].id) == 1
+    assert await _served(conn, key, jobs[0]) is None
+    assert (await _served(conn, key, jobs[1]) or {}).get("job_id") == str(jobs[1].public_id)
     assert (await _keep(pool)).dropped == 0
     assert first in [name for name, _, _ in await _ranges(conn)]
     await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
