@@ -124,40 +124,48 @@ async def test_a_range_is_dropped_once_its_every_job_is_pruned_and_not_before(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
 ) -> None:
     """A range whose jobs are all past retention and pruned goes whole, with its stories; while one of its
-    jobs is kept (a webhook delivery still pending) it stays, and the prune leaves its stories to the drop."""
+    jobs is kept (a webhook delivery still pending, on the range's first id) it stays, and the prune leaves
+    its stories to the drop. Jobs outside it (one kept below the ranges, one on the next range's first id)
+    do not hold it."""
     client_id, key = await ops_seed.client(conn, "history")
+    (early,) = await _seed(conn, [ops_seed.completed(client_id, 41 * DAY)])
     await _keep(pool)
     ((first, lo, hi), _) = await _ranges(conn)
     await _next_id_at(conn, lo)
     jobs = await _seed(conn, [ops_seed.completed(client_id, 40 * DAY), ops_seed.completed(client_id, 39 * DAY)])
+    assert [job.id for job in jobs] == [lo, lo + 1]
     assert {await _partition_of(conn, job.id) for job in jobs} == {first}
     endpoint = await conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
                                   "VALUES (%s, 'https://hooks.example.com/a', '{job.completed}', 'whsec_x') "
                                   "RETURNING id", (client_id,))
     endpoint_id = (await endpoint.fetchall())[0][0]
-    await conn.execute(
-        "INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, story_id, "
-        "occurred_at, state, next_attempt_at) "
-        "SELECT %s, client_id, id, public_id, status, story_id, completed_at, 'pending', now() "
-        "FROM story_jobs WHERE id = %s", (endpoint_id, jobs[1].id))
+    for kept in (early, jobs[0]):
+        await conn.execute(
+            "INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, story_id, "
+            "occurred_at, state, next_attempt_at) "
+            "SELECT %s, client_id, id, public_id, status, story_id, completed_at, 'pending', now() "
+            "FROM story_jobs WHERE id = %s", (endpoint_id, kept.id))
     # the ids move on past the range, as a month of jobs would take them
-    await _next_id_at(conn, hi + 5)
-    await _seed(conn, [ops_seed.completed(client_id, 3600)])
+    await _next_id_at(conn, hi)
+    (above,) = await _seed(conn, [ops_seed.completed(client_id, 3600)])
+    assert above.id == hi
     store = PgSweeperStore(pool)
     pruned = await store.prune_finished(retention_s=RETENTION_S, batch_size=100)
-    assert [job.id for job in pruned] == [jobs[0].id]
+    assert [job.id for job in pruned] == [jobs[1].id]
     # the prune leaves a ranged story to its partition's drop, and it is no longer served
-    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", jobs[0].id) == 1
-    assert await _served(conn, key, jobs[0]) is None
-    assert (await _served(conn, key, jobs[1]) or {}).get("job_id") == str(jobs[1].public_id)
+    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", jobs[1].id) == 1
+    assert await _served(conn, key, jobs[1]) is None
+    assert (await _served(conn, key, jobs[0]) or {}).get("job_id") == str(jobs[0].public_id)
     assert (await _keep(pool)).dropped == 0
     assert first in [name for name, _, _ in await _ranges(conn)]
-    await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now()")
-    assert [job.id for job in await store.prune_finished(retention_s=RETENTION_S, batch_size=100)] == [jobs[1].id]
+    await conn.execute("UPDATE webhook_deliveries SET state = 'delivered', delivered_at = now() WHERE job_id = %s",
+                       (jobs[0].id,))
+    assert [job.id for job in await store.prune_finished(retention_s=RETENTION_S, batch_size=100)] == [jobs[0].id]
     with capture_logs() as logs:
         assert (await _keep(pool)).dropped == 1
     assert first not in [name for name, _, _ in await _ranges(conn)]
-    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id < %s", hi) == 0
+    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id >= %s AND job_id < %s", lo, hi) == 0
+    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id IN (%s, %s)", early.id, above.id) == 2
     assert [entry["partition"] for entry in logs if entry["event"] == "sweeper.story_partition_dropped"] == [first]
 
 
@@ -231,15 +239,55 @@ async def test_a_pass_that_stopped_after_bounding_stories_ahead_is_finished_by_t
     assert await _partition_of(conn, job.id) == f"stories_from_{ahead_from}"
 
 
+@pytest.mark.parametrize("ranges", [False, True], ids=["before-the-first-pass", "after-it"])
 async def test_the_prune_deletes_the_old_tables_stories_row_by_row(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, ranges: bool,
+) -> None:
+    """A story in stories_unranged (written before the first pass) goes with its job's prune, before the
+    sweeper's first pass over the partitions and after it; another job's story stays."""
+    client_id, _ = await ops_seed.client(conn, "before")
+    old, young = await _seed(conn, [ops_seed.completed(client_id, 40 * DAY), ops_seed.completed(client_id, 60)])
+    if ranges:
+        await _keep(pool)
+    await PgSweeperStore(pool).prune_finished(retention_s=RETENTION_S, batch_size=100)
+    cur = await conn.execute("SELECT job_id FROM stories")
+    assert await cur.fetchall() == [(young.id,)]
+
+
+async def test_the_prune_deletes_the_stories_past_the_ranges_row_by_row(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
 ) -> None:
-    """A story in stories_unranged (written before the first pass) goes with its job's prune."""
-    client_id, _ = await ops_seed.client(conn, "before")
-    (job,) = await _seed(conn, [ops_seed.completed(client_id, 40 * DAY)])
+    """Two pruned jobs either side of where stories_ahead begins: the story in stories_ahead goes with its
+    job, the one in the last range waits for the range's drop."""
     await _keep(pool)
-    await PgSweeperStore(pool).prune_finished(retention_s=RETENTION_S, batch_size=100)
-    assert await count(conn, "SELECT count(*) FROM stories WHERE job_id = %s", job.id) == 0
+    (_, (_, ahead_from, _)) = await _ranges(conn)
+    await _next_id_at(conn, ahead_from - 1)
+    client_id, _ = await ops_seed.client(conn, "edge")
+    in_range, ahead = await _seed(conn, [ops_seed.completed(client_id, 41 * DAY),
+                                         ops_seed.completed(client_id, 40 * DAY)])
+    assert await _partition_of(conn, ahead.id) == "stories_ahead"
+    pruned = await PgSweeperStore(pool).prune_finished(retention_s=RETENTION_S, batch_size=100)
+    assert sorted(job.id for job in pruned) == [in_range.id, ahead.id]
+    cur = await conn.execute("SELECT job_id FROM stories")
+    assert await cur.fetchall() == [(in_range.id,)]
+
+
+async def test_a_range_is_as_wide_as_the_ids_the_last_period_took(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
+) -> None:
+    """With a retention of 30 days a period is a day: 1,200 jobs admitted in the last day and 1,500 two days
+    ago make the bound and the first range 1,200 ids wide."""
+    client_id, _ = await ops_seed.client(conn, "busy")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at) "
+        "SELECT %s, 'width-' || n, '\\x00', '{\"prompt\": \"a fox\"}'::jsonb, "
+        "       now() - CASE WHEN n <= 1500 THEN interval '2 days' ELSE interval '1 hour' END "
+        "FROM generate_series(1, 2700) AS n ORDER BY n", (client_id,))
+    await _keep(pool)
+    cur = await conn.execute("SELECT max(id) + 1 FROM story_jobs")
+    (next_id,) = await cur.fetchone() or (0,)
+    ((_, lo, hi), _) = await _ranges(conn)
+    assert (lo, hi) == (next_id + 1200, next_id + 2400)
 
 
 async def test_a_drop_waits_for_a_reader_at_most_its_lock_timeout_and_tries_again_next_pass(
@@ -274,9 +322,12 @@ async def test_two_passes_at_once_leave_one_bound_and_one_set_of_ranges(
         async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as own:
             return await partitions.keep(own, retention_s=RETENTION_S)
 
-    for _ in range(3):
+    first_round = await asyncio.gather(one_pass(), one_pass())
+    # one range made, counted once
+    assert (sum(k.added for k in first_round), sum(k.dropped for k in first_round)) == (1, 0)
+    for _ in range(2):
         kept = await asyncio.gather(one_pass(), one_pass())
-        assert not any(k.behind for k in kept)
+        assert not any(k.behind for k in kept + first_round)
     ranges = await _ranges(conn)
     assert [name for name, _, _ in ranges].count("stories_ahead") == 1
     assert all(hi == following for (_, _, hi), (_, following, _) in zip(ranges, ranges[1:], strict=False))
