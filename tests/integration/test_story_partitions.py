@@ -17,7 +17,7 @@ from structlog.testing import capture_logs
 
 from api.rows import StoryView
 from shared import keys
-from shared.store import fetch_one
+from shared.store import fetch_all, fetch_one
 from sweeper import partitions
 from sweeper.store import PgSweeperStore
 from tests.support import ops_seed
@@ -233,6 +233,11 @@ async def test_a_pass_that_stopped_after_bounding_stories_ahead_is_finished_by_t
     client_id, _ = await ops_seed.client(conn, "stopped")
     (job,) = await _seed(conn, [ops_seed.completed(client_id, 3600)])
     await conn.execute("SELECT stories_ahead_bound(%s)", (ahead_from + 50,))
+    # what the next pass reads: one row, both bounds, only the first validated
+    bound = (await _ranges(conn))[0][1]
+    assert await fetch_all(conn, partitions.StoryPartitionsState, "story_partitions_state", {}) == [
+        partitions.StoryPartitionsState(bound=bound, bound_valid=True, ahead_from_id=ahead_from,
+                                        ahead_bound=ahead_from + 50, ahead_bound_valid=False, next_id=job.id + 1)]
     kept = await _keep(pool)
     assert not kept.behind and kept.added >= 1
     assert (f"stories_from_{ahead_from}", ahead_from, ahead_from + 50) in await _ranges(conn)
