@@ -81,6 +81,14 @@ BEGIN
     RETURN true;
 END $$;
 
+-- stories_ahead, from `lo` to the highest id, with its own index of id (as
+-- every partition has: GET /stories/{story_id} probes each).
+CREATE FUNCTION stories_ahead_make(lo bigint) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    EXECUTE format('CREATE TABLE stories_ahead PARTITION OF stories FOR VALUES FROM (%s) TO (MAXVALUE)', lo);
+    CREATE UNIQUE INDEX ON stories_ahead (id);
+END $$;
+
 -- Adds the partition [lo, hi) at the top of the ranges, with stories_ahead
 -- above it: the catch-all for ids past the last range, so that a story is
 -- never refused for want of a partition. Postgres cannot split a partition
@@ -110,8 +118,7 @@ BEGIN
     EXECUTE format('CREATE TABLE %I PARTITION OF stories FOR VALUES FROM (%s) TO (%s)',
                    'stories_from_' || lo, lo, hi);
     EXECUTE format('CREATE UNIQUE INDEX ON %I (id)', 'stories_from_' || lo);
-    EXECUTE format('CREATE TABLE stories_ahead PARTITION OF stories FOR VALUES FROM (%s) TO (MAXVALUE)', hi);
-    CREATE UNIQUE INDEX ON stories_ahead (id);
+    PERFORM stories_ahead_make(hi);
     RETURN true;
 END $$;
 
@@ -155,8 +162,7 @@ BEGIN
     EXECUTE format('ALTER TABLE stories ATTACH PARTITION %I FOR VALUES FROM (%s) TO (%s)',
                    'stories_from_' || lo, lo, hi);
     EXECUTE format('ALTER TABLE %I DROP CONSTRAINT stories_ahead_below', 'stories_from_' || lo);
-    EXECUTE format('CREATE TABLE stories_ahead PARTITION OF stories FOR VALUES FROM (%s) TO (MAXVALUE)', hi);
-    CREATE UNIQUE INDEX ON stories_ahead (id);
+    PERFORM stories_ahead_make(hi);
     RETURN true;
 END $$;
 
