@@ -208,6 +208,11 @@ async def operator_key_insert(conn: Conn, *, name: str, key_prefix: str, key_has
 # -- read by the console and the sweeper ---------------------------------------------
 
 
+async def lock_timeout_set(conn: Conn, lock_timeout_s: float) -> None:
+    """How long the statements of the current transaction may wait for a lock (at least 1 ms)."""
+    await conn.execute(Q["transaction_lock_timeout_set"], {"lock_timeout_ms": max(1, round(lock_timeout_s * 1000))})
+
+
 async def job_id_bounds(
     conn: Conn, *, created_after: datetime | None, created_before: datetime | None
 ) -> JobIdBounds:

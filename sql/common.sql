@@ -227,3 +227,9 @@ search(side, target, lo, hi) AS (
 SELECT coalesce((SELECT hi FROM search WHERE side = 'lo' AND lo >= hi), ends.first_id, 1) AS lo_id,
        coalesce((SELECT hi FROM search WHERE side = 'hi' AND lo >= hi), ends.next_id, 1) AS hi_id
 FROM ends;
+
+-- name: transaction_lock_timeout_set
+-- How long the statements of this transaction may wait for a lock before
+-- they fail (SET LOCAL: nothing outlives the transaction, so this is safe on
+-- a pooled connection).
+SELECT set_config('lock_timeout', %(lock_timeout_ms)s::text, true);

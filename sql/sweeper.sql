@@ -92,12 +92,6 @@ FROM now_, jobs_end(
           FROM stale s JOIN story_jobs j ON j.id = s.id),
     '{pending,running}', NULL, NULL, now_.t) e;
 
--- name: transaction_lock_timeout_set
--- How long the statements of this transaction may wait for a lock before
--- they fail (SET LOCAL: nothing outlives the transaction, so this is safe on
--- a pooled connection).
-SELECT set_config('lock_timeout', %(lock_timeout_ms)s::text, true);
-
 -- name: sweeper_probe
 -- Whether workers could write right now: the probe takes the table lock a
 -- heartbeat takes (and fails as one would on a read-only database), touching

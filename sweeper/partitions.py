@@ -37,7 +37,7 @@ import structlog
 from psycopg import errors
 
 from shared.queries import QUERIES as Q
-from shared.store import Conn, fetch_one, fetch_scalars, job_id_bounds
+from shared.store import Conn, fetch_one, fetch_scalars, job_id_bounds, lock_timeout_set
 
 log = structlog.get_logger()
 
@@ -160,8 +160,7 @@ async def _locking(conn: Conn, query: str, params: dict[str, Any] | None = None)
     the lock was not had; the next pass tries again."""
     try:
         async with conn.transaction():
-            await conn.execute(Q["transaction_lock_timeout_set"],
-                               {"lock_timeout_ms": round(LOCK_TIMEOUT_S * 1000)})
+            await lock_timeout_set(conn, LOCK_TIMEOUT_S)
             return await fetch_scalars(conn, query, params)
     except errors.LockNotAvailable:
         log.warning("sweeper.story_partitions_lock_waited", statement=query, lock_timeout_s=LOCK_TIMEOUT_S)

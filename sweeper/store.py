@@ -18,7 +18,6 @@ from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
 from shared.rows import ROLLUP_BOUNDS_S, BudgetDay, SnapshotAges
 from shared.store import (
-    Conn,
     Connections,
     budget_days_today,
     connection,
@@ -27,6 +26,7 @@ from shared.store import (
     fetch_one,
     fetch_scalars,
     job_id_bounds,
+    lock_timeout_set,
 )
 from sweeper import partitions, rollup
 from sweeper.partitions import StoryPartitionsKept
@@ -74,10 +74,6 @@ class SweeperStore(Protocol):
         ...
 
 
-async def _set_lock_timeout(conn: Conn, lock_timeout_s: float) -> None:
-    await conn.execute(Q["transaction_lock_timeout_set"], {"lock_timeout_ms": max(1, round(lock_timeout_s * 1000))})
-
-
 class PgSweeperStore:
     """SweeperStore on a connection pool, or on one connection (a test's,
     whose transactions and locks it then shares). ``now`` defaults to the
@@ -89,7 +85,7 @@ class PgSweeperStore:
     async def probe(self, *, lock_timeout_s: float) -> datetime:
         async with connection(self._connections) as conn:
             async with conn.pipeline(), conn.transaction():
-                await _set_lock_timeout(conn, lock_timeout_s)
+                await lock_timeout_set(conn, lock_timeout_s)
                 cur = await conn.execute(Q["sweeper_probe"])
             row = await cur.fetchone()
         assert row is not None
@@ -103,7 +99,7 @@ class PgSweeperStore:
         """In one transaction whose statements wait at most lock_timeout_s
         for a lock."""
         async with connection(self._connections) as conn, conn.transaction():
-            await _set_lock_timeout(conn, lock_timeout_s)
+            await lock_timeout_set(conn, lock_timeout_s)
             return await fetch_all(conn, StaleJob, "job_fail_stale", {
                 "heartbeat_timeout_s": heartbeat_timeout_s, "job_timeout_s": job_timeout_s,
                 "pending_timeout_s": pending_timeout_s, "judge_running": judge_running, "batch_size": batch_size,
