@@ -593,3 +593,66 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
         before_today = {k: v for k, v in made.items() if k[0] >= today}
         assert await by_day("client_days") == {
             k: before_today.get(k, 0) + inserted.get(k, 0) for k in before_today.keys() | inserted.keys()}
+
+
+async def test_the_prune_probes_keys_deliveries_and_stories_by_index_whatever_the_history(
+    conn: psycopg.AsyncConnection[Any], database_url: str,
+) -> None:
+    """With 30,000 finished jobs, each with its key and story (in the table as it was before the stories'
+    ranges) and one in five with a delivery, the sweeper's prune (its generic plan, as the sweeper runs it)
+    reaches the keys, the deliveries and the stories only through their indexes, one probe a pruned job: it
+    never reads a whole table once a batch."""
+    await conn.execute("INSERT INTO api_clients (name) SELECT 'c' || g FROM generate_series(1, 100) g")
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, story_id, "
+        "completed_at, created_at) SELECT 1 + g % 100, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', 'completed', "
+        "gen_random_uuid(), now() - interval '40 days', now() - interval '40 days' FROM generate_series(1, 30000) g")
+    # stories in the table as it was before migration 029, which the prune deletes row by row
+    await conn.execute("INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, "
+                       "input_tokens, output_tokens, cost_usd) SELECT story_id, id, client_id, 'The Fox', "
+                       "'Once upon a time.', 'm', 'v1', 1, 1, 0 FROM story_jobs")
+    await conn.execute("INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id) "
+                       "SELECT client_id, idempotency_key, id FROM story_jobs")
+    await conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
+                       "SELECT id, 'https://hooks.example.com/' || id, '{job.completed}', 'whsec_x' FROM api_clients "
+                       "WHERE id % 5 = 0")
+    await conn.execute(
+        "INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, occurred_at, "
+        "state, attempts, next_attempt_at, delivered_at) SELECT e.id, j.client_id, j.id, j.public_id, j.status, "
+        "j.completed_at, 'delivered', 1, j.completed_at, j.completed_at FROM story_jobs j "
+        "JOIN webhook_endpoints e ON e.client_id = j.client_id")
+    await conn.execute("VACUUM ANALYZE")
+    plans: list[dict[str, Any]] = []
+
+    def heard(notice: psycopg.errors.Diagnostic) -> None:
+        text = notice.message_primary or ""
+        if text.startswith("duration:") and "{" in text:
+            plans.append(json.loads(text[text.index("{"):]))
+
+    async with await db.connect(database_url, application_name="storyjobs-sweeper", connect_timeout_s=5,
+                                generic_plans=True) as sweeper_conn:
+        sweeper_conn.add_notice_handler(heard)
+        for setting in ("LOAD 'auto_explain'", "SET auto_explain.log_min_duration = 0",
+                        "SET auto_explain.log_format = json", "SET auto_explain.log_level = notice"):
+            await sweeper_conn.execute(setting)
+        pruned = 0
+        for _ in range(3):
+            pruned += len(await PgSweeperStore(sweeper_conn).prune_finished(retention_s=30 * 86400, batch_size=500))
+    assert pruned == 1500
+    prunes = [p for p in plans if "webhook_deliveries" in json.dumps(p["Plan"])]
+    assert len(prunes) == 3, [p["Query Text"][:80] for p in plans]
+    for plan in prunes:
+        deletes = [n for n in _nodes(plan["Plan"]) if n["Node Type"] == "ModifyTable"
+                   and n["Relation Name"] in ("job_idempotency_keys", "webhook_deliveries", "stories")]
+        assert len(deletes) == 3
+        for delete in deletes:
+            reads = [n for child in delete.get("Plans", []) for n in _nodes(child)
+                     if n.get("Relation Name", "").startswith(delete["Relation Name"].removesuffix("s"))]
+            assert reads and all(n["Node Type"] == "Index Scan" and "Index Cond" in n for n in reads), \
+                (delete["Relation Name"], [(n["Node Type"], n.get("Index Cond")) for n in reads])
+    cur = await conn.execute("SELECT count(*) FROM job_idempotency_keys")
+    assert await cur.fetchone() == (28_500,)
+    cur = await conn.execute("SELECT count(*) FROM webhook_deliveries")
+    assert await cur.fetchone() == (6_000 - 300,)
+    cur = await conn.execute("SELECT min(job_id), count(*) FROM stories")
+    assert await cur.fetchone() == (1501, 28_500)

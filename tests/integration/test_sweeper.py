@@ -132,6 +132,23 @@ async def test_finished_jobs_are_pruned_after_retention(
     assert [row[0] for row in await cur.fetchall()] == [2, 3, 4]
 
 
+async def test_the_prune_frees_each_pruned_jobs_key_of_its_own_client_only(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """Two clients use the same two Idempotency-Keys; of the four jobs, one of each client's expires, under a
+    different key: the prune frees those two keys, each for its own client, and no other pairing of them."""
+    first, second = await client_id_of(conn, "first"), await client_id_of(conn, "second")
+    for client, key in ((first, "x"), (second, "y"), (first, "y"), (second, "x")):
+        await enqueue(conn, client, f"story {key}", key=key)
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                       "completed_at = now() - CASE WHEN id <= 2 THEN interval '40 days' ELSE interval '1 day' END, "
+                       "created_at = now() - CASE WHEN id <= 2 THEN interval '40 days' ELSE interval '1 day' END")
+    sweeper = Sweeper(sweeper_settings(job_retention_s=30 * 24 * 3600), PgSweeperStore(pool), clock=FakeClock())
+    assert (await sweeper.sweep_once()).pruned == 2
+    cur = await conn.execute("SELECT client_id, idempotency_key, job_id FROM job_idempotency_keys ORDER BY job_id")
+    assert await cur.fetchall() == [(first, "y", 3), (second, "x", 4)]
+
+
 async def test_a_retention_of_ten_years_keeps_a_job_of_nine_and_prunes_one_of_eleven(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
 ) -> None:
