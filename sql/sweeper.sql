@@ -144,29 +144,23 @@ pruned AS (
     WHERE j.id = oldest.id
     RETURNING j.id, j.client_id, j.idempotency_key, j.trace_context
 ),
--- a story in a ranged partition goes when its partition is dropped
--- (sweeper/partitions.py), all at once; those below the ranges
--- (stories_unranged) and past them (stories_ahead) go row by row
-ranged AS (
-    SELECT min(lo) AS from_id, max(lo) FILTER (WHERE hi IS NULL) AS ahead_from_id FROM story_partition_ranges
-),
 -- What goes with the jobs is found from arrays of their ids and keys,
 -- unnested, one index probe a row. The generic plan takes an unnested array
--- for 100 rows whatever the tables hold, so it always probes. Joined to
+-- for a few rows whatever the tables hold, so it always probes. Joined to
 -- pruned, it took the batch for a tenth of the expired jobs (LIMIT with a
 -- parameter) and, with a few hundred thousand jobs kept, hashed the whole
 -- keys and deliveries tables once a batch.
 gone AS (
-    SELECT array_agg(pruned.id) AS ids,
-           array_agg(pruned.client_id) AS client_ids,
-           array_agg(pruned.idempotency_key) AS idempotency_keys,
-           array_agg(pruned.id) FILTER (
-               WHERE NOT coalesce(pruned.id >= ranged.from_id AND pruned.id < ranged.ahead_from_id, false)
-           ) AS unranged_ids
-    FROM pruned, ranged
+    SELECT array_agg(id) AS ids, array_agg(client_id) AS client_ids, array_agg(idempotency_key) AS idempotency_keys
+    FROM pruned
 ),
+-- A story in a ranged partition goes when its partition is dropped
+-- (sweeper/partitions.py), all at once, and so does one past the ranges:
+-- the pass makes stories_ahead a range once it holds stories. Those of the
+-- table as it was before migration 029 go row by row, from that partition
+-- alone: the statement names no other, so it neither locks nor probes them.
 stories_pruned AS (
-    DELETE FROM stories s USING unnest((SELECT unranged_ids FROM gone)) AS g(job_id)
+    DELETE FROM stories_unranged s USING unnest((SELECT ids FROM gone)) AS g(job_id)
     WHERE s.job_id = g.job_id
 ),
 keys_pruned AS (

@@ -63,10 +63,15 @@ class SweeperStore(Protocol):
         """What holds VACUUM back in the database: the oldest transaction and snapshot, the slots' xmin."""
         ...
 
+    async def prune_below_id(self, *, retention_s: float, now: datetime | None) -> int:
+        """An id above every job that retention_s lets the prune delete: where its walk ends."""
+        ...
+
     async def prune_finished(
-        self, *, retention_s: float, batch_size: int, now: datetime | None,
+        self, *, retention_s: float, batch_size: int, now: datetime | None, below_id: int | None = None,
     ) -> list[PrunedJob]:
-        """Deletes one batch of jobs finished longer ago than retention_s; the jobs deleted."""
+        """Deletes one batch of jobs finished longer ago than retention_s, below below_id (prune_below_id's,
+        read once for a pass's batches; None: read for this batch); the jobs deleted."""
         ...
 
     async def keep_story_partitions(self, *, retention_s: float, now: datetime | None) -> StoryPartitionsKept:
@@ -154,17 +159,22 @@ class PgSweeperStore:
         async with connection(self._connections) as conn:
             return await database_snapshot_ages(conn)
 
-    async def prune_finished(
-        self, *, retention_s: float, batch_size: int, now: datetime | None = None,
-    ) -> list[PrunedJob]:
-        """The walk's end is found by this process's clock, with
-        job_id_bounds' margin: the statement judges each job by the
-        database's. Each job deleted comes with its trace context."""
+    async def prune_below_id(self, *, retention_s: float, now: datetime | None = None) -> int:
+        """Found by this process's clock, with job_id_bounds' margin: the
+        statement judges each job by the database's."""
         cutoff = (now or datetime.now(UTC)) - timedelta(seconds=retention_s)
         async with connection(self._connections) as conn:
-            bounds = await job_id_bounds(conn, created_after=None, created_before=cutoff)
+            return (await job_id_bounds(conn, created_after=None, created_before=cutoff)).hi_id
+
+    async def prune_finished(
+        self, *, retention_s: float, batch_size: int, now: datetime | None = None, below_id: int | None = None,
+    ) -> list[PrunedJob]:
+        """Each job deleted comes with its trace context."""
+        if below_id is None:
+            below_id = await self.prune_below_id(retention_s=retention_s, now=now)
+        async with connection(self._connections) as conn:
             return await fetch_all(conn, PrunedJob, "job_prune_finished", {
-                "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": bounds.hi_id})
+                "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": below_id})
 
     async def keep_story_partitions(
         self, *, retention_s: float, now: datetime | None = None,

@@ -48,7 +48,7 @@ from sweeper.store import SweeperStore
 log = structlog.get_logger()
 
 # at most this many prune batches per pass, so one pass stays short
-_PRUNE_BATCHES_PER_PASS = 10
+PRUNE_BATCHES_PER_PASS = 10
 
 
 class SweepResult(msgspec.Struct, frozen=True):
@@ -154,8 +154,11 @@ class Sweeper:
         outbox = await self._store.webhook_delivery_gauges(now=now)
         over_reservation = await self._store.budget_over_reservation_total()
         snapshots = await self._store.snapshot_ages()
-        for _ in range(_PRUNE_BATCHES_PER_PASS):
-            deleted = await self._prune(now)
+        # the walk's end, read once for the pass's batches: a job that expires
+        # above it during the pass is the next pass's
+        below_id = await self._store.prune_below_id(retention_s=self.settings.job_retention_s, now=now)
+        for _ in range(PRUNE_BATCHES_PER_PASS):
+            deleted = await self._prune(now, below_id)
             pruned += deleted
             if deleted == 0:
                 break
@@ -235,7 +238,7 @@ class Sweeper:
             log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
                         worker_id=job.worker_id)
 
-    async def _prune(self, now: datetime | None) -> int:
+    async def _prune(self, now: datetime | None, below_id: int) -> int:
         """One prune batch, as a span (storyjobs.sweep.prune) with its count
         and a link to each pruned job's trace (up to the SDK's link limit,
         OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default; the rest are counted as
@@ -245,7 +248,7 @@ class Sweeper:
             try:
                 jobs = await self._store.prune_finished(
                     retention_s=self.settings.job_retention_s, batch_size=self.settings.sweeper_batch_size,
-                    now=now,
+                    now=now, below_id=below_id,
                 )
             except Exception as exc:
                 _failed(span, exc)

@@ -62,7 +62,7 @@ from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
 from shared.store import job_id_bounds
 from sweeper.store import PgSweeperStore
-from sweeper.sweep import Sweeper
+from sweeper.sweep import PRUNE_BATCHES_PER_PASS, Sweeper
 from tests.bench.harness import (
     BENCH_FINGERPRINT,
     BENCH_REQUEST_JSON,
@@ -605,21 +605,26 @@ def _analyze_under_a_backlog(url: str) -> None:
 
 
 async def _prune_a_day(url: str) -> dict[str, float]:
-    """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch)."""
+    """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
+    ends read once for a pass's batches)."""
     settings = _sweeper_settings(url, 29 * DAY)
     before = _size_mb(url)
     pruned = 0
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
                                 generic_plans=True) as conn:
+        store = PgSweeperStore(conn)
         started = time.perf_counter()
-        while True:
-            deleted = len(await PgSweeperStore(conn).prune_finished(retention_s=settings.job_retention_s,
-                                                                    batch_size=settings.sweeper_batch_size))
-            pruned += deleted
-            if deleted == 0:
-                break
+        deleted = settings.sweeper_batch_size
+        while deleted:
+            below_id = await store.prune_below_id(retention_s=settings.job_retention_s)
+            for _ in range(PRUNE_BATCHES_PER_PASS):
+                deleted = len(await store.prune_finished(retention_s=settings.job_retention_s,
+                                                         batch_size=settings.sweeper_batch_size, below_id=below_id))
+                pruned += deleted
+                if deleted == 0:
+                    break
         # and the day's stories, dropped with their partition
-        dropped = (await PgSweeperStore(conn).keep_story_partitions(retention_s=settings.job_retention_s)).dropped
+        dropped = (await store.keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started
     after = _size_mb(url)
     with psycopg.connect(url, autocommit=True) as conn:

@@ -36,6 +36,8 @@ class RecordingSweeperStore:
         # or the jobs themselves (prune_batches, read first)
         self.prune_counts: list[int] = []
         self.prune_batches: list[list[PrunedJob]] = []
+        # where prune_below_id says the prune's walk ends
+        self.prune_below = 1_000
         self.server_started_at = SERVER_STARTED_AT
         self.gauges = QueueGauges(pending=0, running=0, oldest_pending_age_seconds=0.0)
         self.budget_days: list[BudgetDay] = []
@@ -100,10 +102,14 @@ class RecordingSweeperStore:
         self._call("snapshot_ages")
         return self.snapshots
 
+    async def prune_below_id(self, *, retention_s: float, now: datetime | None) -> int:
+        self._call("prune_below_id", retention_s=retention_s, now=now)
+        return self.prune_below
+
     async def prune_finished(
-        self, *, retention_s: float, batch_size: int, now: datetime | None,
+        self, *, retention_s: float, batch_size: int, now: datetime | None, below_id: int | None = None,
     ) -> list[PrunedJob]:
-        self._call("prune_finished", retention_s=retention_s, batch_size=batch_size, now=now)
+        self._call("prune_finished", retention_s=retention_s, batch_size=batch_size, now=now, below_id=below_id)
         if self.prune_batches:
             return self.prune_batches.pop(0)
         count = self.prune_counts.pop(0) if self.prune_counts else 0

@@ -643,7 +643,7 @@ async def test_the_prune_probes_keys_deliveries_and_stories_by_index_whatever_th
     assert len(prunes) == 3, [p["Query Text"][:80] for p in plans]
     for plan in prunes:
         deletes = [n for n in _nodes(plan["Plan"]) if n["Node Type"] == "ModifyTable"
-                   and n["Relation Name"] in ("job_idempotency_keys", "webhook_deliveries", "stories")]
+                   and n["Relation Name"] in ("job_idempotency_keys", "webhook_deliveries", "stories_unranged")]
         assert len(deletes) == 3
         for delete in deletes:
             reads = [n for child in delete.get("Plans", []) for n in _nodes(child)

@@ -259,11 +259,11 @@ async def test_the_prune_deletes_the_old_tables_stories_row_by_row(
     assert await cur.fetchall() == [(young.id,)]
 
 
-async def test_the_prune_deletes_the_stories_past_the_ranges_row_by_row(
+async def test_the_prune_leaves_the_stories_in_ranges_and_past_them_for_their_ranges_drop(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool,
 ) -> None:
-    """Two pruned jobs either side of where stories_ahead begins: the story in stories_ahead goes with its
-    job, the one in the last range waits for the range's drop."""
+    """Two pruned jobs either side of where stories_ahead begins: the story in the last range and the one in
+    stories_ahead both wait for a drop, and the next pass makes stories_ahead the range that will take it."""
     await _keep(pool)
     (_, (_, ahead_from, _)) = await _ranges(conn)
     await _next_id_at(conn, ahead_from - 1)
@@ -273,8 +273,11 @@ async def test_the_prune_deletes_the_stories_past_the_ranges_row_by_row(
     assert await _partition_of(conn, ahead.id) == "stories_ahead"
     pruned = await PgSweeperStore(pool).prune_finished(retention_s=RETENTION_S, batch_size=100)
     assert sorted(job.id for job in pruned) == [in_range.id, ahead.id]
-    cur = await conn.execute("SELECT job_id FROM stories")
-    assert await cur.fetchall() == [(in_range.id,)]
+    cur = await conn.execute("SELECT job_id FROM stories ORDER BY job_id")
+    assert await cur.fetchall() == [(in_range.id,), (ahead.id,)]
+    kept = await _keep(pool)
+    assert not kept.behind
+    assert await _partition_of(conn, ahead.id) == f"stories_from_{ahead_from}"
 
 
 async def test_a_range_is_as_wide_as_the_ids_the_last_period_took(

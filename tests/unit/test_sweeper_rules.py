@@ -162,6 +162,16 @@ async def test_pruning_stops_when_nothing_is_left_or_after_ten_batches() -> None
     assert len(store.named("prune_finished")) == 10
 
 
+async def test_a_pass_reads_where_the_prune_ends_once_and_gives_it_to_each_batch() -> None:
+    """The prune's walk ends where prune_below_id said at the pass's start, for every batch of the pass."""
+    store = RecordingSweeperStore()
+    store.prune_counts = [5, 5, 0]
+    store.prune_below = 4_321
+    await Sweeper(settings(), store, clock=FakeClock()).sweep_once()
+    assert len(store.named("prune_below_id")) == 1
+    assert [call["below_id"] for call in store.named("prune_finished")] == [4_321] * 3
+
+
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
     """The pass reports the queue it read, and records that depth in the console's history."""
     store = RecordingSweeperStore()
