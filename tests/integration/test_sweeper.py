@@ -149,6 +149,41 @@ async def test_the_prune_frees_each_pruned_jobs_key_of_its_own_client_only(
     assert await cur.fetchall() == [(first, "y", 3), (second, "x", 4)]
 
 
+async def test_a_job_is_pruned_by_when_it_finished_not_by_when_it_was_made(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Three jobs made 40 days ago, finished 29 days ago, exactly 30 days ago and 31 days ago: with a retention
+    of 30 days only the last is pruned. The walk ends above them (and below a job made now), where
+    prune_below_id says."""
+    client = await client_id_of(conn)
+    for n in range(4):
+        await enqueue(conn, client, f"story {n}")
+    now = await _db_now(conn)
+    for job_id, finished_days_ago in ((1, 29), (2, 30), (3, 31)):
+        await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                           "created_at = %(now)s - interval '40 days', "
+                           "completed_at = %(now)s - make_interval(days => %(days)s) WHERE id = %(id)s",
+                           {"now": now, "days": finished_days_ago, "id": job_id})
+    store = PgSweeperStore(conn)
+    assert 3 < await store.prune_below_id(retention_s=30 * 86400, now=now) <= 4
+    assert [job.id for job in await store.prune_finished(retention_s=30 * 86400, batch_size=10, now=now)] == [3]
+
+
+async def test_a_batch_job_is_kept_while_its_requests_result_is_unread(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Two batch jobs finished 40 days ago in one ended batch: the one whose request's result is still to be
+    read stays, the one whose result was read is pruned."""
+    client = await client_id_of(conn)
+    for n in range(2):
+        await enqueue(conn, client, f"story {n}")
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                       "created_at = now() - interval '40 days', completed_at = now() - interval '40 days'")
+    await conn.execute("INSERT INTO message_batches (state, provider_batch_id, model, request_count) "
+                       "VALUES ('ended', 'msgbatch_prune', 'm', 2)")
+    await conn.execute("INSERT INTO message_batch_items (batch_id, custom_id, job_id, attempt, result, read_at) "
+                       "VALUES (1, 'job-1', 1, 1, NULL, NULL), (1, 'job-2', 2, 1, 'succeeded', now())")
+    pruned = await PgSweeperStore(conn).prune_finished(retention_s=30 * 86400, batch_size=10)
+    assert [job.id for job in pruned] == [2]
+    assert [r.id for r in await job_rows(conn)] == [1]
+
+
 async def test_a_retention_of_ten_years_keeps_a_job_of_nine_and_prunes_one_of_eleven(
     conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
 ) -> None:

@@ -18,6 +18,7 @@ from structlog.testing import capture_logs
 from shared import telemetry
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
+from tests.fakes.recording_sweeper_store import RecordingSweeperStore
 from tests.support import worker_statements
 from tests.support.database import client_id_of, enqueue
 from tests.support.settings import sweeper_settings
@@ -146,3 +147,19 @@ async def test_a_pass_that_fails_is_an_error_span_naming_only_the_error_s_type(
     assert sweep.status.status_code == StatusCode.ERROR
     assert dict(sweep.attributes or {}) == {"error.type": "LockNotAvailable"}
     assert list(sweep.events) == []
+
+
+async def test_a_prune_batch_that_fails_is_an_error_span_naming_only_the_error_s_type(
+    tracer_provider: TracerProvider, span_exporter: InMemorySpanExporter,
+) -> None:
+    """A prune batch whose statement fails ends its span with an error status and error.type, without the
+    error's message (which could quote the database) in a description or an exception event."""
+    store = RecordingSweeperStore()
+    store.fail_next("prune_finished", psycopg.errors.LockNotAvailable("lock timeout on job 42's row"))
+    sweeper = Sweeper(sweeper_settings(), store, clock=FakeClock(), tracer=tracer_provider.get_tracer("sweeper"))
+    with pytest.raises(psycopg.errors.LockNotAvailable):
+        await sweeper.sweep_once()
+    (prune,) = named(span_exporter, "storyjobs.sweep.prune")
+    assert (prune.status.status_code, prune.status.description) == (StatusCode.ERROR, None)
+    assert dict(prune.attributes or {}) == {"error.type": "LockNotAvailable"}
+    assert list(prune.events) == []
