@@ -24,8 +24,8 @@ def _worker_index() -> int:
     return int(worker.removeprefix("gw") or 0) % 20
 
 
-_candidates = itertools.cycle(range(_FIRST_PORT + _worker_index() * _BLOCK,
-                                    _FIRST_PORT + (_worker_index() + 1) * _BLOCK))
+_first = _FIRST_PORT + _worker_index() * _BLOCK
+_candidates = itertools.cycle(range(_first, _first + _BLOCK))
 
 
 def free_port() -> int:
