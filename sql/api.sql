@@ -179,7 +179,8 @@ admitted AS MATERIALIZED (
 ),
 -- Each admitted interactive job's turn in the claim's round robin
 -- (sql/009_fair_share.sql): the turn being served now (the smallest pending
--- one; with none pending, the end of the last turn given), or the end of its
+-- one, found from the claim's floor, migration 030; with none pending, the
+-- end of the last turn given), or the end of its
 -- client's last turn if later; a job lasts 1 / the client's weight. Where a
 -- client's last turn ends is kept exact: written at every admission that
 -- gives the client a turn (bounds_kept), moved back when a pending job is
@@ -187,6 +188,7 @@ admitted AS MATERIALIZED (
 -- with no pending job (one served in this round has had its turn).
 serving AS MATERIALIZED (
     SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
+                       AND turn >= (SELECT turn FROM job_claim_floor)
                      ORDER BY turn, id LIMIT 1),
                     (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
 ),
@@ -302,7 +304,8 @@ ORDER BY r.ord;
 -- GET /stories/jobs/{job_id}, one round trip: authenticate the key and read
 -- the job (if it is this client's) with its queue position, draft or story.
 -- queue_position counts pending jobs ahead of this one in the claim's order
--- (turns: the client's share), on the claim's index.
+-- (turns: the client's share), on the claim's index, from the claim's floor
+-- (migration 030).
 --
 -- The job comes as one JSON text, decoded by msgspec straight into its
 -- Struct: psycopg sets up a loader for every column of a result, on every
@@ -316,7 +319,8 @@ SELECT k.client_id, k.key_hash, k.revoked_at IS NOT NULL AS revoked,
            'completed_at', j.completed_at,
            'queue_position', CASE WHEN j.status = 'pending' AND j.lane = 'interactive' THEN
                (SELECT count(*) + 1 FROM story_jobs p
-                WHERE p.status = 'pending' AND p.lane = 'interactive' AND (p.turn, p.id) < (j.turn, j.id))
+                WHERE p.status = 'pending' AND p.lane = 'interactive'
+                  AND p.turn >= (SELECT turn FROM job_claim_floor) AND (p.turn, p.id) < (j.turn, j.id))
            END,
            -- a batch job's due time comes from these (api.jobs)
            'lane', j.lane, 'batch_ready_at', j.batch_ready_at,

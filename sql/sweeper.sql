@@ -176,6 +176,29 @@ deliveries_pruned AS (
 -- with each job's trace context: the prune's span links to the jobs' traces
 SELECT id, trace_context FROM pruned;
 
+-- name: job_claim_floor_advance
+-- Raises the claim's floor (migration 030) to the smallest pending turn, or,
+-- with none pending, to where the last turn given ends; never lowers it.
+-- Runs under the admission lock (job_admission_lock, its own statement
+-- before this one), so that every admission before it is seen and none
+-- gives a turn while it reads. The walk starts at the floor it raises: it
+-- reads only the entries claimed since the last pass. The new floor.
+WITH smallest AS (
+    SELECT coalesce(
+        (SELECT turn FROM story_jobs
+         WHERE status = 'pending' AND lane = 'interactive' AND turn >= (SELECT turn FROM job_claim_floor)
+         ORDER BY turn, id LIMIT 1),
+        (SELECT last_turn FROM job_admission WHERE client_id = 0)) AS turn
+),
+raised AS (
+    UPDATE job_claim_floor f SET turn = s.turn
+    FROM smallest s
+    WHERE s.turn > f.turn
+    RETURNING f.turn
+)
+SELECT coalesce((SELECT turn FROM raised), (SELECT turn FROM job_claim_floor)) AS turn;
+
+
 -- name: budget_over_reservation_total
 -- What the charges of every day's jobs have passed their reservations by
 -- (only the provider's reported usage can), all clients: the sweeper's

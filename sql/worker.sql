@@ -53,13 +53,15 @@ bucket_held AS MATERIALIZED (
 -- The next pending jobs in turn order; with a limit, twice the slots to
 -- fill: a job the bucket does not cover now lets the ones behind it that it
 -- does cover go first. (Each row looked at is locked: a longer look costs
--- every round.)
+-- every round.) The walk starts at the floor (migration 030): no pending
+-- job is below it, and the entries of the jobs claimed before it, which a
+-- snapshot held open keeps, are not walked again by every claim.
 claimable AS MATERIALIZED (
     SELECT id, turn,
            coalesce(input_tokens_estimate, 0) AS input_tokens_need,
            coalesce(max_tokens, %(default_max_tokens)s) AS output_tokens_need
     FROM story_jobs
-    WHERE status = 'pending' AND lane = 'interactive'
+    WHERE status = 'pending' AND lane = 'interactive' AND turn >= (SELECT turn FROM job_claim_floor)
     ORDER BY turn, id
     LIMIT (SELECT CASE WHEN coalesce(paused_until > now(), false) OR paced THEN 0 ELSE %(claim_limit)s END
            FROM bucket_read

@@ -25,6 +25,7 @@ from shared.store import (
     fetch_all,
     fetch_one,
     fetch_scalars,
+    job_admission_lock,
     job_id_bounds,
     lock_timeout_set,
 )
@@ -61,6 +62,11 @@ class SweeperStore(Protocol):
 
     async def snapshot_ages(self) -> SnapshotAges:
         """What holds VACUUM back in the database: the oldest transaction and snapshot, the slots' xmin."""
+        ...
+
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
+        """Raises the turn the claim's walk starts at to the smallest pending one, under the admission lock
+        (waited for at most lock_timeout_s); the floor after."""
         ...
 
     async def prune_below_id(self, *, retention_s: float, now: datetime | None) -> int:
@@ -158,6 +164,13 @@ class PgSweeperStore:
     async def snapshot_ages(self) -> SnapshotAges:
         async with connection(self._connections) as conn:
             return await database_snapshot_ages(conn)
+
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
+        async with connection(self._connections) as conn, conn.transaction():
+            await lock_timeout_set(conn, lock_timeout_s)
+            await job_admission_lock(conn)
+            (turn,) = await fetch_scalars(conn, "job_claim_floor_advance")
+        return float(turn)
 
     async def prune_below_id(self, *, retention_s: float, now: datetime | None = None) -> int:
         """Found by this process's clock, with job_id_bounds' margin: the

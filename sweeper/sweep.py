@@ -148,6 +148,8 @@ class Sweeper:
                 counts[job.reason] += 1
             if len(stale) < self.settings.sweeper_batch_size:
                 break
+        # after the rules, which may have failed the jobs it would stop at
+        await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s)
         gauges = await self._store.queue_gauges(now=now)
         await self._store.record_minutes(self.settings, pending=gauges.pending, running=gauges.running)
         budgets = await self._store.budget_days_today(now=now)

@@ -379,7 +379,8 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
                                           after_s: float, pending: int) -> dict[str, dict[str, float]]:
     """On both databases at once: a worker's claim and settle, one job a round, without pause, before, while
     and after one session holds a snapshot open (REPEATABLE READ, idle in its transaction) for ``held_s``;
-    autovacuum does what it does. The claim's p99 in each stretch."""
+    autovacuum does what it does, and the sweeper passes every SWEEPER_INTERVAL_S, as deployed (its pass
+    raises the claim's floor, migration 030). The claim's p99 in each stretch."""
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as conn:
             _add_pending(conn, pending, tag="snapshot", first_turn=1e9)
@@ -407,6 +408,16 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
                                input_tokens=300, output_tokens=900, cost_usd=Decimal("0.0051"),
                                request_id="req_bench") for job in claimed.claimed], model="m")
         return timed
+
+    async def sweep(url: str) -> None:
+        settings = _sweeper_settings(url, 31 * DAY)
+        pool = db.make_pool(url, application_name="storyjobs-sweeper", connect_timeout_s=30, statement_timeout_s=60,
+                            min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
+        async with pool:
+            sweeper = Sweeper(settings, PgSweeperStore(pool))
+            while time.monotonic() - start < end:
+                await sweeper.sweep_once()
+                await asyncio.sleep(min(settings.sweeper_interval_s, max(0.0, end - (time.monotonic() - start))))
 
     async def hold(url: str) -> None:
         await asyncio.sleep(before_s)
@@ -437,7 +448,8 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
     states = list(urls)
     worked = asyncio.gather(*(work(urls[state]) for state in states))
     probed = asyncio.gather(*(buffers(urls[state]) for state in states))
-    await asyncio.gather(worked, probed, *(hold(urls[state]) for state in states))
+    await asyncio.gather(worked, probed, *(hold(urls[state]) for state in states),
+                         *(sweep(urls[state]) for state in states))
     figures: dict[str, dict[str, float]] = {}
     for state, timed, read in zip(states, worked.result(), probed.result(), strict=True):
 

@@ -243,8 +243,8 @@ class _BareEnqueuer(Enqueuer):
 
     _INSERT = f"""
     WITH job AS (
-        INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request)
-        VALUES (%(client_id)s, %(key)s, %(fingerprint)s, %(request)s::jsonb)
+        INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn)
+        VALUES (%(client_id)s, %(key)s, %(fingerprint)s, %(request)s::jsonb, 0)
         RETURNING id
     )
     SELECT id, pg_notify('{peer_apps.BARE_CHANNEL}', '') FROM job

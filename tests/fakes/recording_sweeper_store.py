@@ -78,6 +78,10 @@ class RecordingSweeperStore:
         # as the SQL does: the rules about running jobs only when judged
         return [job for job in batch if judge_running or job.reason == ErrorCode.QUEUE_TIMEOUT][:batch_size]
 
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
+        self._call("advance_claim_floor", lock_timeout_s=lock_timeout_s)
+        return 0.0
+
     async def queue_gauges(self, *, now: datetime | None) -> QueueGauges:
         self._call("queue_gauges", now=now)
         return self.gauges

@@ -592,8 +592,8 @@ async def test_the_migration_counts_todays_jobs_made_before_it_and_the_trigger_e
         assert {k[0] for k in made} > {today}
         await conn.execute(
             "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, "
-            "created_at) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
-            "now() - (g % 2) * interval '3 days' FROM generate_series(1, 50) g")
+            "created_at, turn) SELECT 1 + g % 3, 'later' || g, '\\x00', '{\"prompt\": \"x\"}', 'pending', "
+            "now() - (g % 2) * interval '3 days', g FROM generate_series(1, 50) g")
         after = await by_day("story_jobs")
         inserted = {k: after[k] - made.get(k, 0) for k in after if after[k] != made.get(k, 0)}
         assert {k[0] for k in inserted} > {today}, "the later jobs span today and an earlier day"

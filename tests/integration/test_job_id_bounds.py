@@ -26,8 +26,8 @@ async def test_the_bounds_are_the_first_ids_past_each_time_and_its_margin(conn: 
     base = datetime(2026, 1, 1, tzinfo=UTC)
     for n in range(300):
         await conn.execute(
-            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at) "
-            "VALUES (%s, %s, '\\x00', '{}', %s)", (client_id, uuid.uuid4().hex, base + timedelta(seconds=10 * n)))
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at, turn) "
+            "VALUES (%s, %s, '\\x00', '{}', %s, 0)", (client_id, uuid.uuid4().hex, base + timedelta(seconds=10 * n)))
     cur = await conn.execute("SELECT id, created_at FROM story_jobs ORDER BY id")
     rows = await cur.fetchall()
     past_last = rows[-1][0] + 1

@@ -177,8 +177,8 @@ async def test_a_time_bound_becomes_an_id_bound_that_misses_no_job(conn: psycopg
     moments = [base + timedelta(seconds=10 * n + rng.uniform(-60, 60)) for n in range(300)]
     for moment in moments:
         await conn.execute(
-            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at) "
-            "VALUES (%s, %s, '\\x00', '{}', %s)", (client_id, uuid.uuid4().hex, moment))
+            "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at, turn) "
+            "VALUES (%s, %s, '\\x00', '{}', %s, 0)", (client_id, uuid.uuid4().hex, moment))
     cur = await conn.execute("SELECT id, created_at FROM story_jobs")
     rows = await cur.fetchall()
     for probe in [base + timedelta(seconds=s) for s in (-500, 0, 7, 333, 1500, 2990, 3100, 9000)]:

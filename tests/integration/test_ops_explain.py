@@ -25,8 +25,8 @@ async def _fill(conn: psycopg.AsyncConnection[Any], *, analyze_first: bool) -> d
     taken while every row was pending. Returns the first job's creation time."""
     await conn.execute("INSERT INTO api_clients (name) VALUES ('explain')")
     await conn.execute(
-        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at) "
-        "SELECT 1, 'k' || g, '\\x00', '{}', '2026-01-01'::timestamptz + make_interval(secs => g) "
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn, created_at) "
+        "SELECT 1, 'k' || g, '\\x00', '{}', g, '2026-01-01'::timestamptz + make_interval(secs => g) "
         "FROM generate_series(1, %s) g", (FINISHED + PENDING,))
     if analyze_first:
         await conn.execute("ANALYZE story_jobs")

@@ -254,11 +254,11 @@ async def _fill_with_stale_statistics(conn: psycopg.AsyncConnection[Any]) -> lis
     """20,000 finished jobs and 50 running ones, the statistics taken while the table held 10 rows: the
     state in which a plan made early could still be in use. Returns the running jobs' ids."""
     await conn.execute("INSERT INTO api_clients (name) VALUES ('explain')")
-    await conn.execute("INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
-                       "SELECT 1, 'early' || g, '\\x00', '{\"prompt\": \"x\"}' FROM generate_series(1, 10) g")
+    await conn.execute("INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+                       "SELECT 1, 'early' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, 10) g")
     await conn.execute("ANALYZE story_jobs")
-    await conn.execute("INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request) "
-                       "SELECT 1, 'k' || g, '\\x00', '{\"prompt\": \"x\"}' FROM generate_series(1, 20040) g")
+    await conn.execute("INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+                       "SELECT 1, 'k' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, 20040) g")
     await conn.execute("UPDATE story_jobs SET status = 'completed', started_at = now(), completed_at = now(), "
                        "story_id = gen_random_uuid(), worker_id = 'old' WHERE id <= 20000")
     await conn.execute("UPDATE story_jobs SET status = 'running', started_at = now(), heartbeat_at = now(), "

@@ -287,8 +287,8 @@ async def test_a_range_is_as_wide_as_the_ids_the_last_period_took(
     ago make the bound and the first range 1,200 ids wide."""
     client_id, _ = await ops_seed.client(conn, "busy")
     await conn.execute(
-        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, created_at) "
-        "SELECT %s, 'width-' || n, '\\x00', '{\"prompt\": \"a fox\"}'::jsonb, "
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn, created_at) "
+        "SELECT %s, 'width-' || n, '\\x00', '{\"prompt\": \"a fox\"}'::jsonb, n, "
         "       now() - CASE WHEN n <= 1500 THEN interval '2 days' ELSE interval '1 hour' END "
         "FROM generate_series(1, 2700) AS n ORDER BY n", (client_id,))
     await _keep(pool)

@@ -5,7 +5,8 @@ the api's batcher sends them), a saturated client that refills its queue to
 CLIENT_QUEUE_MAX the moment one of its jobs is claimed, a client cancelling
 some of its pending jobs (the client's DELETE, under the admission lock) and
 sending new ones, an idempotency key sent again, the operator's bulk cancel
-of a client's pending jobs, a client's weight changed from the console, and
+of a client's pending jobs, a client's weight changed from the console, the
+sweeper raising the claim's floor (migration 030), and
 claims by several claimers (the unlimited claim, 1 to 3 jobs each; no rate
 limit is configured, so the limiter's pass-over never applies). The claimers
 never stop: each client's action is followed by a few claims, and runs of
@@ -16,6 +17,7 @@ The model is each client's pending jobs and weight. After every step:
 * each client's pending jobs are the model's, no more, no fewer (admissions
   admit up to the client's bound, a key sent again adds nothing, a claim
   takes only pending jobs and as many as it may);
+* no pending job's turn is below the claim's floor;
 * the bound of docs/provider-limits.md: for two clients i and j, over any
   run of consecutive claims during which both had pending jobs throughout,
   |claims_i / w_i - claims_j / w_j| <= 1 / w_i + 1 / w_j.
@@ -62,6 +64,7 @@ from shared.config import ApiSettings
 from shared.console_rows import JobFilter
 from shared.console_store import ConsoleStore
 from shared.story_request import StoryRequest
+from sweeper.store import PgSweeperStore
 from tests.model.machine_pg import PostgresMachine
 from tests.support import worker_statements
 from tests.support.database import client_id_of
@@ -279,6 +282,12 @@ class FairTurnsMachine(PostgresMachine):
         self._keep_windows()
         self._claims(meanwhile)
 
+    @rule(meanwhile=MEANWHILE)
+    def the_sweeper_raises_the_claims_floor(self, meanwhile: list[tuple[str, int]]) -> None:
+        """The sweeper's pass raises the turn the claim's walk starts at (under the admission lock)."""
+        self.run(PgSweeperStore(self.conn).advance_claim_floor(lock_timeout_s=5))
+        self._claims(meanwhile)
+
     @precondition(lambda self: any(c.pending for c in self.clients.values()))
     @rule(claims=st.lists(st.tuples(st.sampled_from(CLAIMERS), st.integers(1, 3)), min_size=1, max_size=12))
     def claimers_claim(self, claims: list[tuple[str, int]]) -> None:
@@ -294,6 +303,14 @@ class FairTurnsMachine(PostgresMachine):
         for client_id, public_id in self.run(cur.fetchall()):
             found[self.by_id[client_id]].add(public_id)
         assert found == {name: set(c.pending) for name, c in self.clients.items()}
+
+    @invariant()
+    def no_pending_job_is_below_the_claims_floor(self) -> None:
+        cur = self.run(self.conn.execute(
+            "SELECT f.turn, min(j.turn) FROM job_claim_floor f "
+            "LEFT JOIN story_jobs j ON j.status = 'pending' AND j.lane = 'interactive' GROUP BY f.turn"))
+        floor, smallest = self.run(cur.fetchone())
+        assert smallest is None or smallest >= floor, (floor, smallest)
 
     @invariant()
     def no_client_is_served_beyond_its_share(self) -> None:

@@ -117,14 +117,34 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/integration/test_races.py", "tests/integration/test_sweeper.py"),
     ),
     Mutant(
+        name="claim-floor-raised-without-the-admission-lock",
+        invariant="no pending job is below the claim's floor: an admission in flight is seen by the advance",
+        tier="integration",
+        file="sweeper/store.py",
+        edits=(("            await job_admission_lock(conn)\n            (turn,) = await fetch_scalars(conn, "
+                "\"job_claim_floor_advance\")",
+                "            (turn,) = await fetch_scalars(conn, \"job_claim_floor_advance\")"),),
+        tests=("tests/integration/test_claim_floor.py",),
+    ),
+    Mutant(
+        name="claim-floor-raised-past-the-smallest-pending-turn",
+        invariant="no pending job is below the claim's floor: each is claimed in its turn",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("    UPDATE job_claim_floor f SET turn = s.turn\n",
+                "    UPDATE job_claim_floor f SET turn = s.turn + 1\n"),),
+        tests=("tests/integration/test_claim_floor.py",),
+    ),
+    Mutant(
         name="claim-without-pending-predicate",
         invariant="only a pending job is claimed: a job is run by one worker, once",
         tier="integration",
         file="sql/worker.sql",
         # the claim's scan and its own guard
-        edits=(("    WHERE status = 'pending' AND lane = 'interactive'\n    ORDER BY turn, id\n"
-                "    LIMIT (SELECT CASE WHEN coalesce(paused_until",
-                "    WHERE lane = 'interactive'\n    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until"),
+        edits=(("    WHERE status = 'pending' AND lane = 'interactive' AND turn >= (SELECT turn FROM job_claim_floor)\n"
+                "    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until",
+                "    WHERE lane = 'interactive' AND turn >= (SELECT turn FROM job_claim_floor)\n"
+                "    ORDER BY turn, id\n    LIMIT (SELECT CASE WHEN coalesce(paused_until"),
                ("WHERE j.id = ANY (ARRAY(SELECT id FROM chosen)) AND j.status = 'pending'",
                 "WHERE j.id = ANY (ARRAY(SELECT id FROM chosen))")),
         tests=("tests/integration/test_races.py",),

@@ -92,11 +92,13 @@ async def insert_job(conn: psycopg.AsyncConnection[Any], job: Job) -> Job:
         """
         INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code,
                                 error_text, worker_id, progress, created_at, started_at, heartbeat_at, completed_at,
-                                story_id)
+                                story_id, turn)
         VALUES (%(client_id)s, %(key)s, '\\x00', %(request)s, %(status)s::job_status, %(error_code)s, %(error_text)s,
                 %(worker)s, %(progress)s, now() - %(created)s::interval, now() - %(started)s::interval,
                 now() - %(started)s::interval, now() - %(completed)s::interval,
-                CASE WHEN %(status)s = 'completed' THEN gen_random_uuid() END)
+                CASE WHEN %(status)s = 'completed' THEN gen_random_uuid() END,
+                -- the claim's order is the order they were made in
+                extract(epoch FROM now() - %(created)s::interval))
         RETURNING id, public_id, story_id
         """,
         {"client_id": job.client_id, "key": uuid.uuid4().hex,

@@ -172,6 +172,20 @@ async def test_a_pass_reads_where_the_prune_ends_once_and_gives_it_to_each_batch
     assert [call["below_id"] for call in store.named("prune_finished")] == [4_321] * 3
 
 
+async def test_a_pass_raises_the_claims_floor_once_after_its_rules_within_its_lock_timeout() -> None:
+    """After the rules, which may fail the pending job the floor would stop at; waiting for the admission
+    lock no longer than the pass's other statements wait for theirs."""
+    store = RecordingSweeperStore()
+    store.stale_batches = [[stale(ErrorCode.QUEUE_TIMEOUT)]]
+    sweeper = Sweeper(settings(), store, clock=FakeClock())
+    await sweeper.sweep_once()
+    names = [name for name, _ in store.calls]
+    assert names.count("advance_claim_floor") == 1
+    assert names.index("advance_claim_floor") > max(i for i, name in enumerate(names) if name == "fail_stale")
+    (call,) = store.named("advance_claim_floor")
+    assert call["lock_timeout_s"] == store.named("fail_stale")[0]["lock_timeout_s"]
+
+
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
     """The pass reports the queue it read, and records that depth in the console's history."""
     store = RecordingSweeperStore()
