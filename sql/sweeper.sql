@@ -142,17 +142,16 @@ pruned AS (
     DELETE FROM story_jobs j
     USING oldest
     WHERE j.id = oldest.id
-    RETURNING j.id, j.client_id, j.idempotency_key, j.trace_context
+    RETURNING j.id, j.trace_context
 ),
--- What goes with the jobs is found from arrays of their ids and keys,
--- unnested, one index probe a row. The generic plan takes an unnested array
+-- What goes with the jobs is found from an array of their ids, unnested,
+-- one index probe a row. The generic plan takes an unnested array
 -- for a few rows whatever the tables hold, so it always probes. Joined to
 -- pruned, it took the batch for a tenth of the expired jobs (LIMIT with a
 -- parameter) and, with a few hundred thousand jobs kept, hashed the whole
 -- keys and deliveries tables once a batch.
 gone AS (
-    SELECT array_agg(id) AS ids, array_agg(client_id) AS client_ids, array_agg(idempotency_key) AS idempotency_keys
-    FROM pruned
+    SELECT array_agg(id) AS ids FROM pruned
 ),
 -- A story in a ranged partition goes when its partition is dropped
 -- (sweeper/partitions.py), all at once, and so does one past the ranges:
@@ -163,10 +162,12 @@ stories_pruned AS (
     DELETE FROM stories_unranged s USING unnest((SELECT ids FROM gone)) AS g(job_id)
     WHERE s.job_id = g.job_id
 ),
+-- The keys by their jobs (migration 031): written in their jobs' order, a
+-- batch's keys are a few pages in a row; by (client, key) each was a page
+-- of its own.
 keys_pruned AS (
-    DELETE FROM job_idempotency_keys k
-    USING unnest((SELECT client_ids FROM gone), (SELECT idempotency_keys FROM gone)) AS g(client_id, idempotency_key)
-    WHERE k.client_id = g.client_id AND k.idempotency_key = g.idempotency_key
+    DELETE FROM job_idempotency_keys k USING unnest((SELECT ids FROM gone)) AS g(job_id)
+    WHERE k.job_id = g.job_id
 ),
 -- a job's webhook deliveries go with it, each delivered or dead
 deliveries_pruned AS (

@@ -1,0 +1,15 @@
+-- storyjobs schema, version 31: the idempotency keys found by their job, so
+-- that the prune deletes a day's keys where they lie.
+-- Applied by `storyjobs migrate` inside one transaction; see shared/migrate.py.
+--
+-- The prune deleted each pruned job's key through the primary key, (client,
+-- key): a client's keys are as scattered in it as the keys clients choose,
+-- so each of a batch's 500 keys was a leaf page of its own, read from disk
+-- once the index outgrew the cache (at 3M jobs: 24 of a batch's 26 ms, 21 of
+-- them reading). Keys are written in their jobs' order, so by job id a
+-- day's keys are a few leaf pages and heap pages in a row. An admission
+-- adds one entry at the index's right end. Built here with a lock that holds
+-- admissions while it builds; on a large table build it first
+-- (docs/operations.md):
+--   CREATE INDEX CONCURRENTLY IF NOT EXISTS job_idempotency_keys_job_idx ON job_idempotency_keys (job_id);
+CREATE INDEX IF NOT EXISTS job_idempotency_keys_job_idx ON job_idempotency_keys (job_id);
