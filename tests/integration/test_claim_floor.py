@@ -47,6 +47,14 @@ async def _floor(conn: psycopg.AsyncConnection[Any]) -> float:
     return float(row[0])
 
 
+async def _floor_version(conn: psycopg.AsyncConnection[Any]) -> str:
+    """The transaction that wrote the floor's row as it is."""
+    cur = await conn.execute("SELECT xmin::text FROM job_claim_floor")
+    row = await cur.fetchone()
+    assert row is not None
+    return str(row[0])
+
+
 async def _turn(conn: psycopg.AsyncConnection[Any], job: uuid.UUID) -> float:
     cur = await conn.execute("SELECT turn FROM story_jobs WHERE public_id = %s", (job,))
     row = await cur.fetchone()
@@ -93,6 +101,10 @@ async def test_the_floor_rises_to_the_smallest_pending_turn_and_with_none_to_whe
     await _claim(conn)
     await _claim(conn)
     assert await sweeper.advance_claim_floor(lock_timeout_s=5) == 3.0
+    # an advance that finds the floor where it is writes nothing: the row has one version a move
+    written = await _floor_version(conn)
+    assert await sweeper.advance_claim_floor(lock_timeout_s=5) == 3.0
+    assert await _floor_version(conn) == written
     (later,) = await _post(conn, client)
     assert await _turn(conn, later) == 3.0
     assert await _claim(conn) == later
@@ -125,7 +137,7 @@ async def _reads(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str
     """The pages one run of a named statement reads (EXPLAIN ANALYZE BUFFERS), rolled back; an admission
     under its lock, as the api runs it."""
     async with conn.transaction(force_rollback=True):
-        if name == "job_insert_if_admitted":
+        if name in ("job_insert_if_admitted", "job_claim_floor_advance"):
             await job_admission_lock(conn)
         cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params)
         row = await cur.fetchone()
@@ -134,12 +146,12 @@ async def _reads(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str
     return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
 
 
-async def test_under_a_held_snapshot_the_claim_admission_and_poll_walk_only_what_was_claimed_since_the_floor_rose(
+async def test_under_a_held_snapshot_each_walk_of_the_turns_reads_only_what_was_claimed_since_the_floor_rose(
     conn: psycopg.AsyncConnection[Any], database_url: str,
 ) -> None:
     """With a snapshot held open, each job claimed leaves its entry in the claim's index for every later walk
-    of it: the claim's, the turn an admission gives, a poll's queue position. Once the floor rises past
-    them, each reads what it read before them."""
+    of it: the claim's, the turn an admission gives, a poll's queue position, the floor's advance. Once the
+    floor rises past them, each reads what it read before them."""
     client = await client_id_of(conn, "poller")
     key = await create_key(conn, "poller")
     # the polled job is the last: its queue position counts every pending job
@@ -152,6 +164,8 @@ async def test_under_a_held_snapshot_the_claim_admission_and_poll_walk_only_what
             "queue_max": 100_000, "client_queue_max": 100_000, "batch_queue_max": 10_000,
             "client_batch_queue_max": 5_000, "budget_usd": None, "client_budget_usd": None},
         "job_get_for_key": {"key_prefix": prefix_of(key), "job_id": polled, "since": 0},
+        # the advance's own walk: from the floor it raises, so a pass reads what was claimed since the last
+        "job_claim_floor_advance": {},
     }
     await PgSweeperStore(conn).advance_claim_floor(lock_timeout_s=5)
     await conn.execute("VACUUM story_jobs")
