@@ -54,6 +54,7 @@ from typing import Any, TypeVar
 
 import httpx
 import psycopg
+from psycopg_pool import AsyncConnectionPool
 
 from shared import db, keys
 from shared.config import SweeperSettings
@@ -73,6 +74,7 @@ from tests.bench.harness import (
     percentile,
 )
 from tests.support import postgres_server, private_postgres, worker_statements
+from tests.support.database import pages_read
 from worker.rows import ClaimedJob, Completion
 
 NAME = "history"
@@ -411,9 +413,7 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
 
     async def sweep(url: str) -> None:
         settings = _sweeper_settings(url, 31 * DAY)
-        pool = db.make_pool(url, application_name="storyjobs-sweeper", connect_timeout_s=30, statement_timeout_s=60,
-                            min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
-        async with pool:
+        async with _sweeper_pool(url) as pool:
             sweeper = Sweeper(settings, PgSweeperStore(pool))
             while time.monotonic() - start < end:
                 await sweeper.sweep_once()
@@ -432,19 +432,14 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
         dead entries of the live-jobs indexes that it walks past, which only VACUUM's index cleanup removes.
         Each claim is rolled back."""
         read: list[float] = []
-        async with await psycopg.AsyncConnection.connect(url) as probe:
+        async with await psycopg.AsyncConnection.connect(url, autocommit=True) as probe:
             for at in (before_s - 2, release - 2, end - 2):
                 await asyncio.sleep(max(0.0, at - (time.monotonic() - start)))
-                cur = await probe.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[claim_name], {
-                    **claim_params(NO_LIMITS, None, default_max_tokens=4000), "worker_id": "probe", "claim_limit": 1, "provider": "p", "model": "m"})
-                row = await cur.fetchone()
-                assert row is not None
-                plan = row[0][0]["Plan"]
-                read.append(float(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0)))
-                await probe.rollback()
+                read.append(float(await pages_read(probe, "job_claim", {
+                    **claim_params(NO_LIMITS, None, default_max_tokens=4000), "worker_id": "probe",
+                    "claim_limit": 1, "provider": "p", "model": "m"})))
         return read
 
-    claim_name = "job_claim"
     states = list(urls)
     worked = asyncio.gather(*(work(urls[state]) for state in states))
     probed = asyncio.gather(*(buffers(urls[state]) for state in states))
@@ -577,16 +572,20 @@ async def _stats(url: str, count: int) -> list[float]:
     return measured
 
 
+def _sweeper_pool(url: str) -> AsyncConnectionPool:
+    """One connection, as the sweeper's pool makes them."""
+    return db.make_pool(url, application_name="storyjobs-sweeper", connect_timeout_s=30, statement_timeout_s=60,
+                        min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
+
+
 def _sweeper_settings(url: str, retention_s: float) -> SweeperSettings:
     return SweeperSettings(database_url=url, job_retention_s=retention_s, metrics_port=0)
 
 
 async def _sweeps(url: str, count: int) -> list[float]:
     """Sweeper passes as the sweeper's pool runs them, retention past the oldest job: nothing to prune."""
-    pool = db.make_pool(url, application_name="storyjobs-sweeper", connect_timeout_s=30, statement_timeout_s=60,
-                        min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
     measured = []
-    async with pool:
+    async with _sweeper_pool(url) as pool:
         sweeper = Sweeper(_sweeper_settings(url, 31 * DAY), PgSweeperStore(pool))
         await sweeper.sweep_once()
         for _ in range(count):

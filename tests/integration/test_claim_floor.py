@@ -17,13 +17,11 @@ from api.admission import admission
 from api.store import ApiStore, _requests
 from shared.config import ApiSettings
 from shared.keys import prefix_of
-from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
-from shared.store import job_admission_lock
 from shared.story_request import StoryRequest
 from sweeper.store import PgSweeperStore
 from tests.support import worker_statements
-from tests.support.database import client_id_of, create_key, waiting_on_a_lock
+from tests.support.database import client_id_of, create_key, pages_read, waiting_on_a_lock
 from tests.support.waiting import wait_until
 
 
@@ -133,19 +131,6 @@ async def test_a_pending_interactive_job_without_a_turn_is_refused(conn: psycopg
         await conn.execute("UPDATE story_jobs SET turn = NULL WHERE public_id = %s", (job,))
 
 
-async def _reads(conn: psycopg.AsyncConnection[Any], name: str, params: dict[str, Any]) -> int:
-    """The pages one run of a named statement reads (EXPLAIN ANALYZE BUFFERS), rolled back; an admission
-    under its lock, as the api runs it."""
-    async with conn.transaction(force_rollback=True):
-        if name in ("job_insert_if_admitted", "job_claim_floor_advance"):
-            await job_admission_lock(conn)
-        cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[name], params)
-        row = await cur.fetchone()
-    assert row is not None
-    plan = row[0][0]["Plan"]
-    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
-
-
 async def test_under_a_held_snapshot_each_walk_of_the_turns_reads_only_what_was_claimed_since_the_floor_rose(
     conn: psycopg.AsyncConnection[Any], database_url: str,
 ) -> None:
@@ -167,17 +152,23 @@ async def test_under_a_held_snapshot_each_walk_of_the_turns_reads_only_what_was_
         # the advance's own walk: from the floor it raises, so a pass reads what was claimed since the last
         "job_claim_floor_advance": {},
     }
+    under_the_admission_lock = {"job_insert_if_admitted", "job_claim_floor_advance"}
+
+    async def reads() -> dict[str, int]:
+        return {name: await pages_read(conn, name, params, admission_lock=name in under_the_admission_lock)
+                for name, params in statements.items()}
+
     await PgSweeperStore(conn).advance_claim_floor(lock_timeout_s=5)
     await conn.execute("VACUUM story_jobs")
-    fresh = {name: await _reads(conn, name, params) for name, params in statements.items()}
+    fresh = await reads()
     async with await psycopg.AsyncConnection.connect(database_url) as holder:
         await holder.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
         await holder.execute("SELECT count(*) FROM api_clients")
         for _ in range(2_000):
             await _claim(conn)
-        walked = {name: await _reads(conn, name, params) for name, params in statements.items()}
+        walked = await reads()
         await PgSweeperStore(conn).advance_claim_floor(lock_timeout_s=5)
-        after = {name: await _reads(conn, name, params) for name, params in statements.items()}
+        after = await reads()
         await holder.rollback()
     for name in statements:
         assert walked[name] > fresh[name] + 60, (name, fresh, walked)

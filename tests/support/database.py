@@ -20,6 +20,7 @@ from shared import keys, store
 from shared.config import ApiSettings
 from shared.console_rows import JobFilter
 from shared.console_store import ConsoleStore
+from shared.queries import QUERIES
 from shared.story_request import StoryRequest
 from tests.support import postgres_server
 from worker.rows import Completion
@@ -91,6 +92,20 @@ async def count(conn: psycopg.AsyncConnection[Any], query: str, *params: Any) ->
     row = await cur.fetchone()
     assert row is not None
     return int(row[0])
+
+
+async def pages_read(conn: psycopg.AsyncConnection[Any], query_name: str, params: dict[str, Any], *,
+                     admission_lock: bool = False) -> int:
+    """The pages one run of a named statement reads (EXPLAIN ANALYZE BUFFERS), rolled back; after the
+    admission lock when the statement runs under it."""
+    async with conn.transaction(force_rollback=True):
+        if admission_lock:
+            await store.job_admission_lock(conn)
+        cur = await conn.execute("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + QUERIES[query_name], params)
+        row = await cur.fetchone()
+    assert row is not None
+    plan = row[0][0]["Plan"]
+    return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
 
 
 async def waiting_on_a_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
