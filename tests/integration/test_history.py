@@ -157,6 +157,39 @@ async def test_admission_never_compiles_after_statistics_taken_during_a_backlog(
         assert "story_jobs" not in seq_scanned
 
 
+async def test_admission_runs_its_connections_one_plan_whatever_the_statistics(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Each admission on a connection runs the plan the connection made for it (a generic plan), from its first,
+    after statistics taken during a backlog as before them: left to the cost estimates, Postgres plans the first
+    five executions anew, and later ones whenever the statistics make the kept plan look dearer."""
+    client = await _statistics_taken_during_a_backlog(conn, finished=2_000, backlog=500)
+    conn.prepare_threshold = 0
+    store = ApiStore(conn)
+    for n in range(4):
+        (result,) = await store.job_insert_if_admitted(admissions=[_admission(client, f"before-{n}")],
+                                                       queue_max=5000, client_queue_max=5000)
+        assert result.outcome == "inserted"
+    await _statistics_taken_during_a_backlog_again(conn, backlog=500)
+    for n in range(4):
+        (result,) = await store.job_insert_if_admitted(admissions=[_admission(client, f"after-{n}")],
+                                                       queue_max=5000, client_queue_max=5000)
+        assert result.outcome == "inserted"
+    cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
+                             "WHERE statement LIKE '%keys_recorded AS (%' AND statement NOT LIKE '%pg_prepared%'")
+    assert await cur.fetchall() == [(8, 0)]
+
+
+async def _statistics_taken_during_a_backlog_again(conn: psycopg.AsyncConnection[Any], *, backlog: int) -> None:
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
+        "SELECT 1, 'again-' || g, '\\x00', '{\"prompt\": \"x\"}', 10000 + g FROM generate_series(1, %s) g",
+        (backlog,))
+    await conn.execute("ANALYZE story_jobs")
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
+                       "WHERE status = 'pending' AND idempotency_key LIKE 'again-%%'")
+
+
 async def _plans_logged(conn: psycopg.AsyncConnection[Any], *, analyze: bool = False) -> list[dict[str, Any]]:
     """auto_explain on conn: the list it returns gets each statement's plan (JSON, with its run's figures
     when analyze) as the statements run."""
