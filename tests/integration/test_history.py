@@ -107,13 +107,19 @@ async def _statistics_taken_during_a_backlog(conn: psycopg.AsyncConnection[Any],
         "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
         "completed_at) SELECT 1 + g %% 100, 'f' || g, '\\x00', '{\"prompt\": \"x\"}', 'failed', 'cancelled', now() "
         "FROM generate_series(1, %s) g", (finished,))
+    await _analyze_under_a_backlog(conn, backlog=backlog, keys="p")
+    return 1
+
+
+async def _analyze_under_a_backlog(conn: psycopg.AsyncConnection[Any], *, backlog: int, keys: str) -> None:
+    """`backlog` pending jobs of client 1 (Idempotency-Keys `keys` || n), VACUUM ANALYZE while they wait, then
+    the backlog drained."""
     await conn.execute(
         "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
-        "SELECT 1, 'p' || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, %s) g", (backlog,))
+        "SELECT 1, %s || g, '\\x00', '{\"prompt\": \"x\"}', g FROM generate_series(1, %s) g", (keys, backlog))
     await conn.execute("VACUUM ANALYZE story_jobs")
     await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
                        "WHERE status = 'pending'")
-    return 1
 
 
 def _admission(client_id: int, key: str) -> Admission:
@@ -170,7 +176,7 @@ async def test_admission_runs_its_connections_one_plan_whatever_the_statistics(
         (result,) = await store.job_insert_if_admitted(admissions=[_admission(client, f"before-{n}")],
                                                        queue_max=5000, client_queue_max=5000)
         assert result.outcome == "inserted"
-    await _statistics_taken_during_a_backlog_again(conn, backlog=500)
+    await _analyze_under_a_backlog(conn, backlog=500, keys="again-")
     for n in range(4):
         (result,) = await store.job_insert_if_admitted(admissions=[_admission(client, f"after-{n}")],
                                                        queue_max=5000, client_queue_max=5000)
@@ -178,16 +184,6 @@ async def test_admission_runs_its_connections_one_plan_whatever_the_statistics(
     cur = await conn.execute("SELECT generic_plans, custom_plans FROM pg_prepared_statements "
                              "WHERE statement LIKE '%keys_recorded AS (%' AND statement NOT LIKE '%pg_prepared%'")
     assert await cur.fetchall() == [(8, 0)]
-
-
-async def _statistics_taken_during_a_backlog_again(conn: psycopg.AsyncConnection[Any], *, backlog: int) -> None:
-    await conn.execute(
-        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, turn) "
-        "SELECT 1, 'again-' || g, '\\x00', '{\"prompt\": \"x\"}', 10000 + g FROM generate_series(1, %s) g",
-        (backlog,))
-    await conn.execute("ANALYZE story_jobs")
-    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now() "
-                       "WHERE status = 'pending' AND idempotency_key LIKE 'again-%%'")
 
 
 async def _plans_logged(conn: psycopg.AsyncConnection[Any], *, analyze: bool = False) -> list[dict[str, Any]]:
