@@ -183,7 +183,9 @@ SELECT id, trace_context FROM pruned;
 -- Runs under the admission lock (job_admission_lock, its own statement
 -- before this one), so that every admission before it is seen and none
 -- gives a turn while it reads. The walk starts at the floor it raises: it
--- reads only the entries claimed since the last pass. The new floor.
+-- reads only the entries claimed since the floor last rose. The sweeper runs
+-- it at each pass and between passes, at HEARTBEAT_INTERVAL_S. The new
+-- floor.
 WITH smallest AS (
     SELECT coalesce(
         (SELECT turn FROM story_jobs

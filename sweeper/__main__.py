@@ -17,11 +17,11 @@ log = structlog.get_logger()
 
 
 async def run(sweeper: Sweeper, stop: asyncio.Event) -> None:
-    """Sweep at start and every SWEEPER_INTERVAL_S; probe in between, at the
-    heartbeat interval. A failed pass or probe of any kind is an outage: it
-    is logged once, running jobs are not judged until the database has been
-    writable for a heartbeat timeout, and the next try comes a probe interval
-    later."""
+    """Sweep at start and every SWEEPER_INTERVAL_S; in between, at the
+    heartbeat interval, probe and raise the claim's floor. A failed pass or
+    probe of any kind is an outage: it is logged once, running jobs are not
+    judged until the database has been writable for a heartbeat timeout, and
+    the next try comes a probe interval later."""
     settings = sweeper.settings
     probe_every = min(settings.heartbeat_interval_s, settings.sweeper_interval_s)
     errors = db.ErrorEpisode("sweeper", clock=time.monotonic)
@@ -34,6 +34,10 @@ async def run(sweeper: Sweeper, stop: asyncio.Event) -> None:
                 next_sweep = time.monotonic() + settings.sweeper_interval_s
             else:
                 await sweeper.probe()
+                # while a snapshot is held open, every claim walks the jobs
+                # claimed since the floor last rose: raise it more often
+                # than a pass comes
+                await sweeper.advance_claim_floor()
             wait_s = min(probe_every, max(next_sweep - time.monotonic(), 0.05))
         except db.DB_ERRORS as exc:
             errors.failed(exc, detail="running jobs are not judged until the database has been writable "

@@ -96,6 +96,12 @@ class Sweeper:
         SWEEPER_INTERVAL_S is noticed too. Raises when it could not."""
         self._writable(await self._store.probe(lock_timeout_s=self._lock_timeout_s))
 
+    async def advance_claim_floor(self) -> None:
+        """Raises the claim's floor (migration 030) to the smallest pending
+        turn, under the admission lock, waiting for it no longer than for
+        any other lock. Every pass does it, and the loop between passes."""
+        await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s)
+
     @property
     def _lock_timeout_s(self) -> float:
         return self.settings.heartbeat_interval_s
@@ -149,7 +155,7 @@ class Sweeper:
             if len(stale) < self.settings.sweeper_batch_size:
                 break
         # after the rules, which may have failed the jobs it would stop at
-        await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s)
+        await self.advance_claim_floor()
         gauges = await self._store.queue_gauges(now=now)
         await self._store.record_minutes(self.settings, pending=gauges.pending, running=gauges.running)
         budgets = await self._store.budget_days_today(now=now)

@@ -64,6 +64,7 @@ from shared.console_store import ConsoleStore
 from shared.queries import QUERIES
 from shared.ratelimit import NO_LIMITS, claim_params
 from shared.store import job_id_bounds
+from sweeper.__main__ import run as sweeper_loop
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import PRUNE_BATCHES_PER_PASS, Sweeper
 from tests.bench.harness import (
@@ -383,8 +384,9 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
                                           after_s: float, pending: int) -> dict[str, dict[str, float]]:
     """On both databases at once: a worker's claim and settle, one job a round, without pause, before, while
     and after one session holds a snapshot open (REPEATABLE READ, idle in its transaction) for ``held_s``;
-    autovacuum does what it does, and the sweeper passes every SWEEPER_INTERVAL_S, as deployed (its pass
-    raises the claim's floor, migration 030). The claim's p99 in each stretch."""
+    autovacuum does what it does, and the sweeper runs its loop as deployed (a pass every SWEEPER_INTERVAL_S,
+    and the claim's floor, migration 030, raised between passes at HEARTBEAT_INTERVAL_S). The claim's p99 in
+    each stretch."""
     for url in urls.values():
         with psycopg.connect(url, autocommit=True) as conn:
             _add_pending(conn, pending, tag="snapshot", first_turn=1e9)
@@ -414,12 +416,14 @@ async def _claims_through_a_held_snapshot(urls: dict[str, str], *, held_s: float
         return timed
 
     async def sweep(url: str) -> None:
-        settings = _sweeper_settings(url, 31 * DAY)
+        """The sweeper's own loop (sweeper/__main__.py), its default intervals."""
+        stop = asyncio.Event()
         async with _sweeper_pool(url) as pool:
-            sweeper = Sweeper(settings, PgSweeperStore(pool))
-            while time.monotonic() - start < end:
-                await sweeper.sweep_once()
-                await asyncio.sleep(min(settings.sweeper_interval_s, max(0.0, end - (time.monotonic() - start))))
+            loop = asyncio.create_task(sweeper_loop(Sweeper(_sweeper_settings(url, 31 * DAY), PgSweeperStore(pool)),
+                                                    stop))
+            await asyncio.sleep(max(0.0, end - (time.monotonic() - start)))
+            stop.set()
+            await loop
 
     async def hold(url: str) -> None:
         await asyncio.sleep(before_s)

@@ -186,6 +186,24 @@ async def test_a_pass_raises_the_claims_floor_once_after_its_rules_within_its_lo
     assert call["lock_timeout_s"] == store.named("fail_stale")[0]["lock_timeout_s"]
 
 
+async def test_between_passes_the_loop_raises_the_claims_floor_after_each_probe() -> None:
+    """A held snapshot makes each claim walk every job claimed since the floor last rose: between passes, at the
+    heartbeat interval, the loop raises it too, after the probe that finds the database writable."""
+    store = RecordingSweeperStore()
+    sweeper = Sweeper(settings(heartbeat_interval_s=0.01, sweeper_interval_s=3600.0), store, clock=FakeClock())
+    stop = asyncio.Event()
+    loop = asyncio.create_task(run(sweeper, stop))
+    while len(store.named("probe")) < 4:
+        await asyncio.sleep(0.005)
+    stop.set()
+    await loop
+    names = [name for name, _ in store.calls if name in ("probe", "advance_claim_floor", "fail_stale")]
+    after_the_pass = names[names.index("advance_claim_floor") + 1:]
+    assert "fail_stale" not in after_the_pass
+    assert after_the_pass[:6] == ["probe", "advance_claim_floor"] * 3
+    assert {call["lock_timeout_s"] for call in store.named("advance_claim_floor")} == {0.01}
+
+
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
     """The pass reports the queue it read, and records that depth in the console's history."""
     store = RecordingSweeperStore()
