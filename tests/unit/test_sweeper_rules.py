@@ -120,8 +120,9 @@ async def test_the_loop_treats_a_database_error_in_a_pass_as_an_outage() -> None
     stop = asyncio.Event()
     with capture_logs() as logs:
         loop = asyncio.create_task(run(sweeper, stop))
-        while not store.named("fail_stale"):
-            await asyncio.sleep(0)
+        async with asyncio.timeout(10):
+            while not store.named("fail_stale"):
+                await asyncio.sleep(0)
         stop.set()
         await loop
     assert [e["event"] for e in logs if e["event"].startswith("sweeper.database")] == ["sweeper.database_error"]
@@ -193,8 +194,9 @@ async def test_between_passes_the_loop_raises_the_claims_floor_after_each_probe(
     sweeper = Sweeper(settings(heartbeat_interval_s=0.01, sweeper_interval_s=3600.0), store, clock=FakeClock())
     stop = asyncio.Event()
     loop = asyncio.create_task(run(sweeper, stop))
-    while len(store.named("probe")) < 4:
-        await asyncio.sleep(0.005)
+    async with asyncio.timeout(10):
+        while len(store.named("probe")) < 4:
+            await asyncio.sleep(0.005)
     stop.set()
     await loop
     names = [name for name, _ in store.calls if name in ("probe", "advance_claim_floor", "fail_stale")]
