@@ -21,7 +21,8 @@ async def run(sweeper: Sweeper, stop: asyncio.Event) -> None:
     heartbeat interval, probe and raise the claim's floor. A failed pass or
     probe of any kind is an outage: it is logged once, running jobs are not
     judged until the database has been writable for a heartbeat timeout, and
-    the next try comes a probe interval later."""
+    the next try comes a probe interval later. The floor's advance not
+    getting the admission lock in time is not a failure (Sweeper.advance_claim_floor)."""
     settings = sweeper.settings
     probe_every = min(settings.heartbeat_interval_s, settings.sweeper_interval_s)
     errors = db.ErrorEpisode("sweeper", clock=time.monotonic)

@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Protocol
 
+from psycopg import errors
+
 from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
 from shared.rows import ROLLUP_BOUNDS_S, BudgetDay, SnapshotAges
@@ -64,9 +66,9 @@ class SweeperStore(Protocol):
         """What holds VACUUM back in the database: the oldest transaction and snapshot, the slots' xmin."""
         ...
 
-    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float | None:
         """Raises the turn the claim's walk starts at to the smallest pending one, under the admission lock
-        (waited for at most lock_timeout_s); the floor after."""
+        (waited for at most lock_timeout_s); the floor after, or None when a lock was not had in time."""
         ...
 
     async def prune_below_id(self, *, retention_s: float, now: datetime | None) -> int:
@@ -165,11 +167,15 @@ class PgSweeperStore:
         async with connection(self._connections) as conn:
             return await database_snapshot_ages(conn)
 
-    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
-        async with connection(self._connections) as conn, conn.transaction():
-            await lock_timeout_set(conn, lock_timeout_s)
-            await job_admission_lock(conn)
-            (turn,) = await fetch_scalars(conn, "job_claim_floor_advance")
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float | None:
+        async with connection(self._connections) as conn:
+            try:
+                async with conn.transaction():
+                    await lock_timeout_set(conn, lock_timeout_s)
+                    await job_admission_lock(conn)
+                    (turn,) = await fetch_scalars(conn, "job_claim_floor_advance")
+            except errors.LockNotAvailable:
+                return None
         return float(turn)
 
     async def prune_below_id(self, *, retention_s: float, now: datetime | None = None) -> int:

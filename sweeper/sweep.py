@@ -99,8 +99,14 @@ class Sweeper:
     async def advance_claim_floor(self) -> None:
         """Raises the claim's floor (migration 030) to the smallest pending
         turn, under the admission lock, waiting for it no longer than for
-        any other lock. Every pass does it, and the loop between passes."""
-        await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s)
+        any other lock. Every pass does it, and the loop between passes.
+
+        A lock not had in time (a bulk cancel holding the admission lock) is
+        no outage: it says nothing of whether a heartbeat can be written, so
+        running jobs go on being judged, and the floor rises next time."""
+        if await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s) is None:
+            log.warning("sweeper.claim_floor_lock_waited", lock_timeout_s=self._lock_timeout_s,
+                        detail="the claim's floor rises at the next try")
 
     @property
     def _lock_timeout_s(self) -> float:

@@ -46,6 +46,8 @@ class RecordingSweeperStore:
         self.snapshots = SnapshotAges(known=True, oldest_transaction_age_s=None, oldest_snapshot_age_s=None,
                                       replication_slot_xmin_age=None)
         self.partitions_kept = StoryPartitionsKept(added=0, dropped=0, behind=False)
+        # None: the admission lock was not had in time
+        self.claim_floor: float | None = 0.0
         self._faults: dict[str, list[Exception]] = {}
 
     # -- what tests use ---------------------------------------------------------------
@@ -78,9 +80,9 @@ class RecordingSweeperStore:
         # as the SQL does: the rules about running jobs only when judged
         return [job for job in batch if judge_running or job.reason == ErrorCode.QUEUE_TIMEOUT][:batch_size]
 
-    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float:
+    async def advance_claim_floor(self, *, lock_timeout_s: float) -> float | None:
         self._call("advance_claim_floor", lock_timeout_s=lock_timeout_s)
-        return 0.0
+        return self.claim_floor
 
     async def queue_gauges(self, *, now: datetime | None) -> QueueGauges:
         self._call("queue_gauges", now=now)

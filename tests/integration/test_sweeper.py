@@ -12,6 +12,7 @@ from structlog.testing import capture_logs
 
 from shared.config import SweeperSettings
 from shared.config_load import load
+from shared.store import job_admission_lock
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements
@@ -106,6 +107,42 @@ async def test_heartbeats_are_not_judged_until_connected_for_a_heartbeat_timeout
     clock.now += 2
     result = await sweeper.sweep_once()
     assert result.judged_running and result.interrupted == 1
+
+
+async def test_the_admission_lock_held_past_a_heartbeat_interval_is_no_outage(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, database_url: str,
+) -> None:
+    """A bulk cancel holds the admission lock longer than the lock timeout the floor's advance waits for. That
+    says nothing of heartbeats: the pass still ends, the floor stays where it was, and running jobs go on being
+    judged, so a job whose worker died is failed at the next pass rather than a heartbeat timeout later."""
+    client = await client_id_of(conn)
+    for n in range(3):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 2)
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    floor = await sweeper_floor(conn)
+    async with await psycopg.AsyncConnection.connect(database_url) as cancelling:
+        await job_admission_lock(cancelling)
+        with capture_logs() as logs:
+            held = await sweeper.sweep_once()
+        await conn.execute("UPDATE story_jobs SET heartbeat_at = now() - interval '5 minutes' WHERE id = 1")
+        after = await sweeper.sweep_once()
+        await cancelling.rollback()
+    assert held.judged_running and after.judged_running and after.interrupted == 1
+    assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == ["sweeper.claim_floor_lock_waited"]
+    assert await sweeper_floor(conn) == floor
+    await sweeper.sweep_once()
+    assert await sweeper_floor(conn) > floor
+
+
+async def sweeper_floor(conn: psycopg.AsyncConnection[Any]) -> float:
+    cur = await conn.execute("SELECT turn FROM job_claim_floor")
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
 
 
 async def test_finished_jobs_are_pruned_after_retention(

@@ -206,6 +206,27 @@ async def test_between_passes_the_loop_raises_the_claims_floor_after_each_probe(
     assert {call["lock_timeout_s"] for call in store.named("advance_claim_floor")} == {0.01}
 
 
+async def test_between_passes_an_advance_that_waited_too_long_for_its_lock_is_no_outage() -> None:
+    """The admission lock not had in time is logged, and the probes that found the database writable still
+    count: no database error, and the heartbeat checks stay on."""
+    store = RecordingSweeperStore()
+    store.claim_floor = None
+    clock = FakeClock()
+    sweeper = Sweeper(settings(heartbeat_interval_s=0.01, sweeper_interval_s=3600.0), store, clock=clock)
+    stop = asyncio.Event()
+    with capture_logs() as logs:
+        loop = asyncio.create_task(run(sweeper, stop))
+        async with asyncio.timeout(10):
+            while len(store.named("advance_claim_floor")) < 3:
+                await asyncio.sleep(0.005)
+        clock.now += sweeper.settings.heartbeat_timeout_s
+        assert sweeper.running_jobs_judgeable()
+        stop.set()
+        await loop
+    events = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
+    assert events and set(events) == {"sweeper.claim_floor_lock_waited"}
+
+
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
     """The pass reports the queue it read, and records that depth in the console's history."""
     store = RecordingSweeperStore()
