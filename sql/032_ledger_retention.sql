@@ -1,0 +1,17 @@
+-- storyjobs schema, version 32: the ledger's interactive calls by start, for
+-- the ledger's own retention (LEDGER_RETENTION_S, sweeper).
+-- Applied by `storyjobs migrate` inside one transaction; see shared/migrate.py.
+--
+-- The ledger grows by a row per call (about 270 bytes with its indexes) and
+-- job retention never deletes it. With LEDGER_RETENTION_S set, the sweeper
+-- deletes a row once its call started longer ago than that and its job is
+-- gone (ledger_prune, sql/sweeper.sql). A batch request's row (batch_id set)
+-- is kept, as its batch and the batch's items are: the console's batch list
+-- reads a batch's cost from them. This index holds the rows the prune may
+-- delete and no other, oldest first, so its walk never passes over the batch
+-- lane's rows, however many the years have kept. Built here with a lock that
+-- holds the workers' ledger writes while it builds; on a large table build it
+-- first (docs/operations.md):
+--   CREATE INDEX CONCURRENTLY IF NOT EXISTS llm_calls_interactive_started_idx ON llm_calls (started_at)
+--       WHERE batch_id IS NULL;
+CREATE INDEX IF NOT EXISTS llm_calls_interactive_started_idx ON llm_calls (started_at) WHERE batch_id IS NULL;
