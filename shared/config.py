@@ -17,6 +17,7 @@ import msgspec
 
 from shared import webhooks
 from shared.pricing import Price
+from shared.rows import ROLLUP_KEPT_S
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=7 * 24 * 3600)]
 # how long history is kept: operators keep a year or several (for disputes,
@@ -282,8 +283,11 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
     sweeper_interval_s: Seconds = 30.0
     sweeper_batch_size: Annotated[int, msgspec.Meta(ge=1, le=100_000)] = 500
     # finished jobs (and their stories) are deleted this long after finishing;
-    # the llm_calls ledger is kept
+    # the llm_calls ledger has a retention of its own
     job_retention_s: RetentionSeconds = 30 * 24 * 3600.0
+    # the ledger's rows of interactive calls are deleted this long after
+    # their call started, once their job is gone; None: kept
+    ledger_retention_s: RetentionSeconds | None = None
     metrics_port: Port = 9101
 
     def __post_init__(self) -> None:
@@ -297,4 +301,14 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
                 f"JOB_RETENTION_S ({self.job_retention_s:g}) must be at least the webhook retry schedule "
                 f"({WEBHOOK_LONGEST_UNDELIVERED_S:g} s, about 28 hours: every wait and each attempt's longest "
                 f"lease): a finished job is kept until its webhooks are delivered or dead"
+            )
+        # A job's charge is read from its ledger rows, and the rollup recounts
+        # the ledger's last days when a late change lands in them: a shorter
+        # ledger retention would change what both say.
+        ledger_floor_s = max(self.job_retention_s, ROLLUP_KEPT_S)
+        if self.ledger_retention_s is not None and self.ledger_retention_s < ledger_floor_s:
+            raise ConfigError(
+                f"LEDGER_RETENTION_S ({self.ledger_retention_s:.0f}) must be at least JOB_RETENTION_S "
+                f"({self.job_retention_s:.0f}) and the minute rollup's {ROLLUP_KEPT_S:.0f} s (8 days): a job's charge "
+                f"and the rollup's recounts are read from the ledger; unset, the ledger is kept"
             )

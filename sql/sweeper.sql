@@ -177,6 +177,29 @@ deliveries_pruned AS (
 -- with each job's trace context: the prune's span links to the jobs' traces
 SELECT id, trace_context FROM pruned;
 
+-- name: ledger_prune
+-- The ledger's own retention (LEDGER_RETENTION_S): deletes up to
+-- %(batch_size)s rows of interactive calls that started longer ago than
+-- %(retention_s)s and whose job is gone, oldest first, on the index of those
+-- rows alone (migration 032): a batch request's row is kept with its batch.
+-- The retention is at least JOB_RETENTION_S, and a job's rows wait for the
+-- job, which the prune keeps while a delivery is pending: the walk passes
+-- over those few. A gone job's rows are final: nothing that ends or charges
+-- a job can reach them. The rows deleted.
+WITH doomed AS (
+    SELECT l.job_id, l.attempt FROM llm_calls l
+    WHERE l.batch_id IS NULL
+      AND l.started_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+      AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = l.job_id)
+    ORDER BY l.started_at LIMIT %(batch_size)s
+),
+deleted AS (
+    DELETE FROM llm_calls l USING doomed d
+    WHERE l.job_id = d.job_id AND l.attempt = d.attempt
+    RETURNING 1
+)
+SELECT count(*) FROM deleted;
+
 -- name: job_claim_floor_advance
 -- Raises the claim's floor (migration 030) to the smallest pending turn, or,
 -- with none pending, to where the last turn given ends; never lowers it.

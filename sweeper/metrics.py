@@ -19,6 +19,8 @@ for _reason in REASONS:
     RECLAIMED.labels(reason=_reason.value)
 
 PRUNED = Counter("storyjobs_sweeper_pruned_total", "Finished jobs deleted past JOB_RETENTION_S.")
+LEDGER_PRUNED = Counter("storyjobs_sweeper_ledger_pruned_total",
+                        "Ledger rows of interactive calls deleted past LEDGER_RETENTION_S, their jobs gone.")
 STORY_PARTITIONS_DROPPED = Counter(
     "storyjobs_sweeper_story_partitions_dropped_total",
     "Partitions of stories dropped whole once every job of their range was pruned.")

@@ -18,6 +18,7 @@ import math
 from datetime import datetime, timedelta
 
 from shared.config import SweeperSettings
+from shared.rows import ROLLUP_KEPT_S
 
 # a job claimed or finished in the minutes recounted was created at most
 # this long before them (the sweeper fails it otherwise), with a margin for
@@ -32,7 +33,7 @@ def lookback(settings: SweeperSettings) -> timedelta:
 
 
 # the rollup keeps this much (rollup_prune); a pass never recounts further back
-KEPT = timedelta(days=8)
+KEPT = timedelta(seconds=ROLLUP_KEPT_S)
 
 
 def window(settings: SweeperSettings, now: datetime,

@@ -86,6 +86,11 @@ class SweeperStore(Protocol):
         """Bounds, adds and drops the stories' partitions (sweeper/partitions.py)."""
         ...
 
+    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
+        """Deletes up to batch_size ledger rows of interactive calls started longer ago than retention_s whose
+        job is gone (LEDGER_RETENTION_S); how many."""
+        ...
+
 
 class PgSweeperStore:
     """SweeperStore on a connection pool, or on one connection (a test's,
@@ -200,3 +205,9 @@ class PgSweeperStore:
     ) -> StoryPartitionsKept:
         async with connection(self._connections) as conn:
             return await partitions.keep(conn, retention_s=retention_s, now=now)
+
+    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None = None) -> int:
+        async with connection(self._connections) as conn:
+            (deleted,) = await fetch_scalars(conn, "ledger_prune", {
+                "retention_s": retention_s, "batch_size": batch_size, "now": now})
+        return int(deleted)

@@ -56,6 +56,8 @@ class SweepResult(msgspec.Struct, frozen=True):
     timed_out: int
     queue_timeout: int
     pruned: int
+    # ledger rows deleted past LEDGER_RETENTION_S
+    ledger_pruned: int
     pending: int
     running: int
     oldest_pending_age_seconds: float
@@ -142,6 +144,7 @@ class Sweeper:
                 "storyjobs.sweep.failed.timed_out": result.timed_out,
                 "storyjobs.sweep.failed.queue_timeout": result.queue_timeout,
                 "storyjobs.sweep.pruned": result.pruned,
+                "storyjobs.sweep.ledger_pruned": result.ledger_pruned,
                 "storyjobs.sweep.judged_running": result.judged_running,
                 "storyjobs.jobs.pending": result.pending,
                 "storyjobs.jobs.running": result.running,
@@ -177,6 +180,7 @@ class Sweeper:
             if deleted == 0:
                 break
         metrics.PRUNED.inc(pruned)
+        ledger_pruned = await self._prune_ledger(now)
         kept = await self._store.keep_story_partitions(retention_s=self.settings.job_retention_s, now=now)
         metrics.STORY_PARTITIONS_DROPPED.inc(kept.dropped)
         metrics.STORY_PARTITIONS_BEHIND.set(1 if kept.behind else 0)
@@ -196,14 +200,16 @@ class Sweeper:
             timed_out=counts[ErrorCode.TIMED_OUT],
             queue_timeout=counts[ErrorCode.QUEUE_TIMEOUT],
             pruned=pruned,
+            ledger_pruned=ledger_pruned,
             pending=gauges.pending,
             running=gauges.running,
             oldest_pending_age_seconds=gauges.oldest_pending_age_seconds,
             judged_running=judge_running,
         )
-        if result.reclaimed or pruned:
+        if result.reclaimed or pruned or ledger_pruned:
             log.info("sweeper.pass", reclaimed=result.reclaimed, interrupted=result.interrupted,
-                     timed_out=result.timed_out, queue_timeout=result.queue_timeout, pruned=pruned)
+                     timed_out=result.timed_out, queue_timeout=result.queue_timeout, pruned=pruned,
+                     ledger_pruned=ledger_pruned)
         return result
 
     async def _fail_stale(self, judge_running: bool, now: datetime | None) -> list[StaleJob]:
@@ -273,6 +279,23 @@ class Sweeper:
                     if (link := telemetry.link_from_carrier(job.trace_context)) is not None:
                         span.add_link(link.context)
         return len(jobs)
+
+
+    async def _prune_ledger(self, now: datetime | None) -> int:
+        """The ledger's own retention: up to PRUNE_BATCHES_PER_PASS batches,
+        none when LEDGER_RETENTION_S is unset (the ledger kept)."""
+        retention_s = self.settings.ledger_retention_s
+        deleted = 0
+        if retention_s is None:
+            return deleted
+        for _ in range(PRUNE_BATCHES_PER_PASS):
+            batch = await self._store.prune_ledger(retention_s=retention_s,
+                                                   batch_size=self.settings.sweeper_batch_size, now=now)
+            deleted += batch
+            if batch < self.settings.sweeper_batch_size:
+                break
+        metrics.LEDGER_PRUNED.inc(deleted)
+        return deleted
 
 
 def _failed(span: Span, exc: Exception) -> None:

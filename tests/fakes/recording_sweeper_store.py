@@ -48,6 +48,8 @@ class RecordingSweeperStore:
         self.partitions_kept = StoryPartitionsKept(added=0, dropped=0, behind=False)
         # None: the admission lock was not had in time
         self.claim_floor: float | None = 0.0
+        # what each ledger prune batch deletes, in order; 0 once they run out
+        self.ledger_batches: list[int] = []
         self._faults: dict[str, list[Exception]] = {}
 
     # -- what tests use ---------------------------------------------------------------
@@ -124,6 +126,10 @@ class RecordingSweeperStore:
     async def keep_story_partitions(self, *, retention_s: float, now: datetime | None) -> StoryPartitionsKept:
         self._call("keep_story_partitions", retention_s=retention_s, now=now)
         return self.partitions_kept
+
+    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
+        self._call("prune_ledger", retention_s=retention_s, batch_size=batch_size, now=now)
+        return self.ledger_batches.pop(0) if self.ledger_batches else 0
 
 
 # mypy rejects this line when the fake drifts from the interface it stands for

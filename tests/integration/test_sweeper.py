@@ -16,7 +16,7 @@ from shared.store import job_admission_lock
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements
-from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows
+from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows, pages_read
 from tests.support.settings import sweeper_settings
 
 
@@ -167,6 +167,51 @@ async def test_finished_jobs_are_pruned_after_retention(
     # the pruned job's Idempotency-Key is free again; the others still name their jobs
     cur = await conn.execute("SELECT job_id FROM job_idempotency_keys ORDER BY job_id")
     assert [row[0] for row in await cur.fetchall()] == [2, 3, 4]
+
+
+async def test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go(
+    conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool
+) -> None:
+    """Four calls started 40 days ago or 20: LEDGER_RETENTION_S unset keeps them all. Set to 30 days, a pass
+    deletes the one whose job it pruned and whose call is old; it keeps a batch request's row (its batch's
+    record), the young call's, and that of a job still kept."""
+    client = await client_id_of(conn)
+    for n in range(4):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 4)
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', completed_at = now()")
+    await conn.execute("UPDATE story_jobs SET created_at = now() - interval '40 days', "
+                       "completed_at = now() - interval '40 days' WHERE id IN (1, 2, 3)")
+    await conn.execute("UPDATE llm_calls SET started_at = now() - interval '40 days' WHERE job_id IN (1, 2, 4)")
+    await conn.execute("UPDATE llm_calls SET started_at = now() - interval '20 days' WHERE job_id = 3")
+    await conn.execute("UPDATE llm_calls SET batch_id = 7 WHERE job_id = 2")
+    month = 30 * 24 * 3600.0
+    kept = await Sweeper(sweeper_settings(job_retention_s=month), PgSweeperStore(pool),
+                         clock=FakeClock()).sweep_once()
+    assert (kept.pruned, kept.ledger_pruned) == (3, 0)
+    assert await _ledger_jobs(conn) == [1, 2, 3, 4]
+    with capture_logs() as logs:
+        result = await Sweeper(sweeper_settings(job_retention_s=month, ledger_retention_s=month),
+                               PgSweeperStore(pool), clock=FakeClock()).sweep_once()
+    assert result.ledger_pruned == 1
+    assert await _ledger_jobs(conn) == [2, 3, 4]
+    assert [e["ledger_pruned"] for e in logs if e["event"] == "sweeper.pass"] == [1]
+
+
+async def test_the_ledgers_prune_walks_past_no_batch_request(conn: psycopg.AsyncConnection[Any]) -> None:
+    """Batch requests' rows are kept for good: however many there are, a prune that finds nothing to delete
+    reads a few pages, not them."""
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, batch_id) "
+        "SELECT n, 1, 'batch', 'anthropic', 'm', now() - interval '40 days', 1 FROM generate_series(1, 5000) n")
+    params = {"retention_s": 30 * 24 * 3600.0, "batch_size": 500, "now": None}
+    assert await pages_read(conn, "ledger_prune", params) <= 5
+    assert await count(conn, "SELECT count(*) FROM llm_calls") == 5000
+
+
+async def _ledger_jobs(conn: psycopg.AsyncConnection[Any]) -> list[int]:
+    cur = await conn.execute("SELECT job_id FROM llm_calls ORDER BY job_id")
+    return [row[0] for row in await cur.fetchall()]
 
 
 async def test_the_prune_frees_each_pruned_jobs_key_of_its_own_client_only(

@@ -72,7 +72,7 @@ async def test_a_pass_is_a_span_with_its_counts_and_each_failed_job_links_to_its
     assert dict(sweep.attributes or {}) == {
         "storyjobs.sweep.failed": 2, "storyjobs.sweep.failed.interrupted": 0,
         "storyjobs.sweep.failed.timed_out": 1, "storyjobs.sweep.failed.queue_timeout": 1,
-        "storyjobs.sweep.pruned": 0, "storyjobs.sweep.judged_running": True,
+        "storyjobs.sweep.pruned": 0, "storyjobs.sweep.ledger_pruned": 0, "storyjobs.sweep.judged_running": True,
         "storyjobs.jobs.pending": 0, "storyjobs.jobs.running": 0,
     }
     (batch,) = named(span_exporter, "storyjobs.sweep.fail_stale")

@@ -532,4 +532,23 @@ MUTANTS: tuple[Mutant, ...] = (
         edits=(("    DELETE FROM stories_unranged s USING", "    DELETE FROM stories_ahead s USING"),),
         tests=("tests/integration/test_story_partitions.py::test_the_prune_deletes_the_old_tables_stories_row_by_row",),
     ),
+    Mutant(
+        name="ledger-pruned-under-its-job",
+        invariant="a ledger row outlives its job: a job's charge is read from its rows",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("      AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = l.job_id)\n    ORDER BY l.started_at",
+                "    ORDER BY l.started_at"),),
+        tests=("tests/integration/test_sweeper.py::"
+               "test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go",),
+    ),
+    Mutant(
+        name="ledger-pruned-of-a-batch-request",
+        invariant="a batch request's ledger row is kept with its batch, whose cost the console reads from it",
+        tier="integration",
+        file="sql/sweeper.sql",
+        edits=(("    WHERE l.batch_id IS NULL\n      AND l.started_at <", "    WHERE l.started_at <"),),
+        tests=("tests/integration/test_sweeper.py::"
+               "test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go",),
+    ),
 )

@@ -83,6 +83,20 @@ def test_a_retention_of_months_or_years_is_accepted(retention_s: str) -> None:
     assert load(SweeperSettings, {"JOB_RETENTION_S": retention_s}).job_retention_s == float(retention_s)
 
 
+def test_the_ledger_is_kept_unless_told_and_never_for_less_than_its_readers_need() -> None:
+    """LEDGER_RETENTION_S unset keeps the ledger. Set, it must cover JOB_RETENTION_S (a job's charge is read
+    from its rows) and the rollup's 8 days (recounted from them); a year is accepted."""
+    assert load(SweeperSettings, {}).ledger_retention_s is None
+    with pytest.raises(ConfigError, match=r"LEDGER_RETENTION_S \(2591999\) must be at least JOB_RETENTION_S "
+                                          r"\(2592000\)"):
+        load(SweeperSettings, {"LEDGER_RETENTION_S": "2591999"})
+    with pytest.raises(ConfigError, match=r"LEDGER_RETENTION_S \(691199\) .* the minute rollup's 691200 s"):
+        load(SweeperSettings, {"JOB_RETENTION_S": "99825", "LEDGER_RETENTION_S": "691199"})
+    assert load(SweeperSettings, {"JOB_RETENTION_S": "99825", "LEDGER_RETENTION_S": "691200"}
+                ).ledger_retention_s == 691200
+    assert load(SweeperSettings, {"LEDGER_RETENTION_S": str(365 * 86400)}).ledger_retention_s == 365 * 86400
+
+
 def test_a_retention_past_a_century_is_refused_naming_the_variable() -> None:
     """JOB_RETENTION_S beyond a century is a typo, refused at start with the variable's name."""
     with pytest.raises(ConfigError, match=r"^JOB_RETENTION_S: Expected `float` <= 3155760000"):

@@ -19,7 +19,7 @@ from shared.rows import SnapshotAges
 from shared.status import ErrorCode
 from sweeper.__main__ import run
 from sweeper.rows import QueueGauges
-from sweeper.sweep import Sweeper
+from sweeper.sweep import PRUNE_BATCHES_PER_PASS, Sweeper
 from tests.fakes.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
 
 
@@ -225,6 +225,24 @@ async def test_between_passes_an_advance_that_waited_too_long_for_its_lock_is_no
         await loop
     events = [e["event"] for e in logs if e["log_level"] in ("warning", "error")]
     assert events and set(events) == {"sweeper.claim_floor_lock_waited"}
+
+
+async def test_the_ledgers_prune_runs_only_when_its_retention_is_set_in_batches_until_one_is_short() -> None:
+    """Unset, a pass never deletes from the ledger. Set, it deletes batch after batch while they come full, at
+    most PRUNE_BATCHES_PER_PASS, and reports and counts what they deleted."""
+    store = RecordingSweeperStore()
+    await Sweeper(settings(), store, clock=FakeClock()).sweep_once()
+    assert store.named("prune_ledger") == []
+    store.ledger_batches = [100, 100, 99, 100]
+    before = REGISTRY.get_sample_value("storyjobs_sweeper_ledger_pruned_total") or 0.0
+    result = await Sweeper(settings(ledger_retention_s=40 * 86400.0), store, clock=FakeClock()).sweep_once()
+    assert result.ledger_pruned == 299
+    assert REGISTRY.get_sample_value("storyjobs_sweeper_ledger_pruned_total") == before + 299
+    assert [call["retention_s"] for call in store.named("prune_ledger")] == [40 * 86400.0] * 3
+    assert {call["batch_size"] for call in store.named("prune_ledger")} == {100}
+    store.ledger_batches = [100] * 20
+    endless = await Sweeper(settings(ledger_retention_s=40 * 86400.0), store, clock=FakeClock()).sweep_once()
+    assert endless.ledger_pruned == 100 * PRUNE_BATCHES_PER_PASS
 
 
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
