@@ -37,7 +37,9 @@ for the claim that follows), then, in turn:
   sweeper deletes them (JOB_RETENTION_S of 29 days), then the partition of
   their stories dropped (the loaded stories are in one partition a day, as
   the sweeper keeps them; sweeper/partitions.py), the time it took and
-  the database's size before and after (and after a VACUUM of its tables).
+  the database's size before and after (and after a VACUUM of its tables);
+  then, with LEDGER_RETENTION_S of 29 days, the same day's ledger rows, batch
+  by batch as the sweeper deletes them (their jobs now gone): the time.
 """
 
 from __future__ import annotations
@@ -115,6 +117,9 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
     ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
     ("prune_day_story_partitions", "partitions of stories that day's prune dropped", "partitions"),
+    ("ledger_prune_day_s", "the ledger's day (LEDGER_RETENTION_S of 29 days, after the jobs' prune), all batches",
+     "s"),
+    ("ledger_prune_day_rows", "ledger rows that day's ledger prune deleted", "rows"),
     ("size_before_prune_mb", "database size before the day's prune", "MB"),
     ("size_after_prune_mb", "database size after the day's prune", "MB"),
     ("size_after_vacuum_mb", "database size after the prune and a VACUUM", "MB"),
@@ -584,8 +589,9 @@ def _sweeper_pool(url: str) -> AsyncConnectionPool:
                         min_size=1, max_size=1, wait_timeout_s=30, generic_plans=True)
 
 
-def _sweeper_settings(url: str, retention_s: float) -> SweeperSettings:
-    return SweeperSettings(database_url=url, job_retention_s=retention_s, metrics_port=0)
+def _sweeper_settings(url: str, retention_s: float, ledger_retention_s: float | None = None) -> SweeperSettings:
+    return SweeperSettings(database_url=url, job_retention_s=retention_s, ledger_retention_s=ledger_retention_s,
+                           metrics_port=0)
 
 
 async def _sweeps(url: str, count: int) -> list[float]:
@@ -623,8 +629,10 @@ def _analyze_under_a_backlog(url: str) -> None:
 
 async def _prune_a_day(url: str) -> dict[str, float]:
     """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
-    ends read once for a pass's batches)."""
-    settings = _sweeper_settings(url, 29 * DAY)
+    ends read once for a pass's batches); then the ledger rows of that day, as the sweeper deletes them with
+    LEDGER_RETENTION_S of 29 days."""
+    settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
+    assert settings.ledger_retention_s is not None
     before = _size_mb(url)
     pruned = 0
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
@@ -643,11 +651,20 @@ async def _prune_a_day(url: str) -> dict[str, float]:
         # and the day's stories, dropped with their partition
         dropped = (await store.keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started
+        ledger_started = time.perf_counter()
+        ledger_rows = 0
+        deleted = settings.sweeper_batch_size
+        while deleted == settings.sweeper_batch_size:
+            deleted = await store.prune_ledger(retention_s=settings.ledger_retention_s,
+                                               batch_size=settings.sweeper_batch_size)
+            ledger_rows += deleted
+        ledger_elapsed = time.perf_counter() - ledger_started
     after = _size_mb(url)
     with psycopg.connect(url, autocommit=True) as conn:
-        for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries"):
+        for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries", "llm_calls"):
             conn.execute(f"VACUUM {table}")
     return {"prune_day_s": elapsed, "prune_day_jobs": pruned, "prune_day_story_partitions": dropped,
+            "ledger_prune_day_s": ledger_elapsed, "ledger_prune_day_rows": ledger_rows,
             "size_before_prune_mb": before,
             "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}
 

@@ -158,13 +158,16 @@ def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(s
                                                                                 tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only history` (30,000 finished jobs) exits 0 with every figure for both
     databases, and the day's prune deletes a thirtieth of the history on the loaded one, dropping its stories'
-    partition, and nothing on the empty one."""
+    partition and then the day's ledger rows, and nothing on the empty one."""
     bench = run_quick("history", server_url, tmp_path)["benchmarks"]["history"]
     assert bench["error"] is None
     assert set(bench["figures"]) == set(history.SPECS)
     figures = {key: figure["median"] for key, figure in bench["figures"].items()}
     assert figures["empty.prune_day_jobs"] == 0
     assert 900 <= figures["loaded.prune_day_jobs"] <= 1100
+    # and, with the ledger's own retention, that day's ledger rows, their jobs gone
+    assert figures["empty.ledger_prune_day_rows"] == 0
+    assert 900 <= figures["loaded.ledger_prune_day_rows"] <= figures["loaded.prune_day_jobs"]
     # the day's stories went with their partition, and their space with it
     assert figures["empty.prune_day_story_partitions"] == 0 and figures["loaded.prune_day_story_partitions"] == 1
     assert figures["loaded.size_after_prune_mb"] < figures["loaded.size_before_prune_mb"]
