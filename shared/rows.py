@@ -60,12 +60,13 @@ class BudgetDay(msgspec.Struct, frozen=True):
     client_budget_usd: Decimal | None
 
 
-# The wait and run time buckets' lower bounds, in seconds: a minute_rollup
-# row holds how many jobs fell in each, so that percentiles over any range
-# are sums of rows (to the bucket's bound; api/ops/history.py reads them).
 # how far back the minute rollup keeps and recounts (sweeper/rollup.py; the
 # statements of sql/sweeper.sql say '8 days')
 ROLLUP_KEPT_S = 8 * 24 * 3600.0
+
+# The wait and run time buckets' lower bounds, in seconds: a minute_rollup
+# row holds how many jobs fell in each, so that percentiles over any range
+# are sums of rows (to the bucket's bound; api/ops/history.py reads them).
 ROLLUP_BOUNDS_S: tuple[float, ...] = (0.0, 0.5, 1.0, 2.0, 3.0, 5.0, 7.5, 10.0, 15.0, 20.0, 30.0, 45.0, 60.0, 90.0,
                                       120.0, 180.0, 300.0, 450.0, 600.0, 900.0, 1200.0, 1800.0, 3600.0)
 

@@ -280,7 +280,6 @@ class Sweeper:
                         span.add_link(link.context)
         return len(jobs)
 
-
     async def _prune_ledger(self, now: datetime | None) -> int:
         """The ledger's own retention: up to PRUNE_BATCHES_PER_PASS batches,
         none when LEDGER_RETENTION_S is unset (the ledger kept)."""
