@@ -209,6 +209,30 @@ async def test_the_ledgers_prune_walks_past_no_batch_request(conn: psycopg.Async
     assert await count(conn, "SELECT count(*) FROM llm_calls") == 5000
 
 
+async def test_the_ledgers_prune_takes_each_call_started_past_the_retention_a_batch_at_a_time(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Calls of gone jobs, by the clock the statement is given: one started exactly the retention before it
+    stays, a microsecond more and it goes; a batch deletes at most its size; a job's later attempt, younger
+    than the retention, stays when its first goes."""
+    day = timedelta(days=1)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at) VALUES "
+        "(1, 1, 'w', 'anthropic', 'm', %(start)s), (2, 1, 'w', 'anthropic', 'm', %(start)s), "
+        "(3, 1, 'w', 'anthropic', 'm', %(start)s), (3, 2, 'w', 'anthropic', 'm', %(later)s)",
+        {"start": start, "later": start + 5 * day})
+    store = PgSweeperStore(conn)
+    month = 30 * 24 * 3600.0
+    at_the_retention = start + 30 * day
+    assert await store.prune_ledger(retention_s=month, batch_size=10, now=at_the_retention) == 0
+    past = at_the_retention + timedelta(microseconds=1)
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == 2
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == 1
+    cur = await conn.execute("SELECT job_id, attempt FROM llm_calls")
+    assert await cur.fetchall() == [(3, 2)]
+
+
 async def _ledger_jobs(conn: psycopg.AsyncConnection[Any]) -> list[int]:
     cur = await conn.execute("SELECT job_id FROM llm_calls ORDER BY job_id")
     return [row[0] for row in await cur.fetchall()]
