@@ -42,6 +42,21 @@ async def _db_now(conn: psycopg.AsyncConnection[Any]) -> datetime:
     return now
 
 
+async def _judging_sweeper(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool, *, jobs: int,
+                           claimed: int) -> Sweeper:
+    """``jobs`` jobs enqueued and ``claimed`` of them claimed, and a sweeper (HEARTBEAT_TIMEOUT_S 60) that has
+    seen the database writable for a heartbeat timeout: it judges running jobs."""
+    client = await client_id_of(conn)
+    for n in range(jobs):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, claimed)
+    clock = FakeClock()
+    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
+    await sweeper.probe()
+    clock.now += 61
+    return sweeper
+
+
 async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
     """A dead heartbeat is interrupted, an over-long run timed_out, an over-long wait queue_timeout."""
     client = await client_id_of(conn)
@@ -70,14 +85,7 @@ async def test_each_rule_fails_its_jobs_with_its_reason(conn: psycopg.AsyncConne
 
 async def test_live_jobs_are_left_alone(conn: psycopg.AsyncConnection[Any], pool: AsyncConnectionPool) -> None:
     """Fresh pending and running jobs are not touched, and the gauges count them."""
-    client = await client_id_of(conn)
-    for n in range(3):
-        await enqueue(conn, client, f"story {n}")
-    await _claim(conn, 1)
-    clock = FakeClock()
-    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
-    await sweeper.probe()
-    clock.now += 61
+    sweeper = await _judging_sweeper(conn, pool, jobs=3, claimed=1)
     result = await sweeper.sweep_once()
     assert result.reclaimed == 0 and (result.pending, result.running) == (2, 1)
     assert result.oldest_pending_age_seconds >= 0
@@ -115,14 +123,7 @@ async def test_the_admission_lock_held_past_a_heartbeat_interval_is_no_outage(
     """A bulk cancel holds the admission lock longer than the lock timeout the floor's advance waits for. That
     says nothing of heartbeats: the pass still ends, the floor stays where it was, and running jobs go on being
     judged, so a job whose worker died is failed at the next pass rather than a heartbeat timeout later."""
-    client = await client_id_of(conn)
-    for n in range(3):
-        await enqueue(conn, client, f"story {n}")
-    await _claim(conn, 2)
-    clock = FakeClock()
-    sweeper = Sweeper(sweeper_settings(heartbeat_timeout_s=60), PgSweeperStore(pool), clock=clock)
-    await sweeper.probe()
-    clock.now += 61
+    sweeper = await _judging_sweeper(conn, pool, jobs=3, claimed=2)
     floor = await sweeper_floor(conn)
     async with await psycopg.AsyncConnection.connect(database_url) as cancelling:
         await job_admission_lock(cancelling)
