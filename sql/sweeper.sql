@@ -119,7 +119,8 @@ FROM job_queue_depth;
 -- partition drop takes) and idempotency
 -- keys (a key can then be used again), the oldest first: jobs finish within
 -- their timeouts, so the oldest ids are the first to expire, and no index on
--- completed_at is needed. The ledger is kept.
+-- completed_at is needed. The ledger is not touched here (its own
+-- retention: ledger_prune).
 -- A job whose event is still being delivered (a delivery pending) is kept
 -- until each of its deliveries is delivered or dead: the retry schedule
 -- ends every one within about 28 hours, so the wait is bounded; an
@@ -182,16 +183,21 @@ SELECT id, trace_context FROM pruned;
 -- %(batch_size)s rows of interactive calls that started longer ago than
 -- %(retention_s)s and whose job is gone, oldest first, on the index of those
 -- rows alone (migration 032): a batch request's row is kept with its batch.
--- The retention is at least JOB_RETENTION_S, and a job's rows wait for the
--- job, which the prune keeps while a delivery is pending: the walk passes
--- over those few. A gone job's rows are final: nothing that ends or charges
--- a job can reach them. The rows deleted.
+-- A gone job's rows are final: nothing that ends or charges a job can reach
+-- them. A job's rows wait for the job, which the prune keeps while it is
+-- live or a delivery is pending, and which a sweeper stopped for days
+-- leaves behind by days: the walk reads at most four batches' worth of the
+-- oldest rows, so that behind many such rows a statement stays short and
+-- deletes what it finds among them (nothing when none is gone yet), and the
+-- ledger waits for the jobs' prune. The rows deleted.
 WITH doomed AS (
-    SELECT l.job_id, l.attempt FROM llm_calls l
-    WHERE l.batch_id IS NULL
-      AND l.started_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
-      AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = l.job_id)
-    ORDER BY l.started_at LIMIT %(batch_size)s
+    SELECT c.job_id, c.attempt
+    FROM (SELECT l.job_id, l.attempt FROM llm_calls l
+          WHERE l.batch_id IS NULL
+            AND l.started_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
+          ORDER BY l.started_at LIMIT 4 * %(batch_size)s) c
+    WHERE NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = c.job_id)
+    LIMIT %(batch_size)s
 ),
 deleted AS (
     DELETE FROM llm_calls l USING doomed d

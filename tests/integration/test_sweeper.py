@@ -234,6 +234,31 @@ async def test_the_ledgers_prune_takes_each_call_started_past_the_retention_a_ba
     assert await cur.fetchall() == [(3, 2)]
 
 
+async def test_behind_jobs_still_kept_the_ledgers_prune_reads_four_batches_and_waits(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """A sweeper stopped for days leaves old jobs unpruned, their calls first in the walk. A statement reads at
+    most four batches' worth of the oldest calls and deletes the gone jobs' among them: behind eight kept calls,
+    a batch of two deletes nothing, and one of three reaches the gone jobs' calls after them."""
+    client = await client_id_of(conn)
+    for n in range(8):
+        await enqueue(conn, client, f"story {n}")
+    await _claim(conn, 8)
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    await conn.execute("UPDATE llm_calls SET started_at = %(start)s + job_id * interval '1 second'",
+                       {"start": start})
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at) "
+        "SELECT 1000 + n, 1, 'w', 'anthropic', 'm', %(later)s FROM generate_series(1, 6) n",
+        {"later": start + timedelta(days=1)})
+    store = PgSweeperStore(conn)
+    month, now = 30 * 24 * 3600.0, start + timedelta(days=40)
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=now) == 0
+    assert await store.prune_ledger(retention_s=month, batch_size=3, now=now) == 3
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id > 1000") == 3
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id <= 8") == 8
+
+
 async def _ledger_jobs(conn: psycopg.AsyncConnection[Any]) -> list[int]:
     cur = await conn.execute("SELECT job_id FROM llm_calls ORDER BY job_id")
     return [row[0] for row in await cur.fetchall()]

@@ -537,8 +537,7 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a ledger row outlives its job: a job's charge is read from its rows",
         tier="integration",
         file="sql/sweeper.sql",
-        edits=(("      AND NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = l.job_id)\n    ORDER BY l.started_at",
-                "    ORDER BY l.started_at"),),
+        edits=(("    WHERE NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = c.job_id)\n    LIMIT", "    LIMIT"),),
         tests=("tests/integration/test_sweeper.py::"
                "test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go",),
     ),
@@ -547,7 +546,7 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a batch request's ledger row is kept with its batch, whose cost the console reads from it",
         tier="integration",
         file="sql/sweeper.sql",
-        edits=(("    WHERE l.batch_id IS NULL\n      AND l.started_at <", "    WHERE l.started_at <"),),
+        edits=(("          WHERE l.batch_id IS NULL\n            AND l.started_at <", "          WHERE l.started_at <"),),
         tests=("tests/integration/test_sweeper.py::"
                "test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go",),
     ),
