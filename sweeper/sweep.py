@@ -85,6 +85,8 @@ class Sweeper:
         self._tracer = tracer or trace.get_tracer(__name__)
         self._writable_since: float | None = None
         self._server_started_at: datetime | None = None
+        # the floor's advances in a row that did not get the admission lock
+        self._floor_lock_misses = 0
 
     def connection_lost(self) -> None:
         """Call when a database operation failed: running jobs cannot be
@@ -107,8 +109,14 @@ class Sweeper:
         no outage: it says nothing of whether a heartbeat can be written, so
         running jobs go on being judged, and the floor rises next time."""
         if await self._store.advance_claim_floor(lock_timeout_s=self._lock_timeout_s) is None:
-            log.warning("sweeper.claim_floor_lock_waited", lock_timeout_s=self._lock_timeout_s,
-                        detail="the claim's floor rises at the next try")
+            # once for a run of misses, as an outage is logged once
+            if self._floor_lock_misses == 0:
+                log.warning("sweeper.claim_floor_lock_waited", lock_timeout_s=self._lock_timeout_s,
+                            detail="the claim's floor rises once the admission lock is had")
+            self._floor_lock_misses += 1
+        elif self._floor_lock_misses:
+            log.info("sweeper.claim_floor_advanced", after_misses=self._floor_lock_misses)
+            self._floor_lock_misses = 0
 
     @property
     def _lock_timeout_s(self) -> float:
