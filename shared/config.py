@@ -308,7 +308,7 @@ class SweeperSettings(BaseSettings, frozen=True, kw_only=True, rename="upper"):
         ledger_floor_s = max(self.job_retention_s, ROLLUP_KEPT_S)
         if self.ledger_retention_s is not None and self.ledger_retention_s < ledger_floor_s:
             raise ConfigError(
-                f"LEDGER_RETENTION_S ({self.ledger_retention_s:.0f}) must be at least JOB_RETENTION_S "
-                f"({self.job_retention_s:.0f}) and the minute rollup's {ROLLUP_KEPT_S:.0f} s (8 days): a job's charge "
+                f"LEDGER_RETENTION_S ({self.ledger_retention_s:.10g}) must be at least JOB_RETENTION_S "
+                f"({self.job_retention_s:.10g}) and the minute rollup's {ROLLUP_KEPT_S:.10g} s (8 days): a job's charge "
                 f"and the rollup's recounts are read from the ledger; unset, the ledger is kept"
             )
