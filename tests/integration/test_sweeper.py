@@ -238,12 +238,12 @@ async def test_behind_jobs_still_kept_the_ledgers_prune_reads_four_batches_and_w
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
     """A sweeper stopped for days leaves old jobs unpruned, their calls first in the walk. A statement reads at
-    most four batches' worth of the oldest calls and deletes the gone jobs' among them: behind eight kept calls,
-    a batch of two deletes nothing, and one of three reaches the gone jobs' calls after them."""
+    most four batches' worth of the oldest calls and deletes the gone jobs' among them: behind seven kept calls,
+    a batch of two reads eight and deletes the one gone job's call among them; one of three reads twelve."""
     client = await client_id_of(conn)
-    for n in range(8):
+    for n in range(7):
         await enqueue(conn, client, f"story {n}")
-    await _claim(conn, 8)
+    await _claim(conn, 7)
     start = datetime(2026, 1, 1, tzinfo=UTC)
     await conn.execute("UPDATE llm_calls SET started_at = %(start)s + job_id * interval '1 second'",
                        {"start": start})
@@ -253,10 +253,10 @@ async def test_behind_jobs_still_kept_the_ledgers_prune_reads_four_batches_and_w
         {"later": start + timedelta(days=1)})
     store = PgSweeperStore(conn)
     month, now = 30 * 24 * 3600.0, start + timedelta(days=40)
-    assert await store.prune_ledger(retention_s=month, batch_size=2, now=now) == 0
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=now) == 1
     assert await store.prune_ledger(retention_s=month, batch_size=3, now=now) == 3
-    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id > 1000") == 3
-    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id <= 8") == 8
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id > 1000") == 2
+    assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id <= 7") == 7
 
 
 async def _ledger_jobs(conn: psycopg.AsyncConnection[Any]) -> list[int]:
