@@ -21,7 +21,13 @@ from shared.ratelimit import NO_LIMITS, claim_params
 from shared.story_request import StoryRequest
 from sweeper.store import PgSweeperStore
 from tests.support import worker_statements
-from tests.support.database import client_id_of, create_key, pages_read, waiting_on_a_lock
+from tests.support.database import (
+    claim_floor,
+    client_id_of,
+    create_key,
+    pages_read,
+    waiting_on_a_lock,
+)
 from tests.support.waiting import wait_until
 
 
@@ -36,13 +42,6 @@ async def _post(conn: psycopg.AsyncConnection[Any], client: int, jobs: int = 1) 
     results = await ApiStore(conn).job_insert_if_admitted(admissions=batch, queue_max=100_000,
                                                           client_queue_max=100_000)
     return [r.public_id for r in results if r.public_id is not None]
-
-
-async def _floor(conn: psycopg.AsyncConnection[Any]) -> float:
-    cur = await conn.execute("SELECT turn FROM job_claim_floor")
-    row = await cur.fetchone()
-    assert row is not None
-    return float(row[0])
 
 
 async def _floor_version(conn: psycopg.AsyncConnection[Any]) -> str:
@@ -80,7 +79,7 @@ async def test_the_floor_waits_for_an_admission_in_flight_and_stays_at_its_jobs_
                              what="the advance waiting for the admission lock an admission holds")
             assert not advance.done()
         assert await advance == 0.0
-    assert await _floor(conn) == 0.0
+    assert await claim_floor(conn) == 0.0
     assert [await _claim(conn), await _claim(conn)] == [b0, a1]
 
 
@@ -92,7 +91,7 @@ async def test_the_floor_rises_to_the_smallest_pending_turn_and_with_none_to_whe
     sweeper = PgSweeperStore(conn)
     client = await client_id_of(conn)
     jobs = await _post(conn, client, 3)
-    assert await _floor(conn) == float("-inf")
+    assert await claim_floor(conn) == float("-inf")
     assert await sweeper.advance_claim_floor(lock_timeout_s=5) == 0.0
     assert await _claim(conn) == jobs[0]
     assert await sweeper.advance_claim_floor(lock_timeout_s=5) == 1.0

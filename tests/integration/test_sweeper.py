@@ -16,7 +16,15 @@ from shared.store import job_admission_lock
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements
-from tests.support.database import client_id_of, count, enqueue, enqueue_batch, job_rows, pages_read
+from tests.support.database import (
+    claim_floor,
+    client_id_of,
+    count,
+    enqueue,
+    enqueue_batch,
+    job_rows,
+    pages_read,
+)
 from tests.support.settings import sweeper_settings
 
 
@@ -124,7 +132,7 @@ async def test_the_admission_lock_held_past_a_heartbeat_interval_is_no_outage(
     says nothing of heartbeats: the pass still ends, the floor stays where it was, and running jobs go on being
     judged, so a job whose worker died is failed at the next pass rather than a heartbeat timeout later."""
     sweeper = await _judging_sweeper(conn, pool, jobs=3, claimed=2)
-    floor = await sweeper_floor(conn)
+    floor = await claim_floor(conn)
     async with await psycopg.AsyncConnection.connect(database_url) as cancelling:
         await job_admission_lock(cancelling)
         with capture_logs() as logs:
@@ -134,16 +142,9 @@ async def test_the_admission_lock_held_past_a_heartbeat_interval_is_no_outage(
         await cancelling.rollback()
     assert held.judged_running and after.judged_running and after.interrupted == 1
     assert [e["event"] for e in logs if e["log_level"] in ("warning", "error")] == ["sweeper.claim_floor_lock_waited"]
-    assert await sweeper_floor(conn) == floor
+    assert await claim_floor(conn) == floor
     await sweeper.sweep_once()
-    assert await sweeper_floor(conn) > floor
-
-
-async def sweeper_floor(conn: psycopg.AsyncConnection[Any]) -> float:
-    cur = await conn.execute("SELECT turn FROM job_claim_floor")
-    row = await cur.fetchone()
-    assert row is not None
-    return float(row[0])
+    assert await claim_floor(conn) > floor
 
 
 async def test_finished_jobs_are_pruned_after_retention(

@@ -108,6 +108,14 @@ async def pages_read(conn: psycopg.AsyncConnection[Any], query_name: str, params
     return int(plan.get("Shared Hit Blocks", 0) + plan.get("Shared Read Blocks", 0))
 
 
+async def claim_floor(conn: psycopg.AsyncConnection[Any]) -> float:
+    """The claim's floor (migration 030): the turn the claim's walk starts at."""
+    cur = await conn.execute("SELECT turn FROM job_claim_floor")
+    row = await cur.fetchone()
+    assert row is not None
+    return float(row[0])
+
+
 async def waiting_on_a_lock(conn: psycopg.AsyncConnection[Any]) -> bool:
     """Whether some session of conn's database waits for a lock: how a test
     knows the statement it started now waits on the row it holds."""
