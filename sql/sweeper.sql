@@ -129,10 +129,14 @@ FROM job_queue_depth;
 -- job it cannot prune yet, live or kept, whatever their number, so none
 -- stalls the prune behind it; it ends at %(below_id)s, above every job
 -- created before the retention's cutoff (job_id_bounds), so it reads the
--- expired part of the table, never the whole history.
+-- expired part of the table, never the whole history. It begins past
+-- %(after_id)s, the last job the pass's batch before deleted (0 for a
+-- pass's first): every job below it was judged by that batch, and the
+-- entries of the jobs deleted stay in the key's index until a VACUUM, so
+-- a walk from the start would read all the pass's, more each batch.
 WITH oldest AS (
     SELECT j.id FROM story_jobs j
-    WHERE j.id < %(below_id)s
+    WHERE j.id > %(after_id)s AND j.id < %(below_id)s
       AND j.status IN ('completed', 'failed')
       AND j.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
       AND NOT EXISTS (SELECT 1 FROM webhook_deliveries d WHERE d.job_id = j.id AND d.state = 'pending')

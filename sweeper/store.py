@@ -77,9 +77,11 @@ class SweeperStore(Protocol):
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None, below_id: int | None = None,
+        after_id: int = 0,
     ) -> list[PrunedJob]:
-        """Deletes one batch of jobs finished longer ago than retention_s, below below_id (prune_below_id's,
-        read once for a pass's batches; None: read for this batch); the jobs deleted."""
+        """Deletes one batch of jobs finished longer ago than retention_s, above after_id (the last job the
+        pass's batch before deleted) and below below_id (prune_below_id's, read once for a pass's batches;
+        None: read for this batch); the jobs deleted."""
         ...
 
     async def keep_story_partitions(self, *, retention_s: float, now: datetime | None) -> StoryPartitionsKept:
@@ -192,13 +194,15 @@ class PgSweeperStore:
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None = None, below_id: int | None = None,
+        after_id: int = 0,
     ) -> list[PrunedJob]:
         """Each job deleted comes with its trace context."""
         if below_id is None:
             below_id = await self.prune_below_id(retention_s=retention_s, now=now)
         async with connection(self._connections) as conn:
             return await fetch_all(conn, PrunedJob, "job_prune_finished", {
-                "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": below_id})
+                "retention_s": retention_s, "batch_size": batch_size, "now": now, "below_id": below_id,
+                "after_id": after_id})
 
     async def keep_story_partitions(
         self, *, retention_s: float, now: datetime | None = None,

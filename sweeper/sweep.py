@@ -42,7 +42,7 @@ from shared.config import SweeperSettings
 from shared.rows import SnapshotAges
 from shared.status import ErrorCode, JobStatus
 from sweeper import metrics
-from sweeper.rows import StaleJob
+from sweeper.rows import PrunedJob, StaleJob
 from sweeper.store import SweeperStore
 
 log = structlog.get_logger()
@@ -182,11 +182,14 @@ class Sweeper:
         # the walk's end, read once for the pass's batches: a job that expires
         # above it during the pass is the next pass's
         below_id = await self._store.prune_below_id(retention_s=self.settings.job_retention_s, now=now)
+        after_id = 0
         for _ in range(PRUNE_BATCHES_PER_PASS):
-            deleted = await self._prune(now, below_id)
-            pruned += deleted
-            if deleted == 0:
+            jobs = await self._prune(now, below_id, after_id)
+            pruned += len(jobs)
+            if not jobs:
                 break
+            # the next batch walks on from here: each job below was judged
+            after_id = max(job.id for job in jobs)
         metrics.PRUNED.inc(pruned)
         ledger_pruned = await self._prune_ledger(now)
         kept = await self._store.keep_story_partitions(retention_s=self.settings.job_retention_s, now=now)
@@ -266,7 +269,7 @@ class Sweeper:
             log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
                         worker_id=job.worker_id)
 
-    async def _prune(self, now: datetime | None, below_id: int) -> int:
+    async def _prune(self, now: datetime | None, below_id: int, after_id: int) -> list[PrunedJob]:
         """One prune batch, as a span (storyjobs.sweep.prune) with its count
         and a link to each pruned job's trace (up to the SDK's link limit,
         OTEL_SPAN_LINK_COUNT_LIMIT, 128 by default; the rest are counted as
@@ -276,7 +279,7 @@ class Sweeper:
             try:
                 jobs = await self._store.prune_finished(
                     retention_s=self.settings.job_retention_s, batch_size=self.settings.sweeper_batch_size,
-                    now=now, below_id=below_id,
+                    now=now, below_id=below_id, after_id=after_id,
                 )
             except Exception as exc:
                 _failed(span, exc)
@@ -286,7 +289,7 @@ class Sweeper:
                 for job in jobs:
                     if (link := telemetry.link_from_carrier(job.trace_context)) is not None:
                         span.add_link(link.context)
-        return len(jobs)
+        return jobs
 
     async def _prune_ledger(self, now: datetime | None) -> int:
         """The ledger's own retention: up to PRUNE_BATCHES_PER_PASS batches,

@@ -629,7 +629,7 @@ def _analyze_under_a_backlog(url: str) -> None:
 
 async def _prune_a_day(url: str) -> dict[str, float]:
     """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
-    ends read once for a pass's batches); then the ledger rows of that day, as the sweeper deletes them with
+    ends read once for a pass's batches, each batch walking on from the last job the one before deleted); then the ledger rows of that day, as the sweeper deletes them with
     LEDGER_RETENTION_S of 29 days."""
     settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
     assert settings.ledger_retention_s is not None
@@ -642,12 +642,16 @@ async def _prune_a_day(url: str) -> dict[str, float]:
         deleted = settings.sweeper_batch_size
         while deleted:
             below_id = await store.prune_below_id(retention_s=settings.job_retention_s)
+            after_id = 0
             for _ in range(PRUNE_BATCHES_PER_PASS):
-                deleted = len(await store.prune_finished(retention_s=settings.job_retention_s,
-                                                         batch_size=settings.sweeper_batch_size, below_id=below_id))
+                jobs = await store.prune_finished(retention_s=settings.job_retention_s,
+                                                  batch_size=settings.sweeper_batch_size, below_id=below_id,
+                                                  after_id=after_id)
+                deleted = len(jobs)
                 pruned += deleted
                 if deleted == 0:
                     break
+                after_id = max(job.id for job in jobs)
         # and the day's stories, dropped with their partition
         dropped = (await store.keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started

@@ -116,8 +116,10 @@ class RecordingSweeperStore:
 
     async def prune_finished(
         self, *, retention_s: float, batch_size: int, now: datetime | None, below_id: int | None = None,
+        after_id: int = 0,
     ) -> list[PrunedJob]:
-        self._call("prune_finished", retention_s=retention_s, batch_size=batch_size, now=now, below_id=below_id)
+        self._call("prune_finished", retention_s=retention_s, batch_size=batch_size, now=now, below_id=below_id,
+                   after_id=after_id)
         if self.prune_batches:
             return self.prune_batches.pop(0)
         count = self.prune_counts.pop(0) if self.prune_counts else 0

@@ -473,3 +473,35 @@ async def test_one_prune_statement_deletes_at_most_its_batch(conn: psycopg.Async
     batches = [len(await store.prune_finished(retention_s=30 * 86400, batch_size=2)) for _ in range(4)]
     assert batches == [2, 2, 1, 0]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s)", jobs) == 0
+
+
+async def test_a_batch_walks_on_from_the_last_job_the_batch_before_deleted(
+    conn: psycopg.AsyncConnection[Any], database_url: str,
+) -> None:
+    """A deleted job's entry stays in the key's index until a VACUUM and, while a snapshot older than the delete
+    is open, the walk reads its row to learn so. Walking on from the last job deleted, the batch after 5,000
+    reads the pages of its own five jobs; from the start, it reads theirs too."""
+    client = await client_id_of(conn)
+    await conn.execute(
+        "INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status, error_code, "
+        "                        created_at, completed_at) "
+        "SELECT %(client)s, 'walked-' || n, 'f', '{}'::jsonb, 'failed', 'cancelled', "
+        "       now() - interval '40 days', now() - interval '40 days' FROM generate_series(1, 5005) n",
+        {"client": client})
+    store = PgSweeperStore(conn)
+    month = 30 * 86400.0
+    below_id = await store.prune_below_id(retention_s=month)
+    async with await psycopg.AsyncConnection.connect(database_url) as reading:
+        # a transaction whose snapshot predates the deletes: their rows stay visible to it
+        await reading.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await reading.execute("SELECT count(*) FROM story_jobs")
+        deleted = await store.prune_finished(retention_s=month, batch_size=5000, below_id=below_id)
+        last = max(job.id for job in deleted)
+        params = {"retention_s": month, "batch_size": 5, "now": None, "below_id": below_id}
+        walked_on = await pages_read(conn, "job_prune_finished", {**params, "after_id": last})
+        from_the_start = await pages_read(conn, "job_prune_finished", {**params, "after_id": 0})
+        await reading.rollback()
+    assert len(deleted) == 5000
+    assert walked_on <= 40 < 3 * walked_on < from_the_start
+    assert len(await store.prune_finished(retention_s=month, batch_size=10, below_id=below_id,
+                                          after_id=last)) == 5

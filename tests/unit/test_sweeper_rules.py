@@ -18,7 +18,7 @@ from shared.config import SweeperSettings
 from shared.rows import SnapshotAges
 from shared.status import ErrorCode
 from sweeper.__main__ import run
-from sweeper.rows import QueueGauges
+from sweeper.rows import PrunedJob, QueueGauges
 from sweeper.sweep import PRUNE_BATCHES_PER_PASS, Sweeper
 from tests.fakes.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
 
@@ -171,6 +171,19 @@ async def test_a_pass_reads_where_the_prune_ends_once_and_gives_it_to_each_batch
     await Sweeper(settings(), store, clock=FakeClock()).sweep_once()
     assert len(store.named("prune_below_id")) == 1
     assert [call["below_id"] for call in store.named("prune_finished")] == [4_321] * 3
+
+
+async def test_each_batch_of_a_pass_walks_on_from_the_last_job_the_batch_before_deleted() -> None:
+    """The first batch of a pass walks from the start, each next one from the highest id its predecessor
+    deleted, in whatever order the statement returned them; the next pass starts again from the start."""
+    store = RecordingSweeperStore()
+    store.prune_batches = [[PrunedJob(id=7), PrunedJob(id=12), PrunedJob(id=9)], [PrunedJob(id=30)], []]
+    sweeper = Sweeper(settings(), store, clock=FakeClock())
+    await sweeper.sweep_once()
+    assert [call["after_id"] for call in store.named("prune_finished")] == [0, 12, 30]
+    store.calls.clear()
+    await sweeper.sweep_once()
+    assert [call["after_id"] for call in store.named("prune_finished")] == [0]
 
 
 async def test_a_pass_raises_the_claims_floor_once_after_its_rules_within_its_lock_timeout() -> None:
