@@ -193,11 +193,19 @@ SELECT id, trace_context FROM pruned;
 -- leaves behind by days: the walk reads at most four batches' worth of the
 -- oldest rows, so that behind many such rows a statement stays short and
 -- deletes what it finds among them (nothing when none is gone yet), and the
--- ledger waits for the jobs' prune. The rows deleted.
+-- ledger waits for the jobs' prune. The walk begins at %(after)s, the
+-- latest start among the rows the pass's batch before deleted (NULL for a
+-- pass's first: the oldest): the rows before it were judged by that batch.
+-- A deleted row's entry stays in the index until a VACUUM and, while a
+-- snapshot older than the delete is open, the walk reads its row to learn
+-- so: from the oldest, a batch would read all the pass's deleted rows. From
+-- the very instant, not past it, as two calls can start at the same one.
+-- How many rows were deleted, and the latest start among them.
 WITH doomed AS (
     SELECT c.job_id, c.attempt
     FROM (SELECT l.job_id, l.attempt FROM llm_calls l
           WHERE l.batch_id IS NULL
+            AND l.started_at >= coalesce(%(after)s::timestamptz, '-infinity')
             AND l.started_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
           ORDER BY l.started_at LIMIT 4 * %(batch_size)s) c
     WHERE NOT EXISTS (SELECT 1 FROM story_jobs j WHERE j.id = c.job_id)
@@ -206,9 +214,9 @@ WITH doomed AS (
 deleted AS (
     DELETE FROM llm_calls l USING doomed d
     WHERE l.job_id = d.job_id AND l.attempt = d.attempt
-    RETURNING 1
+    RETURNING l.started_at
 )
-SELECT count(*) FROM deleted;
+SELECT count(*) AS deleted, max(started_at) AS last_started_at FROM deleted;
 
 -- name: job_claim_floor_advance
 -- Raises the claim's floor (migration 030) to the smallest pending turn, or,

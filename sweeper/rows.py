@@ -4,6 +4,7 @@ the console reads too are in shared/rows.py."""
 from __future__ import annotations
 
 import uuid
+from datetime import datetime
 from typing import Any
 
 import msgspec
@@ -24,6 +25,13 @@ class StaleJob(msgspec.Struct, frozen=True):
 class PrunedJob(msgspec.Struct, frozen=True):
     id: int
     trace_context: Any = None
+
+
+class LedgerPruned(msgspec.Struct, frozen=True):
+    deleted: int
+    # the latest start among the rows deleted (None when none was): where
+    # the pass's next batch walks on from
+    last_started_at: datetime | None
 
 
 class QueueGauges(msgspec.Struct, frozen=True):

@@ -33,7 +33,7 @@ from shared.store import (
 )
 from sweeper import partitions, rollup
 from sweeper.partitions import StoryPartitionsKept
-from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
+from sweeper.rows import LedgerPruned, PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 
 
 class SweeperStore(Protocol):
@@ -88,9 +88,12 @@ class SweeperStore(Protocol):
         """Bounds, adds and drops the stories' partitions (sweeper/partitions.py)."""
         ...
 
-    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
+    async def prune_ledger(
+        self, *, retention_s: float, batch_size: int, now: datetime | None, after: datetime | None = None,
+    ) -> LedgerPruned:
         """Deletes up to batch_size ledger rows of interactive calls started longer ago than retention_s whose
-        job is gone (LEDGER_RETENTION_S); how many."""
+        job is gone (LEDGER_RETENTION_S), walking from after (the latest start the pass's batch before deleted;
+        None: the oldest); how many, and the latest start among them."""
         ...
 
 
@@ -210,8 +213,11 @@ class PgSweeperStore:
         async with connection(self._connections) as conn:
             return await partitions.keep(conn, retention_s=retention_s, now=now)
 
-    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None = None) -> int:
+    async def prune_ledger(
+        self, *, retention_s: float, batch_size: int, now: datetime | None = None, after: datetime | None = None,
+    ) -> LedgerPruned:
         async with connection(self._connections) as conn:
-            (deleted,) = await fetch_scalars(conn, "ledger_prune", {
-                "retention_s": retention_s, "batch_size": batch_size, "now": now})
-        return int(deleted)
+            pruned = await fetch_one(conn, LedgerPruned, "ledger_prune", {
+                "retention_s": retention_s, "batch_size": batch_size, "now": now, "after": after})
+        assert pruned is not None  # an aggregate's one row
+        return pruned

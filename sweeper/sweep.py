@@ -298,12 +298,15 @@ class Sweeper:
         deleted = 0
         if retention_s is None:
             return deleted
+        after: datetime | None = None
         for _ in range(PRUNE_BATCHES_PER_PASS):
             batch = await self._store.prune_ledger(retention_s=retention_s,
-                                                   batch_size=self.settings.sweeper_batch_size, now=now)
-            deleted += batch
-            if batch < self.settings.sweeper_batch_size:
+                                                   batch_size=self.settings.sweeper_batch_size, now=now, after=after)
+            deleted += batch.deleted
+            if batch.deleted < self.settings.sweeper_batch_size:
                 break
+            # the next batch walks on from here: each row before was judged
+            after = batch.last_started_at
         metrics.LEDGER_PRUNED.inc(deleted)
         return deleted
 

@@ -630,7 +630,7 @@ def _analyze_under_a_backlog(url: str) -> None:
 async def _prune_a_day(url: str) -> dict[str, float]:
     """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
     ends read once for a pass's batches, each batch walking on from the last job the one before deleted); then the ledger rows of that day, as the sweeper deletes them with
-    LEDGER_RETENTION_S of 29 days."""
+    LEDGER_RETENTION_S of 29 days (each batch walking on from the latest start the one before deleted)."""
     settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
     assert settings.ledger_retention_s is not None
     before = _size_mb(url)
@@ -657,11 +657,14 @@ async def _prune_a_day(url: str) -> dict[str, float]:
         elapsed = time.perf_counter() - started
         ledger_started = time.perf_counter()
         ledger_rows = 0
-        deleted = settings.sweeper_batch_size
-        while deleted == settings.sweeper_batch_size:
-            deleted = await store.prune_ledger(retention_s=settings.ledger_retention_s,
-                                               batch_size=settings.sweeper_batch_size)
-            ledger_rows += deleted
+        walked_to: datetime | None = None
+        while True:
+            batch = await store.prune_ledger(retention_s=settings.ledger_retention_s,
+                                             batch_size=settings.sweeper_batch_size, after=walked_to)
+            ledger_rows += batch.deleted
+            if batch.deleted < settings.sweeper_batch_size:
+                break
+            walked_to = batch.last_started_at
         ledger_elapsed = time.perf_counter() - ledger_started
     after = _size_mb(url)
     with psycopg.connect(url, autocommit=True) as conn:

@@ -9,7 +9,7 @@ calls the sweeper made, in order, with their arguments.
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any
 
@@ -17,10 +17,11 @@ from shared.config import SweeperSettings
 from shared.rows import BudgetDay, SnapshotAges
 from shared.status import ErrorCode
 from sweeper.partitions import StoryPartitionsKept
-from sweeper.rows import PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
+from sweeper.rows import LedgerPruned, PrunedJob, QueueGauges, StaleJob, WebhookDeliveryGauges
 from sweeper.store import SweeperStore
 
 SERVER_STARTED_AT = datetime(2026, 1, 1, tzinfo=UTC)
+LEDGER_STARTED_AT = datetime(2025, 12, 1, tzinfo=UTC)
 
 
 def stale(reason: ErrorCode, worker_id: str | None = "w-1", trace_context: object = None) -> StaleJob:
@@ -129,9 +130,14 @@ class RecordingSweeperStore:
         self._call("keep_story_partitions", retention_s=retention_s, now=now)
         return self.partitions_kept
 
-    async def prune_ledger(self, *, retention_s: float, batch_size: int, now: datetime | None) -> int:
-        self._call("prune_ledger", retention_s=retention_s, batch_size=batch_size, now=now)
-        return self.ledger_batches.pop(0) if self.ledger_batches else 0
+    async def prune_ledger(
+        self, *, retention_s: float, batch_size: int, now: datetime | None, after: datetime | None = None,
+    ) -> LedgerPruned:
+        self._call("prune_ledger", retention_s=retention_s, batch_size=batch_size, now=now, after=after)
+        deleted = self.ledger_batches.pop(0) if self.ledger_batches else 0
+        # each batch's latest start a minute past the one before's
+        latest = LEDGER_STARTED_AT + timedelta(minutes=len(self.named("prune_ledger")))
+        return LedgerPruned(deleted=deleted, last_started_at=latest if deleted else None)
 
 
 # mypy rejects this line when the fake drifts from the interface it stands for

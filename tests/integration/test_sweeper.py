@@ -13,6 +13,7 @@ from structlog.testing import capture_logs
 from shared.config import SweeperSettings
 from shared.config_load import load
 from shared.store import job_admission_lock
+from sweeper.rows import LedgerPruned
 from sweeper.store import PgSweeperStore
 from sweeper.sweep import Sweeper
 from tests.support import worker_statements
@@ -206,7 +207,7 @@ async def test_the_ledgers_prune_walks_past_no_batch_request(conn: psycopg.Async
     await conn.execute(
         "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, batch_id) "
         "SELECT n, 1, 'batch', 'anthropic', 'm', now() - interval '40 days', 1 FROM generate_series(1, 5000) n")
-    params = {"retention_s": 30 * 24 * 3600.0, "batch_size": 500, "now": None}
+    params = {"retention_s": 30 * 24 * 3600.0, "batch_size": 500, "now": None, "after": None}
     assert await pages_read(conn, "ledger_prune", params) <= 5
     assert await count(conn, "SELECT count(*) FROM llm_calls") == 5000
 
@@ -227,10 +228,10 @@ async def test_the_ledgers_prune_takes_each_call_started_past_the_retention_a_ba
     store = PgSweeperStore(conn)
     month = 30 * 24 * 3600.0
     at_the_retention = start + 30 * day
-    assert await store.prune_ledger(retention_s=month, batch_size=10, now=at_the_retention) == 0
+    assert await store.prune_ledger(retention_s=month, batch_size=10, now=at_the_retention) == LedgerPruned(0, None)
     past = at_the_retention + timedelta(microseconds=1)
-    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == 2
-    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == 1
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == LedgerPruned(2, start)
+    assert await store.prune_ledger(retention_s=month, batch_size=2, now=past) == LedgerPruned(1, start)
     cur = await conn.execute("SELECT job_id, attempt FROM llm_calls")
     assert await cur.fetchall() == [(3, 2)]
 
@@ -254,8 +255,8 @@ async def test_behind_jobs_still_kept_the_ledgers_prune_reads_four_batches_and_w
         {"later": start + timedelta(days=1)})
     store = PgSweeperStore(conn)
     month, now = 30 * 24 * 3600.0, start + timedelta(days=40)
-    assert await store.prune_ledger(retention_s=month, batch_size=2, now=now) == 1
-    assert await store.prune_ledger(retention_s=month, batch_size=3, now=now) == 3
+    assert (await store.prune_ledger(retention_s=month, batch_size=2, now=now)).deleted == 1
+    assert (await store.prune_ledger(retention_s=month, batch_size=3, now=now)).deleted == 3
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id > 1000") == 2
     assert await count(conn, "SELECT count(*) FROM llm_calls WHERE job_id <= 7") == 7
 
@@ -505,3 +506,49 @@ async def test_a_batch_walks_on_from_the_last_job_the_batch_before_deleted(
     assert walked_on <= 40 < 3 * walked_on < from_the_start
     assert len(await store.prune_finished(retention_s=month, batch_size=10, below_id=below_id,
                                           after_id=last)) == 5
+
+
+async def test_a_ledger_batch_walks_on_from_the_latest_start_the_batch_before_deleted(
+    conn: psycopg.AsyncConnection[Any], database_url: str,
+) -> None:
+    """A deleted call's entry stays in the index until a VACUUM and, while a snapshot older than the delete is
+    open, the walk reads its row to learn so. Walking on from the latest start deleted, the batch after 5,000
+    reads the pages of its own five calls; from the oldest, it reads theirs too."""
+    start = datetime(2026, 1, 1, tzinfo=UTC)
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at) "
+        "SELECT n, 1, 'w', 'anthropic', 'm', %(start)s + n * interval '1 second' FROM generate_series(1, 5005) n",
+        {"start": start})
+    store = PgSweeperStore(conn)
+    month, now = 30 * 86400.0, start + timedelta(days=40)
+    async with await psycopg.AsyncConnection.connect(database_url) as reading:
+        # a transaction whose snapshot predates the deletes: their rows stay visible to it
+        await reading.execute("BEGIN ISOLATION LEVEL REPEATABLE READ")
+        await reading.execute("SELECT count(*) FROM llm_calls")
+        deleted = await store.prune_ledger(retention_s=month, batch_size=5000, now=now)
+        params = {"retention_s": month, "batch_size": 5, "now": now}
+        walked_on = await pages_read(conn, "ledger_prune", {**params, "after": deleted.last_started_at})
+        from_the_oldest = await pages_read(conn, "ledger_prune", {**params, "after": None})
+        await reading.rollback()
+    assert deleted == LedgerPruned(5000, start + timedelta(seconds=5000))
+    assert walked_on <= 40 < 3 * walked_on < from_the_oldest
+    assert await store.prune_ledger(retention_s=month, batch_size=10, now=now,
+                                    after=deleted.last_started_at) == LedgerPruned(5, start + timedelta(seconds=5005))
+
+
+async def test_a_ledger_batch_walks_on_from_the_very_instant_the_batch_before_ended_at(
+    conn: psycopg.AsyncConnection[Any],
+) -> None:
+    """Two calls can start at one instant: the batch that deleted one of them ended there, and the next batch
+    walks from that instant, not past it, so the other goes before the call a second later."""
+    instant = datetime(2026, 1, 1, tzinfo=UTC)
+    await conn.execute(
+        "INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at) VALUES "
+        "(1, 1, 'w', 'anthropic', 'm', %(instant)s), (2, 1, 'w', 'anthropic', 'm', %(instant)s), "
+        "(3, 1, 'w', 'anthropic', 'm', %(instant)s + interval '1 second')", {"instant": instant})
+    store = PgSweeperStore(conn)
+    month, now = 30 * 86400.0, instant + timedelta(days=40)
+    first = await store.prune_ledger(retention_s=month, batch_size=1, now=now)
+    assert first == LedgerPruned(1, instant)
+    assert await store.prune_ledger(retention_s=month, batch_size=1, now=now, after=instant) == first
+    assert await _ledger_jobs(conn) == [3]

@@ -546,7 +546,7 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a batch request's ledger row is kept with its batch, whose cost the console reads from it",
         tier="integration",
         file="sql/sweeper.sql",
-        edits=(("          WHERE l.batch_id IS NULL\n            AND l.started_at <", "          WHERE l.started_at <"),),
+        edits=(("          WHERE l.batch_id IS NULL\n            AND l.started_at >=", "          WHERE l.started_at >="),),
         tests=("tests/integration/test_sweeper.py::"
                "test_the_ledger_is_kept_unless_its_own_retention_is_set_then_only_rows_of_gone_jobs_go",),
     ),

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import math
+from datetime import timedelta
 from typing import Any
 
 import psycopg
@@ -20,7 +21,12 @@ from shared.status import ErrorCode
 from sweeper.__main__ import run
 from sweeper.rows import PrunedJob, QueueGauges
 from sweeper.sweep import PRUNE_BATCHES_PER_PASS, Sweeper
-from tests.fakes.recording_sweeper_store import SERVER_STARTED_AT, RecordingSweeperStore, stale
+from tests.fakes.recording_sweeper_store import (
+    LEDGER_STARTED_AT,
+    SERVER_STARTED_AT,
+    RecordingSweeperStore,
+    stale,
+)
 
 
 class FakeClock:
@@ -264,6 +270,21 @@ async def test_the_ledgers_prune_runs_only_when_its_retention_is_set_in_batches_
     store.ledger_batches = [100] * 20
     endless = await Sweeper(settings(ledger_retention_s=40 * 86400.0), store, clock=FakeClock()).sweep_once()
     assert endless.ledger_pruned == 100 * PRUNE_BATCHES_PER_PASS
+
+
+async def test_each_ledger_batch_of_a_pass_walks_on_from_the_latest_start_the_batch_before_deleted() -> None:
+    """The pass's first ledger batch walks from the oldest call, each next one from the latest start its
+    predecessor deleted; the next pass starts again from the oldest."""
+    store = RecordingSweeperStore()
+    store.ledger_batches = [100, 100, 7]
+    sweeper = Sweeper(settings(ledger_retention_s=40 * 86400.0), store, clock=FakeClock())
+    await sweeper.sweep_once()
+    minute = timedelta(minutes=1)
+    assert [call["after"] for call in store.named("prune_ledger")] == [
+        None, LEDGER_STARTED_AT + minute, LEDGER_STARTED_AT + 2 * minute]
+    store.calls.clear()
+    await sweeper.sweep_once()
+    assert [call["after"] for call in store.named("prune_ledger")] == [None]
 
 
 async def test_the_queue_read_by_a_pass_is_its_result_and_the_rollups_depth() -> None:
