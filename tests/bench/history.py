@@ -629,8 +629,9 @@ def _analyze_under_a_backlog(url: str) -> None:
 
 async def _prune_a_day(url: str) -> dict[str, float]:
     """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
-    ends read once for a pass's batches, each batch walking on from the last job the one before deleted); then the ledger rows of that day, as the sweeper deletes them with
-    LEDGER_RETENTION_S of 29 days (each batch walking on from the latest start the one before deleted)."""
+    ends read once for a pass's batches, each batch walking on from the last job the one before deleted); then
+    the ledger rows of that day, as the sweeper deletes them with LEDGER_RETENTION_S of 29 days (each batch
+    walking on from the latest start the one before deleted)."""
     settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
     assert settings.ledger_retention_s is not None
     before = _size_mb(url)
