@@ -161,7 +161,6 @@ class Sweeper:
 
     async def _sweep(self, now: datetime | None) -> SweepResult:
         counts = dict.fromkeys(metrics.REASONS, 0)
-        pruned = 0
         self._writable(await self._store.probe(lock_timeout_s=self._lock_timeout_s))
         judge_running = self.running_jobs_judgeable()
         metrics.HEARTBEAT_CHECKS.set(1 if judge_running else 0)
@@ -179,19 +178,8 @@ class Sweeper:
         outbox = await self._store.webhook_delivery_gauges(now=now)
         over_reservation = await self._store.budget_over_reservation_total()
         snapshots = await self._store.snapshot_ages()
-        # the walk's end, read once for the pass's batches: a job that expires
-        # above it during the pass is the next pass's
-        below_id = await self._store.prune_below_id(retention_s=self.settings.job_retention_s, now=now)
-        after_id = 0
-        for _ in range(PRUNE_BATCHES_PER_PASS):
-            jobs = await self._prune(now, below_id, after_id)
-            pruned += len(jobs)
-            if not jobs:
-                break
-            # the next batch walks on from here: each job below was judged
-            after_id = max(job.id for job in jobs)
-        metrics.PRUNED.inc(pruned)
-        ledger_pruned = await self._prune_ledger(now)
+        pruned = await self.prune_finished(now)
+        ledger_pruned = await self.prune_ledger(now)
         kept = await self._store.keep_story_partitions(retention_s=self.settings.job_retention_s, now=now)
         metrics.STORY_PARTITIONS_DROPPED.inc(kept.dropped)
         metrics.STORY_PARTITIONS_BEHIND.set(1 if kept.behind else 0)
@@ -269,6 +257,23 @@ class Sweeper:
             log.warning("sweeper.reclaimed", job_id=str(job.public_id), reason=job.reason,
                         worker_id=job.worker_id)
 
+    async def prune_finished(self, now: datetime | None = None) -> int:
+        """A pass's prune of finished jobs past JOB_RETENTION_S: up to
+        PRUNE_BATCHES_PER_PASS batches, until one deletes nothing; how many."""
+        # the walk's end, read once for the pass's batches: a job that expires
+        # above it during the pass is the next pass's
+        below_id = await self._store.prune_below_id(retention_s=self.settings.job_retention_s, now=now)
+        pruned, after_id = 0, 0
+        for _ in range(PRUNE_BATCHES_PER_PASS):
+            jobs = await self._prune(now, below_id, after_id)
+            pruned += len(jobs)
+            if not jobs:
+                break
+            # the next batch walks on from here: each job below was judged
+            after_id = max(job.id for job in jobs)
+        metrics.PRUNED.inc(pruned)
+        return pruned
+
     async def _prune(self, now: datetime | None, below_id: int, after_id: int) -> list[PrunedJob]:
         """One prune batch, as a span (storyjobs.sweep.prune) with its count
         and a link to each pruned job's trace (up to the SDK's link limit,
@@ -291,9 +296,10 @@ class Sweeper:
                         span.add_link(link.context)
         return jobs
 
-    async def _prune_ledger(self, now: datetime | None) -> int:
-        """The ledger's own retention: up to PRUNE_BATCHES_PER_PASS batches,
-        none when LEDGER_RETENTION_S is unset (the ledger kept)."""
+    async def prune_ledger(self, now: datetime | None = None) -> int:
+        """A pass's share of the ledger's own retention: up to
+        PRUNE_BATCHES_PER_PASS batches, until one comes short, none when
+        LEDGER_RETENTION_S is unset (the ledger kept); how many rows."""
         retention_s = self.settings.ledger_retention_s
         deleted = 0
         if retention_s is None:

@@ -628,44 +628,32 @@ def _analyze_under_a_backlog(url: str) -> None:
 
 
 async def _prune_a_day(url: str) -> dict[str, float]:
-    """The jobs finished 29-30 days ago, deleted batch by batch as the sweeper does (500 a batch, where the walk
-    ends read once for a pass's batches, each batch walking on from the last job the one before deleted); then
-    the ledger rows of that day, as the sweeper deletes them with LEDGER_RETENTION_S of 29 days (each batch
-    walking on from the latest start the one before deleted)."""
+    """The jobs finished 29-30 days ago, deleted by the sweeper's own prune, pass after pass with no wait between
+    (PRUNE_BATCHES_PER_PASS batches of 500 each), until one finds nothing left; then the ledger rows of that
+    day, by the sweeper's own ledger prune with LEDGER_RETENTION_S of 29 days, likewise."""
     settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
-    assert settings.ledger_retention_s is not None
+    a_whole_pass = PRUNE_BATCHES_PER_PASS * settings.sweeper_batch_size
     before = _size_mb(url)
     pruned = 0
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
                                 generic_plans=True) as conn:
         store = PgSweeperStore(conn)
+        sweeper = Sweeper(settings, store)
         started = time.perf_counter()
-        deleted = settings.sweeper_batch_size
-        while deleted:
-            below_id = await store.prune_below_id(retention_s=settings.job_retention_s)
-            after_id = 0
-            for _ in range(PRUNE_BATCHES_PER_PASS):
-                jobs = await store.prune_finished(retention_s=settings.job_retention_s,
-                                                  batch_size=settings.sweeper_batch_size, below_id=below_id,
-                                                  after_id=after_id)
-                deleted = len(jobs)
-                pruned += deleted
-                if deleted == 0:
-                    break
-                after_id = max(job.id for job in jobs)
+        # a pass that deleted less than its batches could found the walk's end
+        deleted = a_whole_pass
+        while deleted == a_whole_pass:
+            deleted = await sweeper.prune_finished()
+            pruned += deleted
         # and the day's stories, dropped with their partition
         dropped = (await store.keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started
         ledger_started = time.perf_counter()
         ledger_rows = 0
-        walked_to: datetime | None = None
-        while True:
-            batch = await store.prune_ledger(retention_s=settings.ledger_retention_s,
-                                             batch_size=settings.sweeper_batch_size, after=walked_to)
-            ledger_rows += batch.deleted
-            if batch.deleted < settings.sweeper_batch_size:
-                break
-            walked_to = batch.last_started_at
+        deleted = a_whole_pass
+        while deleted == a_whole_pass:
+            deleted = await sweeper.prune_ledger()
+            ledger_rows += deleted
         ledger_elapsed = time.perf_counter() - ledger_started
     after = _size_mb(url)
     with psycopg.connect(url, autocommit=True) as conn:
