@@ -19,9 +19,10 @@ from api.store import ApiStore
 from shared.ratelimit import NO_LIMITS, RateLimits
 from shared.status import ErrorCode, LlmOutcome
 from tests.support import worker_statements
-from tests.support.database import client_id_of, enqueue, story_written, waiting_on_a_lock
+from tests.support.database import client_id_of, count, enqueue, story_written, waiting_on_a_lock
+from tests.support.money import money_problems
 from tests.support.waiting import wait_until
-from worker.rows import ClaimedJob, Failure
+from worker.rows import ClaimedJob, DraftPiece, Failure
 
 Conn = psycopg.AsyncConnection[Any]
 Statement = Callable[[Conn, list[int]], Awaitable[Any]]
@@ -146,3 +147,43 @@ async def test_closing_a_stopped_stream_waiting_for_its_job_row_holds_no_ledger_
     cur = await conn.execute("SELECT c.outcome::text, c.billed, j.charged_usd FROM llm_calls c "
                              "JOIN story_jobs j ON j.id = c.job_id WHERE c.job_id = %s", (job.id,))
     assert await cur.fetchall() == [("succeeded", True, Decimal("0.001"))]
+
+
+async def _fail_billed(conn: Conn, ids: list[int]) -> Any:
+    return await worker_statements.job_fail_running(conn, worker_id="w1", failures=[
+        Failure(job_id=job_id, attempt=1, error_code=ErrorCode.LLM_ERROR, error_text="the stream broke",
+                call_outcome=LlmOutcome.FAILED, billed=True, input_tokens=1, output_tokens=2,
+                cost_usd=story_written(job_id).cost_usd)
+        for job_id in ids])
+
+
+@pytest.mark.parametrize("statement", [_settle, _fail_billed], ids=["settle", "fail_running"])
+async def test_an_end_takes_a_job_cancelled_meanwhile_in_id_order_with_the_rest(
+    database_url: str, conn: Conn, statement: Statement
+) -> None:
+    """A worker's end of two jobs whose lower one its client cancelled mid-call: closing that call moves the
+    cancelled job's charge, so the end writes its row too (the ledger's trigger). Another session holds that
+    row, as a draft write whose recheck found the job cancelled keeps it; the end waits for it before it takes
+    the higher job, so the draft write then gets the higher one, and nothing deadlocks (jobs_end, migration
+    033). The end then ends the higher job with its draft, and both are charged what their calls billed."""
+    lower, higher = await _running_jobs(conn, 2)
+    cancelled = await ApiStore(conn).job_cancel(client_id=lower.client_id, job_id=lower.public_id)
+    assert cancelled is not None and cancelled.cancelled
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as drafts, \
+            await psycopg.AsyncConnection.connect(database_url, autocommit=True) as actor:
+        async with drafts.transaction():
+            await drafts.execute("SELECT id FROM story_jobs WHERE id = %s FOR SHARE", (lower.id,))
+            ending = asyncio.ensure_future(statement(actor, [lower.id, higher.id]))
+            await wait_until(lambda: waiting_on_a_lock(conn), what="the end to wait for the cancelled job")
+            written = await worker_statements.draft_append(drafts, worker_id="w1",
+                                                           pieces=[DraftPiece(higher.id, 0, "Once")])
+        ended = await asyncio.wait_for(ending, timeout=10)
+    assert written == {higher.id: 4}
+    assert (ended.completed_ids if statement is _settle else ended) == [higher.id]
+    cur = await conn.execute("SELECT id, status::text, error_code::text, charged_usd FROM story_jobs ORDER BY id")
+    assert await cur.fetchall() == [
+        (lower.id, "failed", "cancelled", story_written(lower.id).cost_usd),
+        (higher.id, "completed" if statement is _settle else "failed", None if statement is _settle else "llm_error",
+         story_written(higher.id).cost_usd)]
+    assert await count(conn, "SELECT count(*) FROM story_draft_chunks") == 0
+    assert await money_problems(conn) == []

@@ -29,12 +29,12 @@ class Mutant:
 
 MUTANTS: tuple[Mutant, ...] = (
     Mutant(
-        # every end goes through jobs_end (migration 019): the worker's, the
-        # cancels', the sweeper's, the batch lane's
+        # every end goes through jobs_end (migration 019, as 033 replaced
+        # it): the worker's, the cancels', the sweeper's, the batch lane's
         name="end-without-its-holder",
         invariant="an end (completed or failed) written by a worker that no longer holds the job changes nothing",
         tier="model",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("          AND (by_worker IS NULL OR j.worker_id = by_worker)\n"
                 "          AND (by_batch IS NULL OR j.batch_id = by_batch)\n        -- (only a claim",
                 "        -- (only a claim"),),
@@ -49,12 +49,25 @@ MUTANTS: tuple[Mutant, ...] = (
         name="end-without-running-guard",
         invariant="a completed or failed job never changes again, whoever tries to end it",
         tier="model",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("          AND j.status = ANY (expected)\n          AND (by_worker IS NULL",
                 "          AND (by_worker IS NULL"),),
         tests=("tests/model/test_worker_model_pg.py::test_a_story_that_arrives_after_a_cancel_changes_nothing",
                "tests/integration/test_races.py",
                "tests/model/test_worker_model_pg.py::test_the_coordinator_keeps_its_promise_on_postgres"),
+    ),
+    Mutant(
+        # the lock taken before the calls' close, which writes the row of a
+        # job that ended meanwhile (its charge moves): only the caller's jobs
+        name="end-locks-only-the-jobs-still-its-callers",
+        invariant="an end takes every job row it may write in ascending id order, before any other: it never "
+                  "deadlocks with a statement that holds a lower job's row and waits for a higher one",
+        tier="integration",
+        file="sql/033_every_end_locked_first.sql",
+        edits=(("    WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(ends) x))\n    ORDER BY j.id\n",
+                "    WHERE j.id = ANY (ARRAY(SELECT (x).job_id FROM unnest(ends) x)) AND j.status = ANY (expected)\n"
+                "      AND (by_worker IS NULL OR j.worker_id = by_worker)\n    ORDER BY j.id\n"),),
+        tests=("tests/integration/test_lock_order.py::test_an_end_takes_a_job_cancelled_meanwhile_in_id_order_with_the_rest",),
     ),
     # money by construction (migration 019): a job's charge is derived from
     # its ledger rows, in one place
@@ -86,7 +99,7 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="a job is charged, when it ends, what its ledger says: what its calls reported, or the worst case "
                   "of a call whose outcome is unknown",
         tier="integration",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("            charged_usd = coalesce((SELECT g.charge_usd FROM job_charges g WHERE g.job_id = j.id), 0)",
                 "            charged_usd = 0"),),
         tests=("tests/integration/test_budgets.py",
@@ -326,7 +339,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="batch-cancel-closes-the-ledger-row",
         invariant="a batch request's ledger row stays open until its result is read, whoever ended its job",
         tier="integration",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("      AND c.outcome = 'started' AND c.batch_id IS NULL;",
                 "      AND c.outcome = 'started';"),),
         tests=("tests/integration/test_batch_lane.py::test_a_job_cancelled_in_flight_reads_cancelled_and_its_billed_story_is_kept_unseen",
@@ -348,7 +361,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="ended-job-stays-in-line",
         invariant="a job ended while it waits for a batch leaves the line: the live jobs behind it are sent",
         tier="integration",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("            batch_ready_at = NULL,\n            -- what its ledger says",
                 "            -- what its ledger says"),),
         tests=("tests/integration/test_batch_lane.py::test_jobs_cancelled_while_waiting_leave_the_line_for_the_jobs_behind_them",
@@ -434,7 +447,7 @@ MUTANTS: tuple[Mutant, ...] = (
         name="end-keeps-the-draft",
         invariant="a job's draft is deleted in the statement that ends the job, whatever ends it",
         tier="integration",
-        file="sql/019_money_follows_the_ledger.sql",
+        file="sql/033_every_end_locked_first.sql",
         edits=(("    DELETE FROM story_draft_chunks c WHERE c.job_id = ANY (ARRAY(SELECT (x).id FROM unnest(done) x));\n",
                 ""),),
         tests=("tests/integration/test_drafts.py",),
