@@ -10,10 +10,8 @@ from __future__ import annotations
 from datetime import datetime
 
 import msgspec
-from psycopg.rows import dict_row
 
 from shared.console_rows import ClientToday, OperatorKeyAuth, OperatorKeyListRow, OpsClient
-from shared.queries import QUERIES as Q
 from shared.store import Conn, fetch_all, fetch_one, fetch_scalars
 
 
@@ -28,11 +26,8 @@ class ConsoleClients:
         self.conn = conn
 
     async def ops_client_list(self) -> list[OpsClient]:
-        async with self.conn.cursor(row_factory=dict_row) as cur:
-            await cur.execute(Q["ops_client_list"], {})
-            rows = await cur.fetchall()
-        # the keys arrive as one JSON array per client
-        return msgspec.convert(rows, list[OpsClient])
+        (clients,) = await fetch_scalars(self.conn, "ops_client_list")
+        return msgspec.json.decode(clients, type=list[OpsClient])
 
     async def ops_client_today(self, *, from_id: int, day_start: datetime) -> list[ClientToday]:
         return await fetch_all(self.conn, ClientToday, "ops_client_today", {"from_id": from_id, "day_start": day_start})

@@ -520,6 +520,23 @@ async def test_revoking_a_clients_keys_refuses_their_next_requests(
     assert globex
 
 
+async def test_the_clients_screen_lists_a_client_without_keys_and_no_client_at_all(
+    pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
+) -> None:
+    """With no client yet the clients screen lists none; a client made without a key is listed with no keys,
+    beside one with a key, by name."""
+    key = await seed.operator_key(conn)
+    async with api_client(pool, key) as client:
+        before = (await client.get(f"{OPS}/clients")).json()["clients"]
+        keyless = await store.api_client_upsert(conn, name="keyless")
+        _, acme_key = await seed.client(conn, "acme")
+        after = (await client.get(f"{OPS}/clients")).json()["clients"]
+    assert before == []
+    assert [(c["name"], [k["key_prefix"] for k in c["keys"]]) for c in after] == [
+        ("acme", [keys.prefix_of(acme_key)]), ("keyless", [])]
+    assert after[1]["client_id"] == keyless
+
+
 async def test_the_overview_shows_todays_budget_and_the_shared_rate_bucket(
     pool: AsyncConnectionPool, conn: psycopg.AsyncConnection[Any]
 ) -> None:
