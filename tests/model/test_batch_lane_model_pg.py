@@ -67,7 +67,7 @@ from shared import db
 from sweeper.store import PgSweeperStore
 from tests.fakes.anthropic_batches import BatchPlan, FakeBatches, Fault, ItemPlan
 from tests.fakes.anthropic_server import FakeAnthropic, FakeAnthropicServer
-from tests.model.machine_pg import PostgresMachine
+from tests.model.machine_pg import PostgresMachine, one_of
 from tests.support.batches import SettableClock
 from tests.support.database import cancel_pending_in_bulk, client_id_of, enqueue_batch
 from tests.support.money import money_problems
@@ -343,14 +343,14 @@ class BatchLaneMachine(PostgresMachine):
     @rule(data=st.data())
     def a_batch_ends(self, data: st.DataObject) -> None:
         """The provider ends a batch: each request as planned (canceled if a cancel came first)."""
-        batch = data.draw(st.sampled_from([b.id for b in self.fake.batches if b.ended_at is None]))
+        batch = one_of(data, [b.id for b in self.fake.batches if b.ended_at is None])
         self.fake.end_batch(batch)
 
     @precondition(lambda self: any(j not in self.ended for j in self.jobs))
     @rule(data=st.data())
     def a_client_cancels(self, data: st.DataObject) -> None:
         """The client cancels a job that has not ended (waiting, in a batch, or waiting again)."""
-        job = data.draw(st.sampled_from(sorted(j for j in self.jobs if j not in self.ended)))
+        job = one_of(data, sorted(j for j in self.jobs if j not in self.ended))
         answer = self.run(ApiStore(self.conn).job_cancel(client_id=self.client, job_id=self.jobs[job]))
         assert answer is not None
 
@@ -375,7 +375,7 @@ class BatchLaneMachine(PostgresMachine):
     def a_stale_reader_ingests_again(self, data: st.DataObject, lane: str) -> None:
         """A former holder that listed an ended batch's items before the new holder read them ingests its
         whole results stream after it: read twice, it changes nothing."""
-        batch = data.draw(st.sampled_from([b.id for b in self.fake.batches if b.ended_at is not None]))
+        batch = one_of(data, [b.id for b in self.fake.batches if b.ended_at is not None])
         self.run(self._ingest_again(self.lanes[lane], batch))
 
     async def _ingest_again(self, lane: BatchLane, provider_batch_id: str) -> None:
@@ -407,7 +407,7 @@ class BatchLaneMachine(PostgresMachine):
     def a_lost_intents_batch_is_made_late(self, data: st.DataObject, ends: str) -> None:
         """The create of an intent given up as lost is made after all, late: a batch of its requests appears
         in the workspace."""
-        batch_id = data.draw(st.sampled_from(sorted(self.lost - self.made_late)))
+        batch_id = one_of(data, sorted(self.lost - self.made_late))
         self.made_late.add(batch_id)
         rows = self.run(self._rows(
             "SELECT i.custom_id, j.request->>'prompt', coalesce(j.model, 'claude-test'), "
