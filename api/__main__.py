@@ -79,7 +79,9 @@ async def startup_heap_frozen(_: Litestar) -> AsyncIterator[None]:
     A request's short-lived objects that outlive a young collection push
     Python into a full one now and then, which walked all of them: 36-49 ms
     at a time, the clients screen's p99 (docs/performance.md). Frozen, a
-    full collection walks only what was made since."""
+    full collection walks only what was made since. What it froze is never
+    collected: it lives as long as the process, but for the pool's first
+    connections, which it replaces when they age (a few, once)."""
     gc.collect()
     gc.freeze()
     yield
