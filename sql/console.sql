@@ -184,7 +184,7 @@ SELECT public_id FROM cancelled CROSS JOIN (SELECT count(*) FROM given_back) g;
 -- pass (shared/console_clients.py). A row per client with its keys as JSON
 -- cost a parse of each client's keys, the most of the clients screen's time
 -- at 1,000 clients (docs/performance.md).
-SELECT coalesce(json_agg(c ORDER BY c.name), '[]')::text AS clients
+SELECT coalesce(json_agg(listed ORDER BY listed.name), '[]')::text AS clients
 FROM (
     SELECT c.id AS client_id, c.name, c.created_at, c.budget_usd_per_day, c.weight,
            coalesce(json_agg(json_build_object(
@@ -193,7 +193,7 @@ FROM (
     FROM api_clients c
     LEFT JOIN api_keys k ON k.client_id = c.id
     GROUP BY c.id
-) c;
+) listed;
 
 -- name: api_key_revoke_for_client
 -- Revokes every key of a client that is still active, effective from each
