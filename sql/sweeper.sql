@@ -134,8 +134,13 @@ FROM job_queue_depth;
 -- pass's first): every job below it was judged by that batch, and the
 -- entries of the jobs deleted stay in the key's index until a VACUUM, so
 -- a walk from the start would read all the pass's, more each batch.
+-- The walk hands the delete each row's place (ctid), which fetches the row
+-- there rather than descending the primary key again for each id (a batch of
+-- 500: 5.1 -> 4.3 ms). A job changed between the walk and the delete (a late
+-- ledger change moving a finished job's charge) has moved: it is not
+-- deleted by this batch, and a later batch or pass finds it again.
 WITH oldest AS (
-    SELECT j.id FROM story_jobs j
+    SELECT j.id, j.ctid FROM story_jobs j
     WHERE j.id > %(after_id)s AND j.id < %(below_id)s
       AND j.status IN ('completed', 'failed')
       AND j.completed_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
@@ -145,8 +150,7 @@ WITH oldest AS (
 ),
 pruned AS (
     DELETE FROM story_jobs j
-    USING oldest
-    WHERE j.id = oldest.id
+    WHERE j.ctid = ANY (ARRAY(SELECT ctid FROM oldest))
     RETURNING j.id, j.trace_context
 ),
 -- What goes with the jobs is found from an array of their ids, unnested,
@@ -200,10 +204,13 @@ SELECT id, trace_context FROM pruned;
 -- snapshot older than the delete is open, the walk reads its row to learn
 -- so: from the oldest, a batch would read all the pass's deleted rows. From
 -- the very instant, not past it, as two calls can start at the same one.
+-- The delete is handed each row's place (ctid), as the jobs' prune is: a
+-- fetch there, not a descent of the primary key a row (a batch of 500:
+-- 3.3 -> 2.3 ms). A gone job's rows are final, so none moves in between.
 -- How many rows were deleted, and the latest start among them.
 WITH doomed AS (
-    SELECT c.job_id, c.attempt
-    FROM (SELECT l.job_id, l.attempt FROM llm_calls l
+    SELECT c.ctid
+    FROM (SELECT l.ctid, l.job_id, l.attempt FROM llm_calls l
           WHERE l.batch_id IS NULL
             AND l.started_at >= coalesce(%(after)s::timestamptz, '-infinity')
             AND l.started_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(retention_s)s::float8)
@@ -212,8 +219,8 @@ WITH doomed AS (
     LIMIT %(batch_size)s
 ),
 deleted AS (
-    DELETE FROM llm_calls l USING doomed d
-    WHERE l.job_id = d.job_id AND l.attempt = d.attempt
+    DELETE FROM llm_calls l
+    WHERE l.ctid = ANY (ARRAY(SELECT ctid FROM doomed))
     RETURNING l.started_at
 )
 SELECT count(*) AS deleted, max(started_at) AS last_started_at FROM deleted;

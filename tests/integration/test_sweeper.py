@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 from datetime import UTC, datetime, timedelta
+from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -25,6 +27,7 @@ from tests.support.database import (
     enqueue_batch,
     job_rows,
     pages_read,
+    waiting_on_a_lock,
 )
 from tests.support.settings import sweeper_settings
 
@@ -474,6 +477,40 @@ async def test_one_prune_statement_deletes_at_most_its_batch(conn: psycopg.Async
     batches = [len(await store.prune_finished(retention_s=30 * 86400, batch_size=2)) for _ in range(4)]
     assert batches == [2, 2, 1, 0]
     assert await count(conn, "SELECT count(*) FROM story_jobs WHERE public_id = ANY(%s)", jobs) == 0
+
+
+async def test_a_job_changed_while_the_prune_waits_for_it_stays_with_its_key(
+    conn: psycopg.AsyncConnection[Any], database_url: str,
+) -> None:
+    """The prune deletes the rows its walk found, where it found them. A job whose row another transaction
+    changes (a late ledger change moving a finished job's charge) while the prune waits for it has moved: that
+    batch keeps the job and its idempotency key and deletes the other two with theirs; the next batch deletes
+    the changed job and its key."""
+    client = await client_id_of(conn)
+    jobs = [await enqueue(conn, client, f"story {n}") for n in range(3)]
+    await conn.execute("UPDATE story_jobs SET status = 'failed', error_code = 'cancelled', "
+                       "created_at = now() - interval '40 days', completed_at = now() - interval '40 days'")
+    month = 30 * 86400.0
+    async with (await psycopg.AsyncConnection.connect(database_url) as changing,
+                await psycopg.AsyncConnection.connect(database_url, autocommit=True) as pruning_conn):
+        await changing.execute("UPDATE story_jobs SET charged_usd = 0.25 WHERE public_id = %s", (jobs[0],))
+        pruning = asyncio.create_task(PgSweeperStore(pruning_conn).prune_finished(retention_s=month,
+                                                                                  batch_size=10))
+        while not await waiting_on_a_lock(conn):
+            await asyncio.sleep(0.01)
+        await changing.commit()
+        first = await pruning
+    store = PgSweeperStore(conn)
+    kept = await (await conn.execute(
+        "SELECT j.public_id, j.charged_usd, k.idempotency_key IS NOT NULL FROM story_jobs j "
+        "LEFT JOIN job_idempotency_keys k ON k.job_id = j.id")).fetchall()
+    assert len(first) == 2
+    assert kept == [(jobs[0], Decimal("0.25"), True)]
+    assert await count(conn, "SELECT count(*) FROM job_idempotency_keys") == 1
+    second = await store.prune_finished(retention_s=month, batch_size=10)
+    assert len(second) == 1
+    assert await count(conn, "SELECT count(*) FROM story_jobs") == 0
+    assert await count(conn, "SELECT count(*) FROM job_idempotency_keys") == 0
 
 
 async def test_a_batch_walks_on_from_the_last_job_the_batch_before_deleted(
