@@ -187,19 +187,16 @@ admitted AS MATERIALIZED (
     WHERE s.client_id = 0 AND (s.budget IS NULL OR s.used + c.cum <= s.budget)
 ),
 -- Each admitted interactive job's turn in the claim's round robin
--- (sql/009_fair_share.sql): the turn being served now (the smallest pending
--- one, found from the claim's floor, migration 030; with none pending, the
--- end of the last turn given), or the end of its
+-- (sql/009_fair_share.sql): the turn being served now (job_turn_served,
+-- migration 034: the smallest pending one, found from the claim's floor;
+-- with none pending, the end of the last turn given), or the end of its
 -- client's last turn if later; a job lasts 1 / the client's weight. Where a
 -- client's last turn ends is kept exact: written at every admission that
 -- gives the client a turn (bounds_kept), moved back when a pending job is
 -- cancelled (job_turns_given_back_ctes), and never dropped for a client found
 -- with no pending job (one served in this round has had its turn).
 serving AS MATERIALIZED (
-    SELECT coalesce((SELECT turn FROM story_jobs WHERE status = 'pending' AND lane = 'interactive'
-                       AND turn >= (SELECT turn FROM job_claim_floor)
-                     ORDER BY turn, id LIMIT 1),
-                    (SELECT last_turn FROM job_admission WHERE client_id = 0), 0) AS turn
+    SELECT coalesce((SELECT turn FROM job_turn_served), 0) AS turn
 ),
 turns AS MATERIALIZED (
     SELECT t.ord, t.client_id, t.start + (t.n - 1) / t.weight AS turn, t.start + t.n / t.weight AS turn_end

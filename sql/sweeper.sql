@@ -226,8 +226,10 @@ deleted AS (
 SELECT count(*) AS deleted, max(started_at) AS last_started_at FROM deleted;
 
 -- name: job_claim_floor_advance
--- Raises the claim's floor (migration 030) to the smallest pending turn, or,
--- with none pending, to where the last turn given ends; never lowers it.
+-- Raises the claim's floor (migration 030) to the turn being served
+-- (job_turn_served, migration 034: the smallest pending turn, or, with none
+-- pending, where the last turn given ends), the turn admission gives from;
+-- never lowers it.
 -- Runs under the admission lock (job_admission_lock, its own statement
 -- before this one), so that every admission before it is seen and none
 -- gives a turn while it reads. The walk starts at the floor it raises: it
@@ -235,11 +237,7 @@ SELECT count(*) AS deleted, max(started_at) AS last_started_at FROM deleted;
 -- it at each pass and between passes, at HEARTBEAT_INTERVAL_S. The new
 -- floor.
 WITH smallest AS (
-    SELECT coalesce(
-        (SELECT turn FROM story_jobs
-         WHERE status = 'pending' AND lane = 'interactive' AND turn >= (SELECT turn FROM job_claim_floor)
-         ORDER BY turn, id LIMIT 1),
-        (SELECT last_turn FROM job_admission WHERE client_id = 0)) AS turn
+    SELECT turn FROM job_turn_served
 ),
 raised AS (
     UPDATE job_claim_floor f SET turn = s.turn

@@ -140,6 +140,27 @@ MUTANTS: tuple[Mutant, ...] = (
         tests=("tests/integration/test_claim_floor.py",),
     ),
     Mutant(
+        # the turn being served (migration 034), read by admission and the
+        # floor's advance alike
+        name="turn-served-the-latest-pending",
+        invariant="no pending job is below the claim's floor: each is claimed in its turn",
+        tier="integration",
+        file="sql/034_turn_served.sql",
+        edits=(("                 ORDER BY j.turn, j.id LIMIT 1),\n",
+                "                 ORDER BY j.turn DESC, j.id LIMIT 1),\n"),),
+        tests=("tests/integration/test_claim_floor.py",),
+    ),
+    Mutant(
+        name="turn-served-among-jobs-claimed-too",
+        invariant="admission gives a new job its turn from the smallest pending one: a client is never put ahead "
+                  "of the round being served",
+        tier="integration",
+        file="sql/034_turn_served.sql",
+        edits=(("                 WHERE j.status = 'pending' AND j.lane = 'interactive'\n",
+                "                 WHERE j.lane = 'interactive'\n"),),
+        tests=("tests/integration/test_claim_floor.py", "tests/integration/test_fair_turns.py"),
+    ),
+    Mutant(
         name="claim-floor-raised-past-the-smallest-pending-turn",
         invariant="no pending job is below the claim's floor: each is claimed in its turn",
         tier="integration",
