@@ -19,6 +19,7 @@ rows at the same moment, while the worker's rounds and heartbeats run.
 from __future__ import annotations
 
 import asyncio
+import time
 import uuid
 from collections import Counter
 from collections.abc import Callable
@@ -32,12 +33,14 @@ from tests.fakes.anthropic_server import FakeAnthropicServer, Plan
 from tests.support import postgres_server
 from tests.support.database import AdminSampler, create_key_sync
 from tests.support.pgbouncer import PgBouncer
-from tests.support.waiting import wait_until
+from tests.support.waiting import wait_until, wait_until_sync
 from tests.system.procs import ApiProc, Proc, System, wait_while_running
 
 pytestmark = pytest.mark.system
 
 API_POOL_SIZE = 4
+# the connections an api keeps open while idle (Operations, "Connection budget")
+API_IDLE_CONNECTIONS = 2
 # the README's table (Operations, "Connection budget"), for these settings
 DIRECT_BUDGET = {"storyjobs-api": API_POOL_SIZE, "storyjobs-worker": 3, "storyjobs-worker-webhooks": 1,
                  "storyjobs-worker-batches": 1, "storyjobs-worker-drafts": 1, "storyjobs-worker-listen": 1,
@@ -197,3 +200,22 @@ def test_behind_pgbouncer_each_process_holds_its_stated_client_connections_and_t
     assert set(sampler.clients) <= set(POOLED_CLIENT_BUDGET), sampler.clients
     assert clients["storyjobs-api"] == API_POOL_SIZE, "the load did not fill the api's pool"
     assert clients["storyjobs-worker"] == 3, "the load did not fill the worker's pool"
+
+
+def test_an_idle_api_keeps_two_connections_open_for_its_first_requests(
+    system: System, server_url: str, database_name: str,
+) -> None:
+    """Started and asked nothing, an api replica opens two server connections, so that its first requests do
+    not wait to connect, and no more while it stays idle."""
+    system.api()
+    with postgres_server.admin(server_url) as conn:
+        def held() -> int:
+            row = conn.execute("SELECT count(*) FROM pg_stat_activity WHERE datname = %s "
+                               "AND application_name = 'storyjobs-api'", (database_name,)).fetchone()
+            assert row is not None
+            return int(row[0])
+
+        wait_until_sync(lambda: held() >= API_IDLE_CONNECTIONS, timeout=10,
+                        what="the api's pool to open its first connections")
+        time.sleep(1)
+        assert held() == API_IDLE_CONNECTIONS
