@@ -204,9 +204,10 @@ SELECT id, trace_context FROM pruned;
 -- snapshot older than the delete is open, the walk reads its row to learn
 -- so: from the oldest, a batch would read all the pass's deleted rows. From
 -- the very instant, not past it, as two calls can start at the same one.
--- The delete is handed each row's place (ctid), as the jobs' prune is: a
--- fetch there, not a descent of the primary key a row (a batch of 500:
--- 3.3 -> 2.3 ms). A gone job's rows are final, so none moves in between.
+-- The delete is handed each row's place (ctid), as the jobs' prune is: one
+-- fetch at each, not a descent of the primary key for each row (a batch of
+-- 500: 3.3 -> 2.3 ms). A gone job's rows are final, so none moves between
+-- the walk and the delete.
 -- How many rows were deleted, and the latest start among them.
 WITH doomed AS (
     SELECT c.ctid
