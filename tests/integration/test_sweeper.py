@@ -30,6 +30,7 @@ from tests.support.database import (
     waiting_on_a_lock,
 )
 from tests.support.settings import sweeper_settings
+from tests.support.waiting import wait_until
 
 
 class FakeClock:
@@ -496,8 +497,7 @@ async def test_a_job_changed_while_the_prune_waits_for_it_stays_with_its_key(
         await changing.execute("UPDATE story_jobs SET charged_usd = 0.25 WHERE public_id = %s", (jobs[0],))
         pruning = asyncio.create_task(PgSweeperStore(pruning_conn).prune_finished(retention_s=month,
                                                                                   batch_size=10))
-        while not await waiting_on_a_lock(conn):
-            await asyncio.sleep(0.01)
+        await wait_until(lambda: waiting_on_a_lock(conn), what="the prune to wait for the changed job's row")
         await changing.commit()
         first = await pruning
     store = PgSweeperStore(conn)
