@@ -235,11 +235,11 @@ class _Retryable(Exception):
         self.retry_after_s = retry_after_s
 
 
-def _retry_hook(status: StatusLine, *, max_wait_s: float) -> Callable[[Exception], bool | float]:
+def _retry_hook(status: StatusLine, *, max_wait_s: float) -> Callable[[BaseException], bool | float]:
     """stamina's ``on``: retry a _Retryable after its Retry-After (at most
     max_wait_s), else after stamina's own backoff, saying so on the status line."""
 
-    def hook(exc: Exception) -> bool | float:
+    def hook(exc: BaseException) -> bool | float:
         if not isinstance(exc, _Retryable):
             return False
         if exc.retry_after_s is None:

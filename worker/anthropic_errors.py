@@ -109,7 +109,7 @@ def describe(exc: BaseException) -> str:
     return f"{type(exc).__name__}: {exc}"[:500]
 
 
-def retry_wait(exc: Exception) -> bool | float:
+def retry_wait(exc: BaseException) -> bool | float:
     """stamina hook: retry NotBilled only, after the provider's Retry-After if
     it sent one, else after stamina's jittered exponential backoff."""
     if not isinstance(exc, NotBilled):
