@@ -237,12 +237,9 @@ SELECT count(*) AS deleted, max(started_at) AS last_started_at FROM deleted;
 -- reads only the entries claimed since the floor last rose. The sweeper runs
 -- it at each pass and between passes, at HEARTBEAT_INTERVAL_S. The new
 -- floor.
-WITH smallest AS (
-    SELECT turn FROM job_turn_served
-),
-raised AS (
+WITH raised AS (
     UPDATE job_claim_floor f SET turn = s.turn
-    FROM smallest s
+    FROM job_turn_served s
     WHERE s.turn > f.turn
     RETURNING f.turn
 )
