@@ -51,7 +51,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Any, TypeVar
@@ -97,6 +97,9 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("post_p99_ms", "POST /stories/generate, p99", "ms"),
     ("poll_p50_ms", "GET /stories/jobs/{id} (the poll), p50", "ms"),
     ("poll_p99_ms", "GET /stories/jobs/{id} (the poll), p99", "ms"),
+    ("post_blocks_read", "blocks a POST's statements read from outside shared buffers, mean", "blocks"),
+    ("post_read_ms", "time a POST's statements spent reading those blocks (track_io_timing), mean", "ms"),
+    ("post_wal_kb", "WAL written while the POSTs ran, a POST's share", "kB"),
     ("claim_mean_ms", "the claim statement, one job, mean", "ms"),
     ("settle_mean_ms", "the settle statement, one job, mean", "ms"),
     *[(f"{name}_{p}_ms", f"GET {path}{' ' + str(params) if params else ''}, {p}", "ms")
@@ -158,7 +161,7 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
                 result.params[f"table_mb_run_{run_number}"] = _table_sizes_mb(databases["loaded"].url)
                 ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
                              f"{_size_mb(databases['loaded'].url):,.0f} MB")
-                figures = _measure(ctx, databases, posts=posts, console_requests=console_requests)
+                figures = _measure(ctx, result, databases, posts=posts, console_requests=console_requests)
                 for state, measured in figures.items():
                     for key, value in measured.items():
                         result.add(f"{state}.{key}", value)
@@ -190,7 +193,9 @@ def _server(result: BenchResult) -> Iterator[str]:
             result.params["server"] = "the test server"
             yield url
         return
-    settings = {"autovacuum": "on", "shared_buffers": SHARED_BUFFERS, "max_connections": "100", "jit": "on"}
+    # track_io_timing: how long the statements waited on reads, in pg_stat_database (_ServerWork)
+    settings = {"autovacuum": "on", "shared_buffers": SHARED_BUFFERS, "max_connections": "100", "jit": "on",
+                "track_io_timing": "on"}
     result.params["server"] = {"binaries": bindir, **settings}
     with private_postgres.private_server(bindir, settings=settings) as server:
         with psycopg.connect(server.url) as conn:
@@ -301,12 +306,17 @@ async def _rollup_pass(url: str) -> None:
 
 
 def _table_sizes_mb(url: str) -> dict[str, float]:
-    """The history's tables with their indexes and TOAST, largest first."""
+    """The history's eight largest tables with their indexes and TOAST, then its eight largest indexes (an
+    index a POST inserts into at a random place reads a page of it from outside shared buffers once it has
+    outgrown them)."""
     with psycopg.connect(url) as conn:
         rows = conn.execute(
-            "SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
-            "JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 2 DESC LIMIT 8").fetchall()
+            "(SELECT c.relname, pg_total_relation_size(c.oid) FROM pg_class c "
+            " JOIN pg_namespace n ON n.oid = c.relnamespace "
+            " WHERE n.nspname = 'public' AND c.relkind IN ('r', 'p') ORDER BY 2 DESC LIMIT 8) "
+            "UNION ALL (SELECT c.relname, pg_relation_size(c.oid) FROM pg_class c "
+            " JOIN pg_namespace n ON n.oid = c.relnamespace "
+            " WHERE n.nspname = 'public' AND c.relkind = 'i' ORDER BY 2 DESC LIMIT 8)").fetchall()
     return {name: round(size / 1e6, 1) for name, size in rows}
 
 
@@ -332,7 +342,7 @@ async def _keys(url: str) -> _Keys:
                      operator=(await keys.create_operator(conn, "history-bench")).key)
 
 
-def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: int,
+def _measure(ctx: BenchContext, result: BenchResult, databases: dict[str, BenchDatabase], *, posts: int,
              console_requests: int) -> dict[str, dict[str, float]]:
     """Every measure in blocks that alternate between the empty and the loaded database, so that what else the
     machine does at the time weighs on both alike."""
@@ -346,8 +356,16 @@ def _measure(ctx: BenchContext, databases: dict[str, BenchDatabase], *, posts: i
             api = system.api(QUEUE_MAX=1_000_000, API_STATEMENT_TIMEOUT_S=30)
             clients[state] = stack.enter_context(httpx.Client(base_url=api.base_url, timeout=30))
         per_block = max(1, posts // BLOCKS)
-        posted = _alternating(lambda state: _post(clients[state], made[state].client, per_block))
+        with _ServerWork.during(urls) as work:
+            posted = _alternating(lambda state: work.of(state, lambda: _post(clients[state], made[state].client,
+                                                                              per_block)))
         _percentiles(figures, "post", {state: [ms for ms, _ in got] for state, got in posted.items()})
+        for state, done in work.done.items():
+            count = len(posted[state])
+            figures[state].update({"post_blocks_read": done.blocks_read / count,
+                                   "post_read_ms": done.read_ms / count,
+                                   "post_wal_kb": done.wal_bytes / count / 1000})
+            result.params[f"post_server_work_{state}"] = done.detail()
         locations = {state: got[-1][1] for state, got in posted.items()}
         _percentiles(figures, "poll", _alternating(lambda state: _timed(
             lambda: clients[state].get(locations[state], headers=_bearer(made[state].client)), per_block)))
@@ -506,6 +524,85 @@ def _timed(request: Any, count: int, *, warmup: int = 3) -> list[float]:
         measured.append((time.perf_counter() - started) * 1000)
         answer.raise_for_status()
     return measured
+
+
+@dataclass
+class _ServerWork:
+    """What a database's server did while a measure ran on it: the blocks its statements read from outside
+    shared buffers (the OS's cache or the disk) and the time they waited for them, by relation; the WAL
+    written; the autovacuums and ANALYZEs that ran and the checkpoints taken meanwhile. What a latency's
+    tail was spent on, where the figure alone cannot say."""
+
+    blocks_read: float = 0
+    read_ms: float = 0
+    wal_bytes: float = 0
+    by_relation: dict[str, float] = field(default_factory=dict)
+    maintenance: dict[str, float] = field(default_factory=dict)
+    checkpoints: float = 0
+
+    def detail(self) -> dict[str, Any]:
+        busiest = sorted(self.by_relation.items(), key=lambda item: -item[1])[:6]
+        return {"blocks_read_by_relation": {name: blocks for name, blocks in busiest if blocks},
+                "autovacuum_and_analyze": {name: runs for name, runs in self.maintenance.items() if runs},
+                "checkpoints": self.checkpoints}
+
+    @staticmethod
+    @contextlib.contextmanager
+    def during(urls: dict[str, str]) -> Iterator[_Stretch]:
+        stretch = _Stretch(urls)
+        before = {state: _server_counters(url) for state, url in urls.items()}
+        yield stretch
+        # a backend reports its statistics when idle, at most once a second
+        time.sleep(2)
+        for state, url in urls.items():
+            after = _server_counters(url)
+            done = stretch.done[state]
+            done.blocks_read = after["blocks_read"] - before[state]["blocks_read"]
+            done.read_ms = after["read_ms"] - before[state]["read_ms"]
+            done.checkpoints = after["checkpoints"] - before[state]["checkpoints"]
+            for kind in ("relations", "maintenance"):
+                changed = {name: count - before[state][kind].get(name, 0) for name, count in after[kind].items()}
+                if kind == "relations":
+                    done.by_relation = changed
+                else:
+                    done.maintenance = changed
+
+
+class _Stretch:
+    def __init__(self, urls: dict[str, str]) -> None:
+        self.urls = urls
+        self.done = {state: _ServerWork() for state in urls}
+
+    def of(self, state: str, measure: Callable[[], list[T]]) -> list[T]:
+        """``measure``, on ``state``'s database alone: the WAL the server wrote meanwhile is its own."""
+        started = _wal_lsn(self.urls[state])
+        got = measure()
+        self.done[state].wal_bytes += _wal_lsn(self.urls[state]) - started
+        return got
+
+
+def _wal_lsn(url: str) -> int:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute("SELECT pg_current_wal_lsn() - '0/0'::pg_lsn").fetchone()
+    assert row is not None
+    return int(row[0])
+
+
+def _server_counters(url: str) -> dict[str, Any]:
+    with psycopg.connect(url, autocommit=True) as conn:
+        row = conn.execute(
+            "SELECT d.blks_read, d.blk_read_time, b.checkpoints_timed + b.checkpoints_req "
+            "FROM pg_stat_database d, pg_stat_bgwriter b WHERE d.datname = current_database()").fetchone()
+        relations = conn.execute(
+            "SELECT relname, coalesce(heap_blks_read, 0) + coalesce(toast_blks_read, 0) FROM pg_statio_user_tables "
+            "UNION ALL SELECT indexrelname, idx_blks_read FROM pg_statio_user_indexes").fetchall()
+        maintenance = conn.execute(
+            "SELECT relname || ' autovacuum', autovacuum_count FROM pg_stat_user_tables "
+            "UNION ALL SELECT relname || ' autoanalyze', autoanalyze_count FROM pg_stat_user_tables").fetchall()
+    assert row is not None
+    return {"blocks_read": float(row[0]), "read_ms": float(row[1]), "checkpoints": float(row[2]),
+            "relations": {name: float(count) for name, count in relations},
+            "maintenance": {name: float(count) for name, count in maintenance}}
 
 
 def _post(client: httpx.Client, key: str, count: int, *, prefix: str = "post") -> list[tuple[float, str]]:
