@@ -120,6 +120,10 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("prune_day_s", "a day's prune (jobs finished 29-30 days ago), all batches", "s"),
     ("prune_day_jobs", "jobs that day's prune deleted", "jobs"),
     ("prune_day_story_partitions", "partitions of stories that day's prune dropped", "partitions"),
+    ("prune_day_blocks_read", "blocks read from outside shared buffers in the database during that prune "
+     "(its statements and any autovacuum meanwhile)", "blocks"),
+    ("prune_day_read_s", "time those reads took (track_io_timing)", "s"),
+    ("prune_day_autovacuums", "autovacuums of the database's tables during that prune", "runs"),
     ("ledger_prune_day_s", "the ledger's day (LEDGER_RETENTION_S of 29 days, after the jobs' prune), all batches",
      "s"),
     ("ledger_prune_day_rows", "ledger rows that day's ledger prune deleted", "rows"),
@@ -555,17 +559,17 @@ class _ServerWork:
         # a backend reports its statistics when idle, at most once a second
         time.sleep(2)
         for state, url in urls.items():
-            after = _server_counters(url)
-            done = stretch.done[state]
-            done.blocks_read = after["blocks_read"] - before[state]["blocks_read"]
-            done.read_ms = after["read_ms"] - before[state]["read_ms"]
-            done.checkpoints = after["checkpoints"] - before[state]["checkpoints"]
-            for kind in ("relations", "maintenance"):
-                changed = {name: count - before[state][kind].get(name, 0) for name, count in after[kind].items()}
-                if kind == "relations":
-                    done.by_relation = changed
-                else:
-                    done.maintenance = changed
+            stretch.done[state].add(before[state], _server_counters(url))
+
+    def add(self, before: dict[str, Any], after: dict[str, Any]) -> None:
+        """What the server did between two readings of _server_counters (the WAL aside)."""
+        self.blocks_read += after["blocks_read"] - before["blocks_read"]
+        self.read_ms += after["read_ms"] - before["read_ms"]
+        self.checkpoints += after["checkpoints"] - before["checkpoints"]
+        for name, count in after["relations"].items():
+            self.by_relation[name] = self.by_relation.get(name, 0) + count - before["relations"].get(name, 0)
+        for name, count in after["maintenance"].items():
+            self.maintenance[name] = self.maintenance.get(name, 0) + count - before["maintenance"].get(name, 0)
 
 
 class _Stretch:
@@ -732,6 +736,7 @@ async def _prune_a_day(url: str) -> dict[str, float]:
     a_whole_pass = PRUNE_BATCHES_PER_PASS * settings.sweeper_batch_size
     before = _size_mb(url)
     pruned = 0
+    counted = _server_counters(url)
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
                                 generic_plans=True) as conn:
         store = PgSweeperStore(conn)
@@ -745,6 +750,13 @@ async def _prune_a_day(url: str) -> dict[str, float]:
         # and the day's stories, dropped with their partition
         dropped = (await store.keep_story_partitions(retention_s=settings.job_retention_s)).dropped
         elapsed = time.perf_counter() - started
+    # the prune's backend has reported its statistics as it ended
+    await asyncio.sleep(1)
+    work = _ServerWork()
+    work.add(counted, _server_counters(url))
+    async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
+                                generic_plans=True) as conn:
+        sweeper = Sweeper(settings, PgSweeperStore(conn))
         ledger_started = time.perf_counter()
         ledger_rows = 0
         deleted = a_whole_pass
@@ -757,6 +769,9 @@ async def _prune_a_day(url: str) -> dict[str, float]:
         for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries", "llm_calls"):
             conn.execute(f"VACUUM {table}")
     return {"prune_day_s": elapsed, "prune_day_jobs": pruned, "prune_day_story_partitions": dropped,
+            "prune_day_blocks_read": work.blocks_read, "prune_day_read_s": work.read_ms / 1000,
+            "prune_day_autovacuums": sum(runs for name, runs in work.maintenance.items()
+                                         if name.endswith(" autovacuum")),
             "ledger_prune_day_s": ledger_elapsed, "ledger_prune_day_rows": ledger_rows,
             "size_before_prune_mb": before,
             "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}
