@@ -173,6 +173,8 @@ def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(s
     assert figures["loaded.size_after_prune_mb"] < figures["loaded.size_before_prune_mb"]
     assert all(figures[f"{state}.post_p99_ms"] > 0 and figures[f"{state}.claim_held_snapshot_p99_ms"] > 0
                for state in history.STATES)
+    # the WAL each database's POSTs wrote: at least their jobs
+    assert all(figures[f"{state}.post_wal_kb"] > 0.1 for state in history.STATES)
 
 
 def test_quick_story_move_moves_the_stories_under_partitions_while_they_are_read_and_written(
