@@ -19,7 +19,11 @@ server and says so.
 On each database, one api process (no worker: the jobs posted stay pending
 for the claim that follows), then, in turn:
 
-* POST /stories/generate, one after the other, new keys: p50 and p99;
+* POST /stories/generate, one after the other, new keys: p50 and p99, and
+  what the server did meanwhile (_ServerWork): the blocks a POST's
+  statements read from outside shared buffers, by relation, and the time
+  they waited for them (track_io_timing is on in the private server); the
+  WAL written; the autovacuums, ANALYZEs and checkpoints;
 * GET of a job (the poll): p50 and p99;
 * the worker's claim and settle statements, one job a round, on a
   connection set up as a worker's: mean of each;
@@ -37,7 +41,8 @@ for the claim that follows), then, in turn:
   sweeper deletes them (JOB_RETENTION_S of 29 days), then the partition of
   their stories dropped (the loaded stories are in one partition a day, as
   the sweeper keeps them; sweeper/partitions.py), the time it took and
-  the database's size before and after (and after a VACUUM of its tables);
+  the database's size before and after (and after a VACUUM of its tables),
+  the blocks read meanwhile, the time they took and the autovacuums;
   then, with LEDGER_RETENTION_S of 29 days, the same day's ledger rows, batch
   by batch as the sweeper deletes them (their jobs now gone): the time.
 """
