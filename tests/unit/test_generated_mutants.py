@@ -150,7 +150,9 @@ def test_a_mutant_run_past_its_timeout_ends_with_every_process_its_tests_started
         "    time.sleep(120)\n")
     mutant = SqlMutant(file="sql/a.sql", statement="s", operator="comparison", site=0, start=0, end=0,
                        original="SELECT 1 WHERE 1 = 1", mutated="SELECT 1 WHERE 1 <> 1")
-    verdict, seconds, _ = generated.run_one(mutant, ["test_hang.py"], tmp_path, timeout_s=5.0)
+    # long enough for pytest to start and reach the test on a busy machine (5 s was not, once, beside the
+    # suite's other worker), far below the test's hang
+    verdict, seconds, _ = generated.run_one(mutant, ["test_hang.py"], tmp_path, timeout_s=20.0)
     assert verdict == "timed out" and seconds < 60
     pid = int(child_pid.read_text())
     with pytest.raises(ProcessLookupError):
