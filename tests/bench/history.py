@@ -42,7 +42,9 @@ for the claim that follows), then, in turn:
   their stories dropped (the loaded stories are in one partition a day, as
   the sweeper keeps them; sweeper/partitions.py), the time it took and
   the database's size before and after (and after a VACUUM of its tables),
-  the blocks read meanwhile, the time they took and the autovacuums;
+  the blocks read meanwhile, the time they took and the autovacuums, and
+  each table's size before and the space it gave back (parameters
+  prune_day_space_empty / _loaded);
   then, with LEDGER_RETENTION_S of 29 days, the same day's ledger rows, batch
   by batch as the sweeper deletes them (their jobs now gone): the time.
 """
@@ -329,6 +331,19 @@ def _table_sizes_mb(url: str) -> dict[str, float]:
     return {name: round(size / 1e6, 1) for name, size in rows}
 
 
+def _space_by_table_mb(url: str) -> dict[str, float]:
+    """Each table's size with its indexes and TOAST, the stories' partitions as one: what a prune gives back
+    by table, and what it leaves (space VACUUM makes reusable, none returned)."""
+    with psycopg.connect(url) as conn:
+        rows = conn.execute(
+            "SELECT CASE WHEN c.relispartition AND p.inhparent = 'stories'::regclass THEN 'stories' "
+            "            ELSE c.relname END, sum(pg_total_relation_size(c.oid)) "
+            "FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "LEFT JOIN pg_inherits p ON p.inhrelid = c.oid "
+            "WHERE n.nspname = 'public' AND c.relkind = 'r' GROUP BY 1").fetchall()
+    return {name: float(size) / 1e6 for name, size in rows}
+
+
 def _size_mb(url: str) -> float:
     with psycopg.connect(url) as conn:
         row = conn.execute("SELECT pg_database_size(current_database())").fetchone()
@@ -408,7 +423,9 @@ def _measure(ctx: BenchContext, result: BenchResult, databases: dict[str, BenchD
     for state, stretches in through.items():
         figures[state].update(stretches)
     for state, url in urls.items():
-        figures[state].update(asyncio.run(_prune_a_day(url)))
+        pruned, space = asyncio.run(_prune_a_day(url))
+        figures[state].update(pruned)
+        result.params[f"prune_day_space_{state}"] = space
     return figures
 
 
@@ -733,13 +750,15 @@ def _analyze_under_a_backlog(url: str) -> None:
         conn.execute("UPDATE job_admission SET pending_at_most = 0")
 
 
-async def _prune_a_day(url: str) -> dict[str, float]:
+async def _prune_a_day(url: str) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
     """The jobs finished 29-30 days ago, deleted by the sweeper's own prune, pass after pass with no wait between
     (PRUNE_BATCHES_PER_PASS batches of 500 each), until one finds nothing left; then the ledger rows of that
-    day, by the sweeper's own ledger prune with LEDGER_RETENTION_S of 29 days, likewise."""
+    day, by the sweeper's own ledger prune with LEDGER_RETENTION_S of 29 days, likewise. With the figures, each
+    table's size before both prunes and the space it gave back."""
     settings = _sweeper_settings(url, 29 * DAY, ledger_retention_s=29 * DAY)
     a_whole_pass = PRUNE_BATCHES_PER_PASS * settings.sweeper_batch_size
     before = _size_mb(url)
+    tables_before = _space_by_table_mb(url)
     pruned = 0
     counted = _server_counters(url)
     async with await db.connect(url, application_name="storyjobs-sweeper", connect_timeout_s=30,
@@ -770,6 +789,9 @@ async def _prune_a_day(url: str) -> dict[str, float]:
             ledger_rows += deleted
         ledger_elapsed = time.perf_counter() - ledger_started
     after = _size_mb(url)
+    tables_after = _space_by_table_mb(url)
+    space = {table: {"mb": round(mb, 1), "back_mb": round(mb - tables_after.get(table, 0.0), 1)}
+             for table, mb in sorted(tables_before.items(), key=lambda item: -item[1]) if mb >= 0.1}
     with psycopg.connect(url, autocommit=True) as conn:
         for table in ("story_jobs", "stories", "job_idempotency_keys", "webhook_deliveries", "llm_calls"):
             conn.execute(f"VACUUM {table}")
@@ -779,5 +801,5 @@ async def _prune_a_day(url: str) -> dict[str, float]:
                                          if name.endswith(" autovacuum")),
             "ledger_prune_day_s": ledger_elapsed, "ledger_prune_day_rows": ledger_rows,
             "size_before_prune_mb": before,
-            "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}
+            "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}, space
 

@@ -171,6 +171,10 @@ def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(s
     # the day's stories went with their partition, and their space with it
     assert figures["empty.prune_day_story_partitions"] == 0 and figures["loaded.prune_day_story_partitions"] == 1
     assert figures["loaded.size_after_prune_mb"] < figures["loaded.size_before_prune_mb"]
+    # and by table: every table of the history listed, the stories' partition's space back
+    space = bench["params"]["prune_day_space_loaded"]
+    assert {"stories", "story_jobs", "job_idempotency_keys", "webhook_deliveries", "llm_calls"} <= set(space)
+    assert space["stories"]["back_mb"] > 0
     assert all(figures[f"{state}.post_p99_ms"] > 0 and figures[f"{state}.claim_held_snapshot_p99_ms"] > 0
                for state in history.STATES)
     # the WAL each database's POSTs wrote: at least their jobs
