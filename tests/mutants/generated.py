@@ -38,7 +38,7 @@ from contextlib import ExitStack
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from queue import SimpleQueue
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from tests.mutants import coverage_map, py_mutants, sql_mutants
 from tests.mutants.catalog import MUTANTS
@@ -167,6 +167,15 @@ def candidate_test_files(root: Path, mutants: Iterable[GeneratedMutant]) -> list
         if named.file in files:
             found.update(test.split("::", 1)[0] for test in named.tests)
     return sorted(found)
+
+
+def recorded_test_files(root: Path, recorded: Iterable[dict[str, Any]], keys: set[str]) -> set[str]:
+    """The test files the report ran for these mutants' keys, those still there. A run of the report's sample
+    over some files maps them too: found by name alone, a statement's tests leave out those that reach it
+    through a module (a delivery's end through the deliverer), which the whole sample's other mutants had
+    brought in, and the mutants they killed would pass as survivors."""
+    return {test.split("::", 1)[0] for mutant in recorded if mutant["key"] in keys for test in mutant["tests"]
+            if (root / test.split("::", 1)[0]).is_file()}
 
 
 def covering_tests(mutant: GeneratedMutant, cmap: coverage_map.CoverageMap) -> list[str]:
@@ -541,6 +550,8 @@ def main_all(args: argparse.Namespace) -> int:
     sys.stdout.write(f"population {len(every)} ({len(eligible)} in the sampled files); sample {len(sample)}, "
                      f"seed {args.seed}; {time.monotonic() - started:.0f} s to make\n")
     test_files = candidate_test_files(REPO, sample)
+    if args.again:
+        test_files = sorted(set(test_files) | recorded_test_files(REPO, recorded["mutants"], keys))
     sources = sorted({m.file for m in every} | {f"sql/{p.name}" for p in (REPO / "sql").glob("*.sql")})
     cmap, built = coverage_map.cached(REPO, CACHE, test_files, list(py_mutants.MODULES), sources, jobs=args.jobs)
     sys.stdout.write(f"coverage map over {len(test_files)} test files: "

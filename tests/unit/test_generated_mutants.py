@@ -249,3 +249,21 @@ def test_the_tests_through_the_failing_one_are_those_pytest_ran_up_to_it() -> No
     assert generated.tests_through(tests, "tests/unit/test_c.py::test_p[2]") == tests
     assert generated.tests_through(tests, "tests/unit/test_a.py::test_x") == tests[:1]
     assert generated.tests_through(tests, "tests/unit/test_a.py::test_xy") == tests
+
+
+def test_a_run_of_the_reports_sample_maps_the_test_files_the_report_ran_for_it(tmp_path: Path) -> None:
+    """Over some files, the report's sample is mapped against the test files the report ran for those mutants
+    too (a statement's tests found by its name alone leave out those that reach it through a module), of those
+    mutants only, and only the files still there."""
+    for name in ("test_by_module.py", "test_named.py", "test_other.py"):
+        (tmp_path / "tests" / "integration").mkdir(parents=True, exist_ok=True)
+        (tmp_path / "tests" / "integration" / name).write_text("")
+    recorded = [
+        {"key": "a", "tests": ["tests/integration/test_by_module.py::test_x",
+                               "tests/integration/test_named.py::test_y[1]",
+                               "tests/integration/test_deleted.py::test_z"]},
+        {"key": "b", "tests": ["tests/integration/test_other.py::test_w"]},
+    ]
+    assert generated.recorded_test_files(tmp_path, recorded, {"a"}) == {
+        "tests/integration/test_by_module.py", "tests/integration/test_named.py"}
+    assert generated.recorded_test_files(tmp_path, recorded, set()) == set()
