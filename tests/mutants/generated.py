@@ -174,8 +174,8 @@ def recorded_test_files(root: Path, recorded: Iterable[dict[str, Any]], keys: se
     over some files maps them too: found by name alone, a statement's tests leave out those that reach it
     through a module (a delivery's end through the deliverer), which the whole sample's other mutants had
     brought in, and the mutants they killed would pass as survivors."""
-    return {test.split("::", 1)[0] for mutant in recorded if mutant["key"] in keys for test in mutant["tests"]
-            if (root / test.split("::", 1)[0]).is_file()}
+    files = {test.split("::", 1)[0] for mutant in recorded if mutant["key"] in keys for test in mutant["tests"]}
+    return {file for file in files if (root / file).is_file()}
 
 
 def covering_tests(mutant: GeneratedMutant, cmap: coverage_map.CoverageMap) -> list[str]:

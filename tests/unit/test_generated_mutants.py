@@ -255,8 +255,8 @@ def test_a_run_of_the_reports_sample_maps_the_test_files_the_report_ran_for_it(t
     """Over some files, the report's sample is mapped against the test files the report ran for those mutants
     too (a statement's tests found by its name alone leave out those that reach it through a module), of those
     mutants only, and only the files still there."""
+    (tmp_path / "tests" / "integration").mkdir(parents=True)
     for name in ("test_by_module.py", "test_named.py", "test_other.py"):
-        (tmp_path / "tests" / "integration").mkdir(parents=True, exist_ok=True)
         (tmp_path / "tests" / "integration" / name).write_text("")
     recorded = [
         {"key": "a", "tests": ["tests/integration/test_by_module.py::test_x",
