@@ -46,7 +46,12 @@ for the claim that follows), then, in turn:
   each table's size before and the space it gave back (parameters
   prune_day_space_empty / _loaded);
   then, with LEDGER_RETENTION_S of 29 days, the same day's ledger rows, batch
-  by batch as the sweeper deletes them (their jobs now gone): the time.
+  by batch as the sweeper deletes them (their jobs now gone): the time;
+* the next day: as many finished jobs as a day of the history, added after
+  that prune (and the VACUUM autovacuum would run after it), and the
+  database's growth over its size before the prune, by table too (parameters
+  next_day_space_empty / _loaded): whether the next day fits in the space
+  the day's prune made, where the empty database shows a day's own size.
 """
 
 from __future__ import annotations
@@ -65,6 +70,7 @@ from typing import Any, TypeVar
 
 import httpx
 import psycopg
+from psycopg import sql
 from psycopg_pool import AsyncConnectionPool
 
 from shared import db, keys
@@ -137,6 +143,9 @@ _FIGURES: list[tuple[str, str, str]] = [
     ("size_before_prune_mb", "database size before the day's prune", "MB"),
     ("size_after_prune_mb", "database size after the day's prune", "MB"),
     ("size_after_vacuum_mb", "database size after the prune and a VACUUM", "MB"),
+    ("size_after_next_day_mb", "database size once the next day's jobs are added (a thirtieth of the history's)",
+     "MB"),
+    ("next_day_growth_mb", "the database's growth from before the prune to after the next day's jobs", "MB"),
 ]
 SPECS: dict[str, FigureSpec] = {
     f"{state}.{key}": FigureSpec(f"{state}: {label}", unit) for state in STATES for key, label, unit in _FIGURES
@@ -172,7 +181,8 @@ def run(ctx: BenchContext, result: BenchResult) -> None:
                 result.params[f"table_mb_run_{run_number}"] = _table_sizes_mb(databases["loaded"].url)
                 ctx.progress(f"history: {jobs:,} finished jobs loaded in {time.monotonic() - started:.0f} s, "
                              f"{_size_mb(databases['loaded'].url):,.0f} MB")
-                figures = _measure(ctx, result, databases, posts=posts, console_requests=console_requests)
+                figures = _measure(ctx, result, databases, posts=posts, console_requests=console_requests,
+                                   day_jobs=max(1, jobs // 30))
                 for state, measured in figures.items():
                     for key, value in measured.items():
                         result.add(f"{state}.{key}", value)
@@ -225,65 +235,10 @@ def _load(url: str, jobs: int, *, story_ranges: bool = True) -> None:
     behind, their stories in a range a day (``story_ranges``) or in the one table of a database before
     migration 029; then VACUUM ANALYZE, and the migration's settings kept."""
     with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("INSERT INTO api_clients (name) SELECT 'history-' || g FROM generate_series(1, 1000) g")
-        conn.execute(
-            """
-            INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status,
-                                    error_code, error_text, story_id, worker_id, progress, model,
-                                    max_tokens, worst_case_usd, charged_usd,
-                                    created_at, started_at, heartbeat_at, completed_at)
-            SELECT 1 + n %% 1000, 'history-' || n, %(fingerprint)s, %(request)s::jsonb,
-                   CASE WHEN n %% 20 = 0 THEN 'failed' ELSE 'completed' END::job_status,
-                   CASE WHEN n %% 20 = 0 THEN 'llm_error' END,
-                   CASE WHEN n %% 20 = 0 THEN 'the LLM call failed' END,
-                   CASE WHEN n %% 20 = 0 THEN NULL ELSE gen_random_uuid() END,
-                   'worker-' || n %% 20, 900, 'claude-sonnet-5-5', 4000, 0.0406, 0.0051,
-                   t.finished - interval '100 seconds', t.finished - interval '90 seconds',
-                   t.finished - interval '5 seconds', t.finished
-            FROM generate_series(1, %(jobs)s) AS n,
-                 LATERAL (SELECT now() - interval '5 minutes'
-                                 - make_interval(secs => (%(jobs)s - n) * (30 * 86400.0 - 300) / %(jobs)s)
-                                 AS finished) AS t
-            ORDER BY n
-            """,
-            {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "jobs": jobs})
+        _clients(conn)
         if story_ranges:
             _story_ranges_by_day(conn, jobs)
-        conn.execute(
-            """
-            INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, input_tokens,
-                                 output_tokens, cost_usd, created_at)
-            SELECT j.story_id, j.id, j.client_id, 'The Fox and the Moon',
-                   (SELECT string_agg(md5(j.id::text || '-' || g), ' ') FROM generate_series(1, 76 + j.id % 45) g),
-                   'claude-sonnet-5-5', 'v1', 300, 900, 0.0051, j.completed_at
-            -- the jobs in id order first, the texts made after: sorted with
-            -- their texts, 10M stories spilled 30 GB of temporary files
-            FROM (SELECT id, story_id, client_id, completed_at FROM story_jobs
-                  WHERE status = 'completed' ORDER BY id OFFSET 0) j
-            """)
-        conn.execute("INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id) "
-                     "SELECT client_id, idempotency_key, id FROM story_jobs ORDER BY id")
-        conn.execute(
-            """
-            INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome,
-                                   billed, input_tokens, output_tokens, cost_usd, worst_case_usd, request_id)
-            SELECT id, 1, worker_id, 'anthropic', 'claude-sonnet-5-5', started_at, completed_at,
-                   CASE WHEN status = 'failed' THEN 'failed' ELSE 'succeeded' END, true, 300, 900, 0.0051,
-                   0.0406, 'req_' || id
-            FROM story_jobs ORDER BY id
-            """)
-        conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
-                     "SELECT id, 'https://hooks.example.com/' || id, '{job.completed,job.failed}', 'whsec_x' "
-                     "FROM api_clients WHERE id % 5 = 0")
-        conn.execute(
-            """
-            INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, story_id,
-                                            occurred_at, created_at, state, attempts, next_attempt_at,
-                                            last_attempt_at, last_status_code, delivered_at)
-            SELECT e.id, j.client_id, j.id, j.public_id, j.status, j.story_id, j.completed_at, j.completed_at,
-                   'delivered', 1, j.completed_at, j.completed_at, 200, j.completed_at + interval '1 second'
-            FROM story_jobs j JOIN webhook_endpoints e ON e.client_id = j.client_id ORDER BY j.id
-            """)
+        _add_finished_jobs(conn, first=1, count=jobs, span_s=30 * DAY)
         # the rollup the sweeper would have kept: eight days of minutes
         conn.execute(
             """
@@ -296,6 +251,84 @@ def _load(url: str, jobs: int, *, story_ranges: bool = True) -> None:
             """, {"jobs": jobs})
         conn.execute("VACUUM ANALYZE")
         conn.execute("CHECKPOINT")
+
+
+def _clients(conn: psycopg.Connection[Any]) -> None:
+    """The history's 1,000 clients, with a webhook endpoint for each fifth, where not made yet."""
+    conn.execute("INSERT INTO api_clients (name) SELECT 'history-' || g FROM generate_series(1, 1000) g "
+                 "ON CONFLICT (name) DO NOTHING")
+    conn.execute("INSERT INTO webhook_endpoints (client_id, url, events, secret) "
+                 "SELECT c.id, 'https://hooks.example.com/' || c.id, '{job.completed,job.failed}', 'whsec_x' "
+                 "FROM api_clients c WHERE c.id % 5 = 0 "
+                 "AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.client_id = c.id)")
+
+
+def _add_finished_jobs(conn: psycopg.Connection[Any], *, first: int, count: int, span_s: float) -> None:
+    """Finished jobs number ``first`` to ``first + count - 1`` (their keys' numbers), evenly over the
+    ``span_s`` before 5 minutes ago, with their stories, keys, billed ledger rows and, for the clients with a
+    webhook endpoint, a delivered webhook each."""
+    row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM story_jobs").fetchone()
+    assert row is not None
+    first_id = row[0]
+    # the jobs just added, by id: written out only where the table held jobs before, so that the load's
+    # statements and plans stay those of a table holding nothing else
+    added = sql.SQL("") if first_id == 1 else sql.SQL("AND j.id >= {}").format(first_id)
+    conn.execute(
+        """
+        INSERT INTO story_jobs (client_id, idempotency_key, request_fingerprint, request, status,
+                                error_code, error_text, story_id, worker_id, progress, model,
+                                max_tokens, worst_case_usd, charged_usd,
+                                created_at, started_at, heartbeat_at, completed_at)
+        SELECT 1 + n %% 1000, 'history-' || n, %(fingerprint)s, %(request)s::jsonb,
+               CASE WHEN n %% 20 = 0 THEN 'failed' ELSE 'completed' END::job_status,
+               CASE WHEN n %% 20 = 0 THEN 'llm_error' END,
+               CASE WHEN n %% 20 = 0 THEN 'the LLM call failed' END,
+               CASE WHEN n %% 20 = 0 THEN NULL ELSE gen_random_uuid() END,
+               'worker-' || n %% 20, 900, 'claude-sonnet-5-5', 4000, 0.0406, 0.0051,
+               t.finished - interval '100 seconds', t.finished - interval '90 seconds',
+               t.finished - interval '5 seconds', t.finished
+        FROM generate_series(%(first)s::bigint, %(last)s::bigint) AS n,
+             LATERAL (SELECT now() - interval '5 minutes'
+                             - make_interval(secs => (%(last)s - n) * (%(span_s)s - 300) / %(count)s)
+                             AS finished) AS t
+        ORDER BY n
+        """,
+        {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "first": first,
+         "last": first + count - 1, "count": count, "span_s": span_s})
+    conn.execute(sql.SQL(
+        """
+        INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, input_tokens,
+                             output_tokens, cost_usd, created_at)
+        SELECT j.story_id, j.id, j.client_id, 'The Fox and the Moon',
+               (SELECT string_agg(md5(j.id::text || '-' || g), ' ') FROM generate_series(1, 76 + j.id % 45) g),
+               'claude-sonnet-5-5', 'v1', 300, 900, 0.0051, j.completed_at
+        -- the jobs in id order first, the texts made after: sorted with
+        -- their texts, 10M stories spilled 30 GB of temporary files
+        FROM (SELECT j.id, j.story_id, j.client_id, j.completed_at FROM story_jobs j
+              WHERE j.status = 'completed' {added} ORDER BY j.id OFFSET 0) j
+        """).format(added=added))
+    conn.execute(sql.SQL("INSERT INTO job_idempotency_keys (client_id, idempotency_key, job_id) "
+                         "SELECT j.client_id, j.idempotency_key, j.id FROM story_jobs j WHERE true {added} ORDER BY j.id")
+                 .format(added=added))
+    conn.execute(sql.SQL(
+        """
+        INSERT INTO llm_calls (job_id, attempt, worker_id, provider, model, started_at, finished_at, outcome,
+                               billed, input_tokens, output_tokens, cost_usd, worst_case_usd, request_id)
+        SELECT id, 1, worker_id, 'anthropic', 'claude-sonnet-5-5', started_at, completed_at,
+               CASE WHEN status = 'failed' THEN 'failed' ELSE 'succeeded' END, true, 300, 900, 0.0051,
+               0.0406, 'req_' || id
+        FROM story_jobs j WHERE true {added} ORDER BY j.id
+        """).format(added=added))
+    conn.execute(sql.SQL(
+        """
+        INSERT INTO webhook_deliveries (endpoint_id, client_id, job_id, job_public_id, job_status, story_id,
+                                        occurred_at, created_at, state, attempts, next_attempt_at,
+                                        last_attempt_at, last_status_code, delivered_at)
+        SELECT e.id, j.client_id, j.id, j.public_id, j.status, j.story_id, j.completed_at, j.completed_at,
+               'delivered', 1, j.completed_at, j.completed_at, 200, j.completed_at + interval '1 second'
+        FROM story_jobs j JOIN webhook_endpoints e ON e.client_id = j.client_id
+        WHERE true {added} ORDER BY j.id
+        """).format(added=added))
 
 
 def _story_ranges_by_day(conn: psycopg.Connection[Any], jobs: int) -> None:
@@ -367,7 +400,7 @@ async def _keys(url: str) -> _Keys:
 
 
 def _measure(ctx: BenchContext, result: BenchResult, databases: dict[str, BenchDatabase], *, posts: int,
-             console_requests: int) -> dict[str, dict[str, float]]:
+             console_requests: int, day_jobs: int) -> dict[str, dict[str, float]]:
     """Every measure in blocks that alternate between the empty and the loaded database, so that what else the
     machine does at the time weighs on both alike."""
     figures: dict[str, dict[str, float]] = {state: {} for state in STATES}
@@ -426,6 +459,9 @@ def _measure(ctx: BenchContext, result: BenchResult, databases: dict[str, BenchD
         pruned, space = asyncio.run(_prune_a_day(url))
         figures[state].update(pruned)
         result.params[f"prune_day_space_{state}"] = space
+        next_day, grown = _next_day(url, day_jobs, pruned["size_before_prune_mb"], space)
+        figures[state].update(next_day)
+        result.params[f"next_day_space_{state}"] = grown
     return figures
 
 
@@ -803,3 +839,20 @@ async def _prune_a_day(url: str) -> tuple[dict[str, float], dict[str, dict[str, 
             "size_before_prune_mb": before,
             "size_after_prune_mb": after, "size_after_vacuum_mb": _size_mb(url)}, space
 
+
+def _next_day(url: str, jobs: int, size_before_prune_mb: float,
+              tables_before: dict[str, dict[str, float]]) -> tuple[dict[str, float], dict[str, dict[str, float]]]:
+    """The next day's ``jobs`` finished jobs (a day of the history's), added once the prune is done and its
+    tables vacuumed, as autovacuum does after it: the database's size then and its growth over its size before
+    the prune, and each table's (``tables_before``: _prune_a_day's space by table). On the loaded database the
+    day takes the space the prune made; on the empty one, what a day takes where there is none."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        _clients(conn)
+        row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM story_jobs").fetchone()
+        assert row is not None
+        # key numbers past the history's: each history job's number is at most its id
+        _add_finished_jobs(conn, first=row[0], count=jobs, span_s=DAY)
+    size = _size_mb(url)
+    grown = {table: {"mb": round(mb, 1), "grown_mb": round(mb - tables_before.get(table, {}).get("mb", 0.0), 1)}
+             for table, mb in sorted(_space_by_table_mb(url).items(), key=lambda item: -item[1]) if mb >= 0.1}
+    return {"size_after_next_day_mb": size, "next_day_growth_mb": size - size_before_prune_mb}, grown

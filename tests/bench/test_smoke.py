@@ -158,7 +158,8 @@ def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(s
                                                                                 tmp_path: Path) -> None:
     """`python -m tests.bench --quick --only history` (30,000 finished jobs) exits 0 with every figure for both
     databases, and the day's prune deletes a thirtieth of the history on the loaded one, dropping its stories'
-    partition and then the day's ledger rows, and nothing on the empty one."""
+    partition and then the day's ledger rows, and nothing on the empty one; the next day's jobs then fit in the
+    space it made."""
     bench = run_quick("history", server_url, tmp_path)["benchmarks"]["history"]
     assert bench["error"] is None
     assert set(bench["figures"]) == set(history.SPECS)
@@ -175,6 +176,11 @@ def test_quick_history_measures_every_figure_on_an_empty_and_a_loaded_database(s
     space = bench["params"]["prune_day_space_loaded"]
     assert {"stories", "story_jobs", "job_idempotency_keys", "webhook_deliveries", "llm_calls"} <= set(space)
     assert space["stories"]["back_mb"] > 0
+    # the next day: the empty database grows by a day's size, the loaded one's day fits in the space its prune
+    # made (the stories in a new partition, the rest in the rows the prune deleted)
+    assert figures["empty.next_day_growth_mb"] > 0
+    assert figures["loaded.next_day_growth_mb"] < figures["empty.next_day_growth_mb"] / 2
+    assert set(space) <= set(bench["params"]["next_day_space_loaded"])
     assert all(figures[f"{state}.post_p99_ms"] > 0 and figures[f"{state}.claim_held_snapshot_p99_ms"] > 0
                for state in history.STATES)
     # the WAL each database's POSTs wrote: at least their jobs
