@@ -21,13 +21,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from datetime import datetime
 from decimal import Decimal
 from typing import Any, TypeVar
 
 import msgspec
-from psycopg import AsyncConnection
+from psycopg import AsyncConnection, errors
 from psycopg.rows import BaseRowFactory, scalar_row
 from psycopg.types.json import Jsonb
 from psycopg_pool import AsyncConnectionPool
@@ -211,6 +211,18 @@ async def operator_key_insert(conn: Conn, *, name: str, key_prefix: str, key_has
 async def lock_timeout_set(conn: Conn, lock_timeout_s: float) -> None:
     """How long the statements of the current transaction may wait for a lock (at least 1 ms)."""
     await conn.execute(Q["transaction_lock_timeout_set"], {"lock_timeout_ms": max(1, round(lock_timeout_s * 1000))})
+
+
+async def within_lock_timeout(conn: Conn, lock_timeout_s: float, work: Callable[[], Awaitable[R]]) -> R | None:
+    """``work`` in a transaction whose statements wait at most ``lock_timeout_s`` for a lock: what it returns,
+    or None, the transaction rolled back, when one of them did not get its lock in time (a sweeper's pass
+    leaves that work to the next, rather than hold the statements queued behind its wait)."""
+    try:
+        async with conn.transaction():
+            await lock_timeout_set(conn, lock_timeout_s)
+            return await work()
+    except errors.LockNotAvailable:
+        return None
 
 
 async def job_id_bounds(

@@ -34,10 +34,9 @@ from typing import Any
 
 import msgspec
 import structlog
-from psycopg import errors
 
 from shared.queries import QUERIES as Q
-from shared.store import Conn, fetch_one, fetch_scalars, job_id_bounds, lock_timeout_set
+from shared.store import Conn, fetch_one, fetch_scalars, job_id_bounds, within_lock_timeout
 
 log = structlog.get_logger()
 
@@ -158,10 +157,7 @@ async def _locking(conn: Conn, query: str, params: dict[str, Any] | None = None)
     """One statement that takes the lock on stories, in a transaction that
     waits at most LOCK_TIMEOUT_S for it: its scalars, or None (logged) when
     the lock was not had; the next pass tries again."""
-    try:
-        async with conn.transaction():
-            await lock_timeout_set(conn, LOCK_TIMEOUT_S)
-            return await fetch_scalars(conn, query, params)
-    except errors.LockNotAvailable:
+    got = await within_lock_timeout(conn, LOCK_TIMEOUT_S, lambda: fetch_scalars(conn, query, params))
+    if got is None:
         log.warning("sweeper.story_partitions_lock_waited", statement=query, lock_timeout_s=LOCK_TIMEOUT_S)
-        return None
+    return got

@@ -14,12 +14,11 @@ from datetime import UTC, datetime, timedelta
 from decimal import Decimal
 from typing import Protocol
 
-from psycopg import errors
-
 from shared.config import SweeperSettings
 from shared.queries import QUERIES as Q
 from shared.rows import ROLLUP_BOUNDS_S, BudgetDay, SnapshotAges
 from shared.store import (
+    Conn,
     Connections,
     budget_days_today,
     connection,
@@ -30,6 +29,7 @@ from shared.store import (
     job_admission_lock,
     job_id_bounds,
     lock_timeout_set,
+    within_lock_timeout,
 )
 from sweeper import partitions, rollup
 from sweeper.partitions import StoryPartitionsKept
@@ -178,15 +178,13 @@ class PgSweeperStore:
             return await database_snapshot_ages(conn)
 
     async def advance_claim_floor(self, *, lock_timeout_s: float) -> float | None:
+        async def advanced(conn: Conn) -> float:
+            await job_admission_lock(conn)
+            (turn,) = await fetch_scalars(conn, "job_claim_floor_advance")
+            return float(turn)
+
         async with connection(self._connections) as conn:
-            try:
-                async with conn.transaction():
-                    await lock_timeout_set(conn, lock_timeout_s)
-                    await job_admission_lock(conn)
-                    (turn,) = await fetch_scalars(conn, "job_claim_floor_advance")
-            except errors.LockNotAvailable:
-                return None
-        return float(turn)
+            return await within_lock_timeout(conn, lock_timeout_s, lambda: advanced(conn))
 
     async def prune_below_id(self, *, retention_s: float, now: datetime | None = None) -> int:
         """Found by this process's clock, with job_id_bounds' margin: the

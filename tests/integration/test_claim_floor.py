@@ -83,6 +83,24 @@ async def test_the_floor_waits_for_an_admission_in_flight_and_stays_at_its_jobs_
     assert [await _claim(conn), await _claim(conn)] == [b0, a1]
 
 
+async def test_an_advance_that_does_not_get_the_admission_lock_in_time_changes_nothing_and_says_so(
+    conn: psycopg.AsyncConnection[Any], database_url: str,
+) -> None:
+    """An admission holding the lock past the advance's lock timeout: the advance answers None (the pass goes
+    on, the next one advances), its transaction rolled back, and its connection serves the next advance."""
+    client = await client_id_of(conn)
+    (job,) = await _post(conn, client)
+    sweeper = PgSweeperStore(conn)
+    version = await _floor_version(conn)
+    async with await psycopg.AsyncConnection.connect(database_url, autocommit=True) as admitting, \
+            admitting.transaction():
+        await _post(admitting, client)
+        assert await sweeper.advance_claim_floor(lock_timeout_s=0.05) is None
+        assert await _floor_version(conn) == version
+    assert conn.info.transaction_status == psycopg.pq.TransactionStatus.IDLE
+    assert await sweeper.advance_claim_floor(lock_timeout_s=5) == await _turn(conn, job)
+
+
 async def test_the_floor_rises_to_the_smallest_pending_turn_and_with_none_to_where_the_last_turn_ends(
     conn: psycopg.AsyncConnection[Any],
 ) -> None:
