@@ -134,9 +134,9 @@ MUTANTS: tuple[Mutant, ...] = (
         invariant="no pending job is below the claim's floor: an admission in flight is seen by the advance",
         tier="integration",
         file="sweeper/store.py",
-        edits=(("                    await job_admission_lock(conn)\n                    (turn,) = await fetch_scalars(conn, "
+        edits=(("            await job_admission_lock(conn)\n            (turn,) = await fetch_scalars(conn, "
                 "\"job_claim_floor_advance\")",
-                "                    (turn,) = await fetch_scalars(conn, \"job_claim_floor_advance\")"),),
+                "            (turn,) = await fetch_scalars(conn, \"job_claim_floor_advance\")"),),
         tests=("tests/integration/test_claim_floor.py",),
     ),
     Mutant(
