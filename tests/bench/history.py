@@ -238,7 +238,7 @@ def _load(url: str, jobs: int, *, story_ranges: bool = True) -> None:
         _clients(conn)
         if story_ranges:
             _story_ranges_by_day(conn, jobs)
-        _add_finished_jobs(conn, first=1, count=jobs, span_s=30 * DAY)
+        _add_finished_jobs(conn, count=jobs, span_s=30 * DAY)
         # the rollup the sweeper would have kept: eight days of minutes
         conn.execute(
             """
@@ -263,10 +263,10 @@ def _clients(conn: psycopg.Connection[Any]) -> None:
                  "AND NOT EXISTS (SELECT 1 FROM webhook_endpoints e WHERE e.client_id = c.id)")
 
 
-def _add_finished_jobs(conn: psycopg.Connection[Any], *, first: int, count: int, span_s: float) -> None:
-    """Finished jobs number ``first`` to ``first + count - 1`` (their keys' numbers), evenly over the
-    ``span_s`` before 5 minutes ago, with their stories, keys, billed ledger rows and, for the clients with a
-    webhook endpoint, a delivered webhook each."""
+def _add_finished_jobs(conn: psycopg.Connection[Any], *, count: int, span_s: float) -> None:
+    """``count`` finished jobs evenly over the ``span_s`` before 5 minutes ago, with their stories, keys, billed
+    ledger rows and, for the clients with a webhook endpoint, a delivered webhook each. Their keys are numbered
+    from the table's next id: past every history job's, whose number is at most its id."""
     row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM story_jobs").fetchone()
     assert row is not None
     first_id = row[0]
@@ -293,8 +293,8 @@ def _add_finished_jobs(conn: psycopg.Connection[Any], *, first: int, count: int,
                              AS finished) AS t
         ORDER BY n
         """,
-        {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "first": first,
-         "last": first + count - 1, "count": count, "span_s": span_s})
+        {"fingerprint": BENCH_FINGERPRINT, "request": BENCH_REQUEST_JSON, "first": first_id,
+         "last": first_id + count - 1, "count": count, "span_s": span_s})
     conn.execute(sql.SQL(
         """
         INSERT INTO stories (id, job_id, client_id, title, body, model, prompt_version, input_tokens,
@@ -848,10 +848,7 @@ def _next_day(url: str, jobs: int, size_before_prune_mb: float,
     day takes the space the prune made; on the empty one, what a day takes where there is none."""
     with psycopg.connect(url, autocommit=True) as conn:
         _clients(conn)
-        row = conn.execute("SELECT coalesce(max(id), 0) + 1 FROM story_jobs").fetchone()
-        assert row is not None
-        # key numbers past the history's: each history job's number is at most its id
-        _add_finished_jobs(conn, first=row[0], count=jobs, span_s=DAY)
+        _add_finished_jobs(conn, count=jobs, span_s=DAY)
     size = _size_mb(url)
     grown = {table: {"mb": round(mb, 1), "grown_mb": round(mb - tables_before.get(table, {}).get("mb", 0.0), 1)}
              for table, mb in sorted(_space_by_table_mb(url).items(), key=lambda item: -item[1]) if mb >= 0.1}
